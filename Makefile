@@ -1,0 +1,31 @@
+# The two commands of the README: `make demo` (the main job) and `make test`.
+# Each creates .venv on first use. torch is installed first as torch==2.13.0
+# (a CPU wheel on these machines), then the project with its extras.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/posenc table sinusoidal --dim 4 --positions 0:6
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy src/posenc
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

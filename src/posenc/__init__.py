@@ -1,0 +1,28 @@
+"""posenc: positional encodings for transformers.
+
+Every major way of telling attention where a token is, behind one API:
+additive tables (sinusoidal, learned), rotary (RoPE and its scalings) and
+attention biases (ALiBi, T5, ...), each with a float64 reference in
+:mod:`posenc.reference`.
+"""
+
+from posenc import positions, reference
+from posenc._errors import PosEncError
+from posenc.nope import NoPositionalEncoding
+from posenc.registry import build
+
+# --- additive ---------------------------------------------------------------
+from posenc.sinusoidal import SinusoidalEmbedding, sinusoidal_table, sinusoidal_table_nd
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "NoPositionalEncoding",
+    "PosEncError",
+    "SinusoidalEmbedding",
+    "build",
+    "positions",
+    "reference",
+    "sinusoidal_table",
+    "sinusoidal_table_nd",
+]

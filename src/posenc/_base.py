@@ -1,0 +1,110 @@
+"""Base classes shared by every encoding module: kind, name and config round trip.
+
+Each encoding is one of three kinds (plus ``none``), and the kind decides where it
+plugs into a transformer:
+
+- ``additive``: ``forward(x, positions=None, *, offset=0) -> x + PE`` on embeddings ``[b, s, d]``;
+- ``rotary``: ``forward(q, k, positions=None, *, k_positions=None, seq_dim=-2) -> (q, k)``;
+- ``bias``: ``bias(q_len, k_len=None, *, q_positions=None, k_positions=None) -> [h, q, k]``
+  (or ``[b, h, q, k]`` when positions are batched), added to the scaled attention logits.
+
+A module records its constructor arguments with :meth:`Encoding._set_config`;
+:meth:`Encoding.to_config` returns them as a JSON-serialisable dict holding ``"name"``,
+and ``posenc.build(config)`` constructs an equal module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+
+__all__ = ["AdditiveEncoding", "BiasEncoding", "Encoding", "Kind", "RotaryEncoding"]
+
+Kind = Literal["additive", "rotary", "bias", "none"]
+
+
+def _jsonable(value: Any) -> Any:
+    """Turn tuples, dataclasses and tensors into JSON-friendly values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.tolist()
+    return value
+
+
+class Encoding(nn.Module):
+    """Base of every positional-encoding module.
+
+    Subclasses set the class attributes ``name`` (the registry name) and ``kind``,
+    and call ``self._set_config(**constructor_arguments)`` in ``__init__``.
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[Kind]
+
+    def _set_config(self, **config: Any) -> None:
+        self._config = {k: _jsonable(v) for k, v in config.items()}
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable dict, ``{"name": ..., **constructor arguments}``."""
+        return {"name": self.name, **getattr(self, "_config", {})}
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in getattr(self, "_config", {}).items())
+
+
+class AdditiveEncoding(Encoding):
+    """An encoding added to token embeddings ``[b, s, d]`` before the first layer."""
+
+    kind: ClassVar[Kind] = "additive"
+
+
+class RotaryEncoding(Encoding):
+    """An encoding that rotates queries and keys inside attention."""
+
+    kind: ClassVar[Kind] = "rotary"
+
+
+class BiasEncoding(Encoding):
+    """An encoding that adds a bias to the attention logits.
+
+    Subclasses define ``num_heads`` and :meth:`bias`. Encodings whose bias depends on
+    the queries (Shaw et al.'s relative keys) set ``query_dependent = True`` and accept
+    ``q`` (already multiplied by the attention scale) in :meth:`bias`; those that also
+    act on the values set ``value_dependent = True`` and implement :meth:`value_bias`.
+    """
+
+    kind: ClassVar[Kind] = "bias"
+    query_dependent: ClassVar[bool] = False
+    value_dependent: ClassVar[bool] = False
+    num_heads: int
+
+    def bias(
+        self,
+        q_len: int,
+        k_len: int | None = None,
+        *,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def score_mod(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+    ) -> Callable[..., torch.Tensor] | None:
+        """A FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` adding this bias
+        without materialising ``[h, q, k]``; ``None`` when the encoding has none.
+
+        ``q_positions`` / ``k_positions`` are ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]``.
+        """
+        return None

@@ -1,0 +1,146 @@
+"""The one exception type users catch, and the checks that raise it.
+
+Every public callable validates its input with the ``check_*`` helpers below so
+that messages have one shape: the parameter, the rule, and the value,
+e.g. ``dim must be even for layout='half', got 7``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "PosEncError",
+    "check_choice",
+    "check_embeddings",
+    "check_finite",
+    "check_float",
+    "check_int",
+    "check_last_dim",
+    "check_positions",
+    "check_tensor",
+]
+
+
+class PosEncError(ValueError):
+    """Bad input to a posenc function: names the parameter, the rule and the value."""
+
+
+def check_int(name: str, value: Any, *, min: int | None = None, max: int | None = None) -> int:
+    """Return ``value`` as an ``int`` if it is an integer within ``[min, max]``."""
+    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
+        raise PosEncError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if min is not None and value < min:
+        raise PosEncError(f"{name} must be >= {min}, got {value}")
+    if max is not None and value > max:
+        raise PosEncError(f"{name} must be <= {max}, got {value}")
+    return value
+
+
+def check_float(
+    name: str,
+    value: Any,
+    *,
+    min: float | None = None,
+    max: float | None = None,
+    min_exclusive: bool = False,
+) -> float:
+    """Return ``value`` as a finite ``float`` within the given bounds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PosEncError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise PosEncError(f"{name} must be finite, got {value}")
+    if min is not None:
+        if min_exclusive and value <= min:
+            raise PosEncError(f"{name} must be > {min}, got {value}")
+        if not min_exclusive and value < min:
+            raise PosEncError(f"{name} must be >= {min}, got {value}")
+    if max is not None and value > max:
+        raise PosEncError(f"{name} must be <= {max}, got {value}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
+    """Return ``value`` if it is one of ``choices``; the error lists the choices."""
+    choices = tuple(choices)
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise PosEncError(f"{name} must be one of {listed}, got {value!r}")
+    return value
+
+
+def check_tensor(name: str, value: Any, *, floating: bool | None = None) -> torch.Tensor:
+    """Return ``value`` if it is a tensor (floating point when ``floating=True``)."""
+    if not isinstance(value, torch.Tensor):
+        raise PosEncError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if floating is True and not value.is_floating_point():
+        raise PosEncError(f"{name} must have a floating-point dtype, got {value.dtype}")
+    return value
+
+
+def check_last_dim(name: str, value: torch.Tensor, dim: int) -> None:
+    """Raise unless the last dimension of ``value`` is ``dim``."""
+    if value.ndim == 0 or value.shape[-1] != dim:
+        raise PosEncError(
+            f"{name} must have last dimension {dim}, got shape {tuple(value.shape)}"
+        )
+
+
+def check_finite(name: str, value: torch.Tensor) -> None:
+    """Raise if a floating tensor holds NaN or +-inf.
+
+    This needs one host synchronisation on CUDA; callers use it for
+    user-provided positions only, never for activations.
+    """
+    if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
+        raise PosEncError(f"{name} must be finite, got a tensor containing NaN or inf")
+
+
+def check_positions(
+    name: str,
+    positions: Any,
+    *,
+    seq_len: int | None = None,
+    batch: int | None = None,
+    ndims: Sequence[int] = (1, 2),
+) -> torch.Tensor:
+    """Validate a position tensor of shape ``[s]`` or ``[b, s]`` (``ndims`` allowed ranks).
+
+    ``seq_len`` and ``batch``, when given, must match the last and (for 2-D)
+    first dimension. Integer and floating positions are accepted; floating
+    ones must be finite. Returns the tensor unchanged.
+    """
+    if not isinstance(positions, torch.Tensor):
+        raise PosEncError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise PosEncError(f"{name} must be an integer or floating tensor, got {positions.dtype}")
+    if positions.ndim not in tuple(ndims):
+        shapes = " or ".join({1: "[s]", 2: "[b, s]"}.get(n, f"{n}-D") for n in ndims)
+        raise PosEncError(f"{name} must be {shapes}, got shape {tuple(positions.shape)}")
+    if seq_len is not None and positions.shape[-1] != seq_len:
+        raise PosEncError(
+            f"{name} must have length {seq_len} (the sequence length) in its last "
+            f"dimension, got shape {tuple(positions.shape)}"
+        )
+    if batch is not None and positions.ndim == 2 and positions.shape[0] not in (1, batch):
+        raise PosEncError(
+            f"{name} of shape [b, s] must have b == {batch} (the batch size) or 1, "
+            f"got shape {tuple(positions.shape)}"
+        )
+    check_finite(name, positions)
+    return positions
+
+
+def check_embeddings(x: Any, dim: int) -> torch.Tensor:
+    """Validate the input of an additive encoding: a floating tensor ``[b, s, dim]``."""
+    check_tensor("x", x, floating=True)
+    if x.ndim != 3:
+        raise PosEncError(f"x must be [b, s, dim], got shape {tuple(x.shape)}")
+    check_last_dim("x", x, dim)
+    return x

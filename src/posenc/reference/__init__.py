@@ -1,0 +1,10 @@
+"""The float64 NumPy oracle of every formula in posenc.
+
+Written for clarity, not speed: loops and plain formulas straight from the papers.
+Every torch path is tested against these functions. This package imports NumPy
+only, never torch.
+"""
+
+from posenc.reference.sinusoidal import sinusoidal_table, sinusoidal_table_nd
+
+__all__ = ["sinusoidal_table", "sinusoidal_table_nd"]

@@ -1,0 +1,46 @@
+"""Float64 NumPy oracle of the sinusoidal tables (the formulas, written plainly)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["sinusoidal_table", "sinusoidal_table_nd"]
+
+
+def sinusoidal_table(
+    positions,
+    dim: int,
+    *,
+    base: float = 10000.0,
+    layout: str = "interleaved",
+    order: str = "sin_cos",
+) -> np.ndarray:
+    """``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(...)``; see posenc.sinusoidal_table.
+
+    Shape: ``[*P]`` -> ``[*P, dim]`` float64.
+    """
+    p = np.asarray(positions, dtype=np.float64)
+    out = np.empty((*p.shape, dim), dtype=np.float64)
+    first, second = (np.sin, np.cos) if order == "sin_cos" else (np.cos, np.sin)
+    n_first, n_second = (dim + 1) // 2, dim // 2
+    for c in range(dim):
+        if layout == "interleaved":
+            i, fn = c // 2, (first if c % 2 == 0 else second)
+        elif c < n_first:
+            i, fn = c, first
+        else:
+            i, fn = c - n_first, second
+        out[..., c] = fn(p / base ** (2.0 * i / dim))
+    return out
+
+
+def sinusoidal_table_nd(grid, dim: int, **options) -> np.ndarray:
+    """Channels split evenly across axes, axis 0 first; ``grid`` is a shape or coordinates ``[..., k]``."""
+    if isinstance(grid, (tuple, list)) and all(isinstance(n, (int, np.integer)) for n in grid):
+        coords = np.stack(np.meshgrid(*[np.arange(n) for n in grid], indexing="ij"), axis=-1)
+    else:
+        coords = np.asarray(grid, dtype=np.float64)
+    k = coords.shape[-1]
+    return np.concatenate(
+        [sinusoidal_table(coords[..., a], dim // k, **options) for a in range(k)], axis=-1
+    )

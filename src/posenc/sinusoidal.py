@@ -1,0 +1,227 @@
+"""Sinusoidal encodings (Vaswani et al., 2017): fixed tables added to token embeddings.
+
+``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
+
+Shapes: positions ``[*P]`` (int or float, negative allowed) -> table ``[*P, dim]``;
+the module takes embeddings ``x: [b, s, dim]`` and positions ``[s]`` or ``[b, s]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+import torch
+from torch import nn
+
+from posenc import positions as _positions
+from posenc._angles import reduced_angles
+from posenc._base import AdditiveEncoding
+from posenc._errors import (
+    PosEncError,
+    check_choice,
+    check_embeddings,
+    check_finite,
+    check_float,
+    check_int,
+)
+
+__all__ = ["LAYOUTS", "ORDERS", "SinusoidalEmbedding", "sinusoidal_table", "sinusoidal_table_nd"]
+
+Layout = Literal["interleaved", "half"]
+Order = Literal["sin_cos", "cos_sin"]
+LAYOUTS = ("interleaved", "half")
+ORDERS = ("sin_cos", "cos_sin")
+
+
+def _as_positions(positions: torch.Tensor | Sequence[float], device) -> torch.Tensor:
+    if not isinstance(positions, torch.Tensor):
+        try:
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise PosEncError(f"positions must be a tensor of numbers, got {positions!r}") from e
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
+    check_finite("positions", positions)
+    return positions if device is None else positions.to(device)
+
+
+def _check_options(dim: int, base: float, layout: str, order: str) -> int:
+    check_choice("layout", layout, LAYOUTS)
+    check_choice("order", order, ORDERS)
+    check_float("base", base, min=1.0, min_exclusive=True)
+    return check_int("dim", dim, min=1)
+
+
+def sinusoidal_table(
+    positions: torch.Tensor | Sequence[float],
+    dim: int,
+    *,
+    base: float = 10000.0,
+    layout: Layout = "interleaved",
+    order: Order = "sin_cos",
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The sinusoidal table at the given positions.
+
+    Args:
+        positions: int or float positions of any shape (fractional and negative allowed).
+        dim: number of channels, ``>= 1``; odd allowed.
+        base: the wavelength base (10000 in the paper).
+        layout: ``"interleaved"`` pairs channels ``(2i, 2i+1)`` as in the paper;
+            ``"half"`` puts all sines first, then all cosines, with the same
+            frequencies (the tensor2tensor / fairseq / Marian arrangement). For odd
+            ``dim``, interleaved follows the formula (the last channel is the first
+            member of the next pair) and half gives the extra column to the first block.
+        order: ``"sin_cos"`` (the paper) or ``"cos_sin"`` (cosine first in each pair).
+        dtype: output dtype (default: torch's default dtype). Values are computed in
+            float64 and rounded once.
+        device: output device (default: that of ``positions``).
+
+    Shape:
+        positions ``[*P]`` -> ``[*P, dim]``.
+
+    Examples:
+        >>> import torch, posenc
+        >>> posenc.sinusoidal_table(torch.arange(2), 4)
+        tensor([[0.0000, 1.0000, 0.0000, 1.0000],
+                [0.8415, 0.5403, 0.0100, 1.0000]])
+    """
+    dim = _check_options(dim, base, layout, order)
+    pos = _as_positions(positions, device)
+    dtype = dtype or torch.get_default_dtype()
+    n_first = (dim + 1) // 2  # channels of the first member of each pair (sin for sin_cos)
+    n_second = dim // 2
+    exponent = torch.arange(n_first, dtype=torch.float64, device=pos.device) * 2.0 / dim
+    frequencies = float(base) ** -exponent  # [n_first]
+    theta = reduced_angles(pos, frequencies)  # [*P, n_first] float64
+    first, second = (torch.sin, torch.cos) if order == "sin_cos" else (torch.cos, torch.sin)
+    a = first(theta)
+    b = second(theta[..., :n_second])
+    if layout == "half":
+        table = torch.cat([a, b], dim=-1)
+    else:
+        table = torch.empty(*pos.shape, dim, dtype=torch.float64, device=pos.device)
+        table[..., 0::2] = a
+        table[..., 1::2] = b
+    return table.to(dtype)
+
+
+def sinusoidal_table_nd(
+    grid: Sequence[int] | torch.Tensor,
+    dim: int,
+    *,
+    base: float = 10000.0,
+    layout: Layout = "interleaved",
+    order: Order = "sin_cos",
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """N-D sinusoidal table: channels split evenly across axes, axis 0 first.
+
+    Each block of ``dim / n_axes`` channels is the 1-D table (same options) of that
+    axis' coordinate, as in image and video transformers.
+
+    Args:
+        grid: a shape such as ``(H, W)`` or ``(T, H, W)``, or a coordinate tensor
+            ``[..., n_axes]`` (e.g. from :func:`posenc.positions.grid`).
+        dim: total channels; must be divisible by the number of axes.
+
+    Shape:
+        ``(n_0, ..., n_{k-1})`` -> ``[n_0, ..., n_{k-1}, dim]``; coordinates ``[..., k]`` -> ``[..., dim]``.
+
+    Examples:
+        >>> import posenc
+        >>> posenc.sinusoidal_table_nd((2, 3), 8).shape
+        torch.Size([2, 3, 8])
+    """
+    dim = _check_options(dim, base, layout, order)
+    if isinstance(grid, torch.Tensor):
+        if grid.ndim < 1 or grid.shape[-1] < 1:
+            raise PosEncError(f"grid coordinates must be [..., n_axes], got shape {tuple(grid.shape)}")
+        coords = _as_positions(grid, device)
+    else:
+        coords = _positions.grid(grid, device=device)
+    n_axes = coords.shape[-1]
+    if dim % n_axes:
+        raise PosEncError(f"dim must be divisible by the number of axes ({n_axes}), got {dim}")
+    blocks = [
+        sinusoidal_table(
+            coords[..., a], dim // n_axes, base=base, layout=layout, order=order, dtype=dtype
+        )
+        for a in range(n_axes)
+    ]
+    return torch.cat(blocks, dim=-1)
+
+
+class SinusoidalEmbedding(AdditiveEncoding):
+    """Adds the sinusoidal table to token embeddings: ``dropout(x + scale * PE)``.
+
+    The table is computed from the positions in float64 at every call (no cache,
+    nothing in ``state_dict``), so ``.to(torch.bfloat16)`` never lowers its precision:
+    only the final addition rounds to ``x``'s dtype.
+
+    Args:
+        dim: embedding size.
+        base, layout, order: as in :func:`sinusoidal_table`.
+        dropout: dropout probability applied after the addition.
+        scale: multiplier of the table.
+        learnable_scale: make ``scale`` a trained parameter (as in ESPnet's ScaledPositionalEncoding).
+
+    Shape:
+        ``x: [b, s, dim]``, ``positions: [s]`` or ``[b, s]`` (``None``: ``arange(s) + offset``)
+        -> ``[b, s, dim]``.
+
+    Examples:
+        >>> import torch, posenc
+        >>> pe = posenc.SinusoidalEmbedding(8)
+        >>> pe(torch.zeros(1, 3, 8)).shape
+        torch.Size([1, 3, 8])
+    """
+
+    name: ClassVar[str] = "sinusoidal"
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        base: float = 10000.0,
+        layout: Layout = "interleaved",
+        order: Order = "sin_cos",
+        dropout: float = 0.0,
+        scale: float = 1.0,
+        learnable_scale: bool = False,
+    ) -> None:
+        super().__init__()
+        self.dim = _check_options(dim, base, layout, order)
+        self.base, self.layout, self.order = float(base), layout, order
+        dropout = check_float("dropout", dropout, min=0.0, max=1.0)
+        scale = check_float("scale", scale)
+        self.dropout = nn.Dropout(dropout)
+        if learnable_scale:
+            self.scale = nn.Parameter(torch.tensor(scale))
+        else:
+            self.scale = scale
+        self._set_config(
+            dim=self.dim, base=self.base, layout=layout, order=order, dropout=dropout,
+            scale=scale, learnable_scale=bool(learnable_scale),
+        )  # fmt: skip
+
+    def table(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The table at ``positions`` (``[*P]`` -> ``[*P, dim]``), float32 by default."""
+        return sinusoidal_table(
+            positions, self.dim, base=self.base, layout=self.layout, order=self.order,
+            dtype=dtype,
+        )  # fmt: skip
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
+    ) -> torch.Tensor:
+        check_embeddings(x, self.dim)
+        pos = _positions.resolve(positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device)
+        compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
+        pe = self.table(pos, compute)  # [s, dim] or [b, s, dim]
+        scale = self.scale.to(compute) if isinstance(self.scale, torch.Tensor) else self.scale
+        out = (x.to(compute) + scale * pe).to(x.dtype)  # one rounding, in x's dtype
+        return self.dropout(out)
