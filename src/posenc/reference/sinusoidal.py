@@ -22,7 +22,7 @@ def sinusoidal_table(
     p = np.asarray(positions, dtype=np.float64)
     out = np.empty((*p.shape, dim), dtype=np.float64)
     first, second = (np.sin, np.cos) if order == "sin_cos" else (np.cos, np.sin)
-    n_first, n_second = (dim + 1) // 2, dim // 2
+    n_first = (dim + 1) // 2
     for c in range(dim):
         if layout == "interleaved":
             i, fn = c // 2, (first if c % 2 == 0 else second)
