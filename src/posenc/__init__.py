@@ -14,6 +14,12 @@ from posenc.registry import build
 # --- additive ---------------------------------------------------------------
 from posenc.sinusoidal import SinusoidalEmbedding, sinusoidal_table, sinusoidal_table_nd
 
+# --- rotary -----------------------------------------------------------------
+
+# --- bias -------------------------------------------------------------------
+
+# --- attention --------------------------------------------------------------
+
 __version__ = "0.1.0"
 
 __all__ = [

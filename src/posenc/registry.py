@@ -26,6 +26,8 @@ _ENTRIES: dict[str, str] = {
     "sinusoidal": "posenc.sinusoidal:SinusoidalEmbedding",
     "learned": "posenc.learned:LearnedEmbedding",
     "index": "posenc.index:IndexEmbedding",
+    # rotary
+    # bias
 }
 
 # Other spellings users reach for.

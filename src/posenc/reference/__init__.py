@@ -7,4 +7,16 @@ only, never torch.
 
 from posenc.reference.sinusoidal import sinusoidal_table, sinusoidal_table_nd
 
-__all__ = ["sinusoidal_table", "sinusoidal_table_nd"]
+# rotary
+
+# bias
+
+# attention
+
+__all__ = [
+    "sinusoidal_table",
+    "sinusoidal_table_nd",
+    # rotary
+    # bias
+    # attention
+]
