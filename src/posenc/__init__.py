@@ -31,4 +31,7 @@ __all__ = [
     "reference",
     "sinusoidal_table",
     "sinusoidal_table_nd",
+    # rotary
+    # bias
+    # attention
 ]
