@@ -15,6 +15,7 @@ from posenc.registry import build
 from posenc.sinusoidal import SinusoidalEmbedding, sinusoidal_table, sinusoidal_table_nd
 
 # --- rotary -----------------------------------------------------------------
+from posenc.rotary.frequencies import rope_frequencies
 
 # --- bias -------------------------------------------------------------------
 
@@ -32,6 +33,7 @@ __all__ = [
     "sinusoidal_table",
     "sinusoidal_table_nd",
     # rotary
+    "rope_frequencies",
     # bias
     # attention
 ]
