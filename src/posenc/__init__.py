@@ -15,7 +15,9 @@ from posenc.registry import build
 from posenc.sinusoidal import SinusoidalEmbedding, sinusoidal_table, sinusoidal_table_nd
 
 # --- rotary -----------------------------------------------------------------
+from posenc.rotary.apply import apply_rotary, rotary_cos_sin
 from posenc.rotary.frequencies import rope_frequencies
+from posenc.rotary.module import RotaryEmbedding
 
 # --- bias -------------------------------------------------------------------
 
@@ -33,7 +35,10 @@ __all__ = [
     "sinusoidal_table",
     "sinusoidal_table_nd",
     # rotary
+    "RotaryEmbedding",
+    "apply_rotary",
     "rope_frequencies",
+    "rotary_cos_sin",
     # bias
     # attention
 ]

@@ -27,6 +27,7 @@ _ENTRIES: dict[str, str] = {
     "learned": "posenc.learned:LearnedEmbedding",
     "index": "posenc.index:IndexEmbedding",
     # rotary
+    "rope": "posenc.rotary.module:RotaryEmbedding",
     # bias
 }
 

@@ -1,5 +1,6 @@
 """Rotary position embeddings: frequencies and scalings, application to q/k, modules."""
 
+from posenc.rotary.apply import apply_rotary, rotary_cos_sin
 from posenc.rotary.frequencies import (
     SCALINGS,
     DynamicScaling,
@@ -11,6 +12,7 @@ from posenc.rotary.frequencies import (
     parse_scaling,
     rope_frequencies,
 )
+from posenc.rotary.module import RotaryEmbedding
 
 __all__ = [
     "SCALINGS",
@@ -19,7 +21,10 @@ __all__ = [
     "Llama3Scaling",
     "LongRopeScaling",
     "NTKScaling",
+    "RotaryEmbedding",
     "YarnScaling",
+    "apply_rotary",
     "parse_scaling",
     "rope_frequencies",
+    "rotary_cos_sin",
 ]
