@@ -8,6 +8,7 @@ only, never torch.
 from posenc.reference.sinusoidal import sinusoidal_table, sinusoidal_table_nd
 
 # rotary
+from posenc.reference.rotary_frequencies import rope_frequencies
 
 # bias
 
@@ -17,6 +18,7 @@ __all__ = [
     "sinusoidal_table",
     "sinusoidal_table_nd",
     # rotary
+    "rope_frequencies",
     # bias
     # attention
 ]

@@ -326,8 +326,11 @@ def _linear(p: LinearScaling, dim: int, base: float, seq_len: float | None):
 @_register(DynamicScaling)
 def _dynamic(p: DynamicScaling, dim: int, base: float, seq_len: float | None):
     exponent = _ntk_exponent(p.type, dim)
-    length = p.max_position if seq_len is None else max(seq_len, p.max_position)
-    base = base * (p.factor * length / p.max_position - (p.factor - 1)) ** exponent
+    if seq_len is None or seq_len <= p.max_position:
+        # exactly the unscaled frequencies (the formula below gives 1 only up to rounding),
+        # as transformers' module keeps its original inv_freq within max_position
+        return _default(dim, base), 1.0
+    base = base * (p.factor * seq_len / p.max_position - (p.factor - 1)) ** exponent
     return _default(dim, base), 1.0
 
 
