@@ -12,6 +12,8 @@ from posenc.nope import NoPositionalEncoding
 from posenc.registry import build
 
 # --- additive ---------------------------------------------------------------
+from posenc.index import IndexEmbedding
+from posenc.learned import LearnedEmbedding
 from posenc.sinusoidal import SinusoidalEmbedding, sinusoidal_table, sinusoidal_table_nd
 
 # --- rotary -----------------------------------------------------------------
@@ -26,6 +28,8 @@ from posenc.rotary.module import RotaryEmbedding
 __version__ = "0.1.0"
 
 __all__ = [
+    "IndexEmbedding",
+    "LearnedEmbedding",
     "NoPositionalEncoding",
     "PosEncError",
     "SinusoidalEmbedding",

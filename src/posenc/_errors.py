@@ -16,6 +16,7 @@ import torch
 __all__ = [
     "PosEncError",
     "check_choice",
+    "check_dtype",
     "check_embeddings",
     "check_finite",
     "check_float",
@@ -81,6 +82,15 @@ def check_tensor(name: str, value: Any, *, floating: bool | None = None) -> torc
         raise PosEncError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
     if floating is True and not value.is_floating_point():
         raise PosEncError(f"{name} must have a floating-point dtype, got {value.dtype}")
+    return value
+
+
+def check_dtype(name: str, value: Any, *, floating: bool = True) -> torch.dtype:
+    """Return ``value`` if it is a ``torch.dtype`` (a floating one when ``floating=True``)."""
+    if not isinstance(value, torch.dtype):
+        raise PosEncError(f"{name} must be a torch.dtype, got {value!r}")
+    if floating and not value.is_floating_point:
+        raise PosEncError(f"{name} must be a floating-point dtype, got {value}")
     return value
 
 

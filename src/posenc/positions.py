@@ -151,11 +151,14 @@ def resolve(
 ) -> torch.Tensor:
     """The positions a module uses: validated ``positions``, or ``arange(seq_len) + offset``.
 
+    Given positions are moved to ``device`` (when given) and shifted by ``offset``.
     Shape: ``[s]`` or ``[b, s]`` (``b`` equal to ``batch``, or 1).
     """
     if positions is None:
         return arange(seq_len, offset, device=device)
     check_positions(name, positions, seq_len=seq_len, batch=batch)
+    if device is not None:
+        positions = positions.to(device)
     if offset:
         positions = positions + offset
     return positions

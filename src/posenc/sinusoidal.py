@@ -20,6 +20,7 @@ from posenc._base import AdditiveEncoding
 from posenc._errors import (
     PosEncError,
     check_choice,
+    check_dtype,
     check_embeddings,
     check_finite,
     check_float,
@@ -84,13 +85,14 @@ def sinusoidal_table(
 
     Examples:
         >>> import torch, posenc
-        >>> posenc.sinusoidal_table(torch.arange(2), 4)
-        tensor([[0.0000, 1.0000, 0.0000, 1.0000],
-                [0.8415, 0.5403, 0.0100, 1.0000]])
+        >>> posenc.sinusoidal_table(torch.arange(3), 4)  # [sin p, cos p, sin(p/100), cos(p/100)]
+        tensor([[ 0.0000,  1.0000,  0.0000,  1.0000],
+                [ 0.8415,  0.5403,  0.0100,  0.9999],
+                [ 0.9093, -0.4161,  0.0200,  0.9998]])
     """
     dim = _check_options(dim, base, layout, order)
     pos = _as_positions(positions, device)
-    dtype = dtype or torch.get_default_dtype()
+    dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
     n_first = (dim + 1) // 2  # channels of the first member of each pair (sin for sin_cos)
     n_second = dim // 2
     exponent = torch.arange(n_first, dtype=torch.float64, device=pos.device) * 2.0 / dim

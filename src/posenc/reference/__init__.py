@@ -5,9 +5,19 @@ Every torch path is tested against these functions. This package imports NumPy
 only, never torch.
 """
 
+from posenc.reference.index import index_table
+from posenc.reference.learned import resample_table
 from posenc.reference.sinusoidal import sinusoidal_table, sinusoidal_table_nd
 
 # rotary
+from posenc.reference.rotary import (
+    apply_rotary,
+    axial_frequencies,
+    rotary_angles,
+    rotary_qk,
+    sectioned_angles,
+    xpos_scale,
+)
 from posenc.reference.rotary_frequencies import rope_frequencies
 
 # bias
@@ -15,9 +25,17 @@ from posenc.reference.rotary_frequencies import rope_frequencies
 # attention
 
 __all__ = [
+    "index_table",
+    "resample_table",
     "sinusoidal_table",
     "sinusoidal_table_nd",
     # rotary
+    "apply_rotary",
+    "axial_frequencies",
+    "rotary_angles",
+    "rotary_qk",
+    "sectioned_angles",
+    "xpos_scale",
     "rope_frequencies",
     # bias
     # attention

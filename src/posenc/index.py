@@ -1,0 +1,153 @@
+"""The naive baseline: add the position index itself to every channel.
+
+It is what one tries first, and it is kept to show why the real encodings look the
+way they do:
+
+- **Unbounded.** ``p`` grows with the sequence: at position 1000 the encoding is 1000
+  in every channel while token embeddings are of order 1, so the position drowns the
+  token, and positions never seen in training give inputs of a magnitude the model has
+  never seen.
+- **One direction.** Every position adds a multiple of the same vector ``(1, ..., 1)``,
+  so the whole encoding is rank one: after a linear layer, position is a single
+  number per head, and ``q . k`` cannot depend on the offset ``p - p'`` alone.
+- **``normalize="length"`` (``p / L``)** bounds the values to ``[0, 1)`` but breaks
+  uniqueness across lengths: position 5 of a 10-token sequence gets the encoding of
+  position 10 of a 20-token one, the step between neighbours (``1 / L``) shrinks as
+  sequences grow, and a token's encoding changes as the sequence it is in grows.
+
+Shapes: positions ``[*P]`` -> table ``[*P, dim]``; the module takes ``x: [b, s, dim]``
+and positions ``[s]`` or ``[b, s]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar, Literal
+
+import torch
+
+from posenc import positions as _positions
+from posenc._base import AdditiveEncoding
+from posenc._errors import (
+    PosEncError,
+    check_choice,
+    check_dtype,
+    check_embeddings,
+    check_finite,
+    check_int,
+)
+
+__all__ = ["NORMALIZE", "IndexEmbedding", "index_table"]
+
+Normalize = Literal["length"] | None
+NORMALIZE = (None, "length")
+
+
+def index_table(
+    positions: torch.Tensor | Sequence[float],
+    dim: int,
+    *,
+    normalize: Normalize = None,
+    length: int | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The naive index table: ``PE[p, c] = p`` (or ``p / length``) for every channel ``c``.
+
+    Args:
+        positions: int or float positions of any shape.
+        dim: number of channels, ``>= 1``.
+        normalize: ``None`` (add ``p``) or ``"length"`` (add ``p / length``).
+        length: the sequence length ``L``; required with ``normalize="length"`` and
+            rejected otherwise.
+        dtype: output dtype (default: torch's default dtype); values are formed in
+            float64 and rounded once.
+        device: output device (default: that of ``positions``).
+
+    Shape:
+        positions ``[*P]`` -> ``[*P, dim]``.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.index import index_table
+        >>> index_table(torch.arange(3), 2)
+        tensor([[0., 0.],
+                [1., 1.],
+                [2., 2.]])
+        >>> index_table(torch.arange(4), 1, normalize="length", length=4).flatten()
+        tensor([0.0000, 0.2500, 0.5000, 0.7500])
+    """
+    dim = check_int("dim", dim, min=1)
+    check_choice("normalize", normalize, NORMALIZE)
+    if normalize == "length":
+        if length is None:
+            raise PosEncError("length must be given with normalize='length', got None")
+        length = check_int("length", length, min=1)
+    elif length is not None:
+        raise PosEncError(f"length applies only with normalize='length', got length={length!r}")
+    dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
+    if not isinstance(positions, torch.Tensor):
+        try:
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise PosEncError(f"positions must be a tensor of numbers, got {positions!r}") from e
+    if positions.dtype == torch.bool or positions.is_complex():
+        raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
+    check_finite("positions", positions)
+    p = positions.to(device=device, dtype=torch.float64)
+    if length is not None:
+        p = p / length
+    return p.unsqueeze(-1).expand(*p.shape, dim).to(dtype)
+
+
+class IndexEmbedding(AdditiveEncoding):
+    """Adds the position index to every channel: ``x + p`` (or ``x + p / L``).
+
+    The naive baseline, kept to show why it fails (see the module docstring): the values
+    are unbounded and all positions share one direction; ``normalize="length"`` bounds
+    them but gives the same encoding to different positions of different lengths.
+
+    ``L`` is the length of the sequence up to and including this call: ``offset + s``
+    (so while decoding with a cache the encoding of every token keeps changing — one of
+    the flaws on show).
+
+    Args:
+        dim: embedding size.
+        normalize: ``None`` or ``"length"``.
+
+    Shape:
+        ``x: [b, s, dim]``, ``positions: [s]`` or ``[b, s]`` (``None``: ``arange(s) + offset``)
+        -> ``[b, s, dim]``.
+
+    Examples:
+        >>> import torch, posenc
+        >>> posenc.IndexEmbedding(2)(torch.zeros(1, 3, 2))
+        tensor([[[0., 0.],
+                 [1., 1.],
+                 [2., 2.]]])
+    """
+
+    name: ClassVar[str] = "index"
+
+    def __init__(self, dim: int, *, normalize: Normalize = None) -> None:
+        super().__init__()
+        self.dim = check_int("dim", dim, min=1)
+        self.normalize = check_choice("normalize", normalize, NORMALIZE)
+        self._set_config(dim=self.dim, normalize=normalize)
+
+    def table(
+        self, positions: torch.Tensor, length: int | None = None, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """The table at ``positions`` (``[*P]`` -> ``[*P, dim]``); ``length`` for ``normalize``."""
+        return index_table(positions, self.dim, normalize=self.normalize, length=length, dtype=dtype)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
+    ) -> torch.Tensor:
+        check_embeddings(x, self.dim)
+        pos = _positions.resolve(positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device)
+        # L counts the tokens so far; max(.., 1) only matters for an empty first chunk
+        length = max(offset + x.shape[1], 1) if self.normalize == "length" else None
+        compute = torch.promote_types(x.dtype, torch.float32)
+        pe = self.table(pos, length, compute)  # [s, dim] or [b, s, dim]
+        return (x.to(compute) + pe).to(x.dtype)  # one rounding, in x's dtype

@@ -1,0 +1,352 @@
+"""Learned absolute position embeddings (BERT, GPT-2, ViT): one trained vector per position.
+
+The table ``[max_len, dim]`` is an ``nn.Parameter`` — the one table in posenc that is
+trained, so it is in ``state_dict`` as ``weight``. Positions outside ``[0, max_len)``
+have no row: they raise instead of silently clamping or wrapping.
+
+A trained table is tied to its length (or image grid). :func:`resample_table` and
+:meth:`LearnedEmbedding.resample` interpolate it to a new length (1-D, linear) or a
+new grid (2-D, bicubic with antialiasing as timm's ``resample_abs_pos_embed`` does
+when a ViT is fine-tuned at another image size), keeping leading prefix tokens such
+as ``[CLS]`` as they are.
+
+Shapes: table ``[n, d]``; the module takes ``x: [b, s, dim]`` and positions ``[s]`` or
+``[b, s]``. For a grid ``(H, W)`` the row of patch ``(i, j)`` is
+``num_prefix_tokens + i * W + j`` (row-major, as patch embeddings are flattened).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc import positions as _positions
+from posenc._base import AdditiveEncoding
+from posenc._errors import (
+    PosEncError,
+    check_choice,
+    check_dtype,
+    check_embeddings,
+    check_float,
+    check_int,
+    check_tensor,
+)
+
+__all__ = ["MODES_1D", "MODES_2D", "LearnedEmbedding", "resample_table"]
+
+Mode = Literal["linear", "bicubic", "bilinear"]
+MODES_1D = ("linear",)
+MODES_2D = ("bicubic", "bilinear")
+
+
+def _check_grid(name: str, grid: Any) -> tuple[int, int]:
+    if isinstance(grid, (str, bytes)) or not isinstance(grid, (Sequence, torch.Size)):
+        raise PosEncError(f"{name} must be a pair of sizes (H, W), got {grid!r}")
+    if len(grid) != 2:
+        raise PosEncError(f"{name} must be a pair of sizes (H, W), got {len(grid)} sizes: {grid!r}")
+    h, w = (check_int(f"{name}[{i}]", n, min=1) for i, n in enumerate(grid))
+    return h, w
+
+
+def _check_layout(n: int, grid: Any, num_prefix_tokens: Any) -> tuple[tuple[int, int] | None, int]:
+    """Validate how the ``n`` rows split into prefix tokens and a 1-D or 2-D body."""
+    prefix = check_int("num_prefix_tokens", num_prefix_tokens, min=0)
+    if prefix >= n:
+        raise PosEncError(
+            f"num_prefix_tokens must be < the number of rows ({n}) so that some rows "
+            f"are positions, got {prefix}"
+        )
+    if grid is None:
+        return None, prefix
+    hw = _check_grid("grid", grid)
+    if prefix + hw[0] * hw[1] != n:
+        raise PosEncError(
+            f"grid {hw} with num_prefix_tokens={prefix} needs {prefix + hw[0] * hw[1]} rows, "
+            f"got {n}"
+        )
+    return hw, prefix
+
+
+def resample_table(
+    table: torch.Tensor,
+    size: int | Sequence[int],
+    *,
+    grid: Sequence[int] | None = None,
+    num_prefix_tokens: int = 0,
+    mode: Mode | None = None,
+    align_corners: bool = False,
+    antialias: bool | None = None,
+) -> torch.Tensor:
+    """Interpolate a learned position table to a new length or grid.
+
+    The first ``num_prefix_tokens`` rows (``[CLS]``, register tokens) are copied as they
+    are; the rest are resampled:
+
+    - 1-D (``grid=None``): ``size`` is the new total number of rows (prefix included);
+      ``mode="linear"``, as ``F.interpolate(mode="linear")``.
+    - 2-D: the rows form ``grid = (H, W)`` row-major and ``size`` is the new grid
+      ``(H', W')``; ``mode="bicubic"`` (default) or ``"bilinear"``, with
+      ``antialias=True`` by default: exactly timm's ``resample_abs_pos_embed``. Pass
+      ``antialias=False`` for the plain bicubic of Hugging Face ViT's
+      ``interpolate_pos_encoding``.
+
+    ``align_corners`` has ``F.interpolate``'s meaning: ``False`` (default, what timm and
+    Hugging Face use) treats rows as cells and matches their centres, so the end rows
+    are not reproduced exactly; ``True`` maps the first and last rows onto the first and
+    last new rows (``src = dst * (n - 1) / (n' - 1)``).
+
+    Interpolation runs in float32 (float64 for a float64 table) and the result is cast
+    back to the table's dtype.
+
+    Args:
+        table: ``[n, dim]`` floating tensor.
+        size: new total length (1-D) or new grid ``(H', W')`` (2-D).
+        grid: the current grid ``(H, W)``; ``None`` for a 1-D table.
+        num_prefix_tokens: leading rows kept as they are.
+        mode: ``"linear"`` (1-D), ``"bicubic"`` or ``"bilinear"`` (2-D).
+        align_corners: see above.
+        antialias: filter when shrinking a 2-D grid (default ``True`` for 2-D); 1-D
+            linear interpolation has no antialiasing.
+
+    Shape:
+        ``[n, dim]`` -> ``[size, dim]`` (1-D) or ``[num_prefix_tokens + H' * W', dim]`` (2-D).
+
+    Examples:
+        >>> import torch
+        >>> from posenc.learned import resample_table
+        >>> resample_table(torch.tensor([[0.0], [2.0], [4.0]]), 5, align_corners=True).flatten()
+        tensor([0., 1., 2., 3., 4.])
+        >>> resample_table(torch.zeros(1 + 4 * 4, 8), (6, 6), grid=(4, 4), num_prefix_tokens=1).shape
+        torch.Size([37, 8])
+    """
+    return _resample(table, size, "size", grid, num_prefix_tokens, mode, align_corners, antialias)
+
+
+def _resample(
+    table: torch.Tensor,
+    size: Any,
+    size_name: str,
+    grid: Any,
+    num_prefix_tokens: Any,
+    mode: Any,
+    align_corners: Any,
+    antialias: Any,
+) -> torch.Tensor:
+    """:func:`resample_table`, with errors about ``size`` naming ``size_name``."""
+    check_tensor("table", table, floating=True)
+    if table.ndim != 2:
+        raise PosEncError(f"table must be [n, dim], got shape {tuple(table.shape)}")
+    hw, prefix = _check_layout(table.shape[0], grid, num_prefix_tokens)
+    if not isinstance(align_corners, bool):
+        raise PosEncError(f"align_corners must be True or False, got {align_corners!r}")
+    if antialias is not None and not isinstance(antialias, bool):
+        raise PosEncError(f"antialias must be True, False or None, got {antialias!r}")
+    dim = table.shape[1]
+    compute = torch.promote_types(table.dtype, torch.float32)
+    body = table[prefix:].to(compute)  # [n - prefix, dim]
+    if hw is None:
+        if isinstance(size, Sequence) and not isinstance(size, str):
+            raise PosEncError(
+                f"{size_name} must be a length (an int) for a 1-D table, got {size!r}; "
+                "build the table with grid=(H, W) to resample it as a 2-D grid"
+            )
+        new_len = check_int(size_name, size, min=prefix + 1)
+        mode = check_choice("mode", "linear" if mode is None else mode, MODES_1D)
+        if antialias:
+            raise PosEncError("antialias applies to 2-D grids only, got antialias=True for a 1-D table")
+        out = F.interpolate(
+            body.T[None], size=new_len - prefix, mode=mode, align_corners=align_corners
+        )  # [1, dim, new_len - prefix]
+        out = out[0].T  # [new_len - prefix, dim]
+    else:
+        if isinstance(size, bool) or not isinstance(size, (Sequence, torch.Size)):
+            raise PosEncError(
+                f"{size_name} must be a grid (H', W') for a table with grid={hw}, got {size!r}"
+            )
+        new_hw = _check_grid(size_name, size)
+        mode = check_choice("mode", "bicubic" if mode is None else mode, MODES_2D)
+        body = body.reshape(1, *hw, dim).permute(0, 3, 1, 2)  # [1, dim, H, W]
+        out = F.interpolate(
+            body, size=new_hw, mode=mode, align_corners=align_corners,
+            antialias=True if antialias is None else antialias,
+        )  # fmt: skip  # [1, dim, H', W']
+        out = out.permute(0, 2, 3, 1).reshape(new_hw[0] * new_hw[1], dim)  # [H' * W', dim]
+    return torch.cat([table[:prefix], out.to(table.dtype)], dim=0)
+
+
+class LearnedEmbedding(AdditiveEncoding):
+    """Adds a trained table row per position: ``dropout(x + weight[positions])``.
+
+    Positions must be integers (integral-valued floats are accepted) in ``[0, max_len)``;
+    anything else raises :class:`posenc.PosEncError` naming ``max_len``. The addition is
+    done in at least float32 and rounded once to ``x``'s dtype.
+
+    Args:
+        max_len: number of rows (positions ``0 .. max_len - 1``), prefix tokens included.
+        dim: embedding size.
+        grid: ``(H, W)`` when the rows after the prefix tokens are an image grid
+            (row-major); lets :meth:`resample` interpolate in 2-D. ``max_len`` must equal
+            ``num_prefix_tokens + H * W``.
+        num_prefix_tokens: leading rows (``[CLS]``, registers) that resampling keeps.
+        dropout: dropout probability applied after the addition.
+        init_std: standard deviation of the normal initialisation (0.02 as in BERT,
+            GPT-2 and ViT).
+        device, dtype: of the weight (not part of the config).
+
+    Shape:
+        ``x: [b, s, dim]``, ``positions: [s]`` or ``[b, s]`` (``None``: ``arange(s) + offset``)
+        -> ``[b, s, dim]``; ``weight: [max_len, dim]``.
+
+    Examples:
+        >>> import torch, posenc
+        >>> pe = posenc.LearnedEmbedding(16, 8)
+        >>> pe(torch.zeros(2, 5, 8)).shape
+        torch.Size([2, 5, 8])
+        >>> list(pe.state_dict())
+        ['weight']
+        >>> vit = posenc.LearnedEmbedding(1 + 14 * 14, 8, grid=(14, 14), num_prefix_tokens=1)
+        >>> vit.resample((16, 16)).max_len
+        257
+    """
+
+    name: ClassVar[str] = "learned"
+
+    def __init__(
+        self,
+        max_len: int,
+        dim: int,
+        *,
+        grid: Sequence[int] | None = None,
+        num_prefix_tokens: int = 0,
+        dropout: float = 0.0,
+        init_std: float = 0.02,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        self.max_len = check_int("max_len", max_len, min=1)
+        self.dim = check_int("dim", dim, min=1)
+        self.grid, self.num_prefix_tokens = _check_layout(self.max_len, grid, num_prefix_tokens)
+        dropout = check_float("dropout", dropout, min=0.0, max=1.0)
+        self.init_std = check_float("init_std", init_std, min=0.0)
+        if dtype is not None:
+            check_dtype("dtype", dtype)
+        self.dropout = nn.Dropout(dropout)
+        self.weight = nn.Parameter(torch.empty(self.max_len, self.dim, device=device, dtype=dtype))
+        self.reset_parameters()
+        self._set_config(
+            max_len=self.max_len, dim=self.dim, grid=self.grid,
+            num_prefix_tokens=self.num_prefix_tokens, dropout=dropout, init_std=self.init_std,
+        )  # fmt: skip
+
+    def reset_parameters(self) -> None:
+        """Draw the weight from ``N(0, init_std^2)``."""
+        nn.init.normal_(self.weight, std=self.init_std)
+
+    @classmethod
+    def from_table(
+        cls,
+        table: torch.Tensor,
+        *,
+        grid: Sequence[int] | None = None,
+        num_prefix_tokens: int = 0,
+        dropout: float = 0.0,
+        init_std: float = 0.02,
+    ) -> LearnedEmbedding:
+        """A module holding a copy of ``table [max_len, dim]`` (e.g. a checkpoint's ``wpe``).
+
+        The weight keeps the table's dtype and device; the other arguments are the
+        constructor's (``init_std`` is used only by :meth:`reset_parameters`).
+
+        Examples:
+            >>> import torch, posenc
+            >>> pe = posenc.LearnedEmbedding.from_table(torch.eye(4))
+            >>> pe(torch.zeros(1, 2, 4))
+            tensor([[[1., 0., 0., 0.],
+                     [0., 1., 0., 0.]]], grad_fn=<AddBackward0>)
+        """
+        check_tensor("table", table, floating=True)
+        if table.ndim != 2:
+            raise PosEncError(f"table must be [max_len, dim], got shape {tuple(table.shape)}")
+        module = cls(
+            table.shape[0], table.shape[1], grid=grid, num_prefix_tokens=num_prefix_tokens,
+            dropout=dropout, init_std=init_std, device="meta", dtype=table.dtype,
+        )  # fmt: skip
+        module.weight = nn.Parameter(table.detach().clone())
+        return module
+
+    def _indices(self, positions: torch.Tensor) -> torch.Tensor:
+        """Validated long indices into ``weight`` (one host sync, like nn.Embedding's check)."""
+        if positions.dtype == torch.bool or positions.is_complex():
+            raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
+        if positions.is_floating_point():
+            frac = positions != torch.round(positions)
+            if bool(frac.any()):
+                bad = positions[frac].flatten()[0].item()
+                raise PosEncError(
+                    f"positions must be integers for a learned table (integral-valued floats "
+                    f"are accepted), got {bad}"
+                )
+        if positions.numel():
+            lo, hi = positions.min().item(), positions.max().item()
+            if lo < 0 or hi >= self.max_len:
+                raise PosEncError(
+                    f"positions must be in [0, max_len) with max_len={self.max_len}, "
+                    f"got values from {lo:g} to {hi:g}"
+                )
+        return positions.long()
+
+    def table(self, positions: torch.Tensor) -> torch.Tensor:
+        """The weight rows at ``positions`` (``[*P]`` -> ``[*P, dim]``), validated."""
+        check_tensor("positions", positions)
+        return F.embedding(self._indices(positions.to(self.weight.device)), self.weight)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
+    ) -> torch.Tensor:
+        check_embeddings(x, self.dim)
+        pos = _positions.resolve(
+            positions, x.shape[1], offset=offset, batch=x.shape[0], device=self.weight.device
+        )
+        pe = F.embedding(self._indices(pos), self.weight)  # [s, dim] or [b, s, dim]
+        compute = torch.promote_types(torch.promote_types(x.dtype, pe.dtype), torch.float32)
+        out = (x.to(compute) + pe.to(device=x.device, dtype=compute)).to(x.dtype)
+        return self.dropout(out)
+
+    def resample(
+        self,
+        new_len_or_grid: int | Sequence[int],
+        *,
+        mode: Mode | None = None,
+        align_corners: bool = False,
+        antialias: bool | None = None,
+    ) -> LearnedEmbedding:
+        """A new module whose table is this one interpolated to a new length or grid.
+
+        ``new_len_or_grid`` is the new ``max_len`` (prefix tokens included) for a 1-D
+        table, or the new grid ``(H', W')`` for a module built with ``grid``. Prefix
+        tokens are kept as they are; ``mode``, ``align_corners`` and ``antialias`` are
+        those of :func:`resample_table` (2-D defaults: bicubic with antialiasing, as
+        timm). The new weight has this one's dtype, device and ``requires_grad``; this
+        module is unchanged.
+
+        Shape:
+            ``weight [max_len, dim]`` -> ``[new_len, dim]`` or
+            ``[num_prefix_tokens + H' * W', dim]``.
+        """
+        with torch.no_grad():
+            table = _resample(
+                self.weight, new_len_or_grid, "new_len_or_grid", self.grid,
+                self.num_prefix_tokens, mode, align_corners, antialias,
+            )  # fmt: skip
+        new_grid = None if self.grid is None else tuple(new_len_or_grid)
+        module = LearnedEmbedding.from_table(
+            table, grid=new_grid, num_prefix_tokens=self.num_prefix_tokens,
+            dropout=self.dropout.p, init_std=self.init_std,
+        )  # fmt: skip
+        module.weight.requires_grad_(self.weight.requires_grad)
+        return module
