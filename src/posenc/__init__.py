@@ -20,6 +20,8 @@ from posenc.sinusoidal import SinusoidalEmbedding, sinusoidal_table, sinusoidal_
 from posenc.rotary.apply import apply_rotary, rotary_cos_sin
 from posenc.rotary.frequencies import rope_frequencies
 from posenc.rotary.module import RotaryEmbedding
+from posenc.rotary.nd import AxialRotaryEmbedding, MultimodalRotaryEmbedding
+from posenc.rotary.xpos import XPosEmbedding
 
 # --- bias -------------------------------------------------------------------
 
@@ -39,7 +41,10 @@ __all__ = [
     "sinusoidal_table",
     "sinusoidal_table_nd",
     # rotary
+    "AxialRotaryEmbedding",
+    "MultimodalRotaryEmbedding",
     "RotaryEmbedding",
+    "XPosEmbedding",
     "apply_rotary",
     "rope_frequencies",
     "rotary_cos_sin",

@@ -28,6 +28,9 @@ _ENTRIES: dict[str, str] = {
     "index": "posenc.index:IndexEmbedding",
     # rotary
     "rope": "posenc.rotary.module:RotaryEmbedding",
+    "xpos": "posenc.rotary.xpos:XPosEmbedding",
+    "mrope": "posenc.rotary.nd:MultimodalRotaryEmbedding",
+    "axial_rope": "posenc.rotary.nd:AxialRotaryEmbedding",
     # bias
 }
 

@@ -13,15 +13,20 @@ from posenc.rotary.frequencies import (
     rope_frequencies,
 )
 from posenc.rotary.module import RotaryEmbedding
+from posenc.rotary.nd import AxialRotaryEmbedding, MultimodalRotaryEmbedding
+from posenc.rotary.xpos import XPosEmbedding
 
 __all__ = [
     "SCALINGS",
+    "AxialRotaryEmbedding",
     "DynamicScaling",
     "LinearScaling",
     "Llama3Scaling",
     "LongRopeScaling",
+    "MultimodalRotaryEmbedding",
     "NTKScaling",
     "RotaryEmbedding",
+    "XPosEmbedding",
     "YarnScaling",
     "apply_rotary",
     "parse_scaling",
