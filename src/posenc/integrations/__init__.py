@@ -1,0 +1,5 @@
+"""Bridges to other libraries' configs and models (their packages imported only when needed)."""
+
+from posenc.integrations.transformers import rotary_from_config
+
+__all__ = ["rotary_from_config"]

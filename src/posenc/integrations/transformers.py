@@ -1,0 +1,184 @@
+"""transformers configs to posenc modules giving the same numbers.
+
+:func:`rotary_from_config` reads a config the way transformers' rotary modules and
+``modeling_rope_utils`` read it (transformers 5's ``rope_parameters`` as well as the
+legacy ``rope_scaling`` / ``rope_theta`` / ``partial_rotary_factor`` / GPT-NeoX
+``rotary_pct`` / ``rotary_emb_base`` attributes) and builds the equal
+:class:`posenc.RotaryEmbedding`. Where transformers only logs a warning (unknown rope
+type, unrecognised keys, a factor below 1) we raise :class:`posenc.PosEncError`.
+
+A config dict (``config.to_dict()`` or a ``config.json`` loaded with ``json``) needs no
+transformers installed; a ``PretrainedConfig`` object is read through its attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc.rotary.apply import LAYOUTS
+from posenc.rotary.module import RotaryEmbedding
+
+__all__ = ["rotary_from_config"]
+
+# Keys of rope_parameters that are not scaling parameters.
+_GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section")
+_ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn", "longrope")  # transformers fills the original context
+_DEFAULT_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
+# Defaults of model classes that a plain dict cannot reveal (the config object knows them).
+_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gpt_neox": {"partial_rotary_factor": 0.25},
+    "qwen2_vl": {"rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+    "qwen2_vl_text": {"rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+}
+
+
+class _Reader:
+    """Uniform access to a config object's attributes or a config dict's keys."""
+
+    def __init__(self, config: Any) -> None:
+        if not isinstance(config, Mapping):
+            if hasattr(config, "get_text_config"):  # multimodal configs keep RoPE in the text part
+                config = config.get_text_config()
+            self._get = lambda key: getattr(config, key, None)
+            self.is_dict = False
+        else:
+            text = config.get("text_config")
+            rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size")
+            if isinstance(text, Mapping) and not any(k in config for k in rope_keys):
+                config = {**text, "model_type": text.get("model_type", config.get("model_type"))}
+            self._get = config.get
+            self.is_dict = True
+
+    def get(self, key: str) -> Any:
+        return self._get(key)
+
+
+def _rope_parameters(cfg: _Reader, layer_type: str | None) -> dict[str, Any]:
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if not isinstance(rope, Mapping):
+        raise PosEncError(f"config rope_parameters must be a dict, got {type(rope).__name__}")
+    nested = [k for k, v in rope.items() if isinstance(v, Mapping) or v is None]
+    if nested and len(nested) == len(rope):  # one dict per layer type (Gemma 3, ...)
+        if layer_type is None:
+            raise PosEncError(
+                f"config has RoPE parameters per layer type; pass layer_type= one of "
+                f"{', '.join(map(repr, nested))}"
+            )
+        check_choice("layer_type", layer_type, nested)
+        if rope[layer_type] is None:
+            raise PosEncError(f"layer_type {layer_type!r} has no RoPE (its parameters are None)")
+        return dict(rope[layer_type])
+    if layer_type is not None:
+        raise PosEncError(f"layer_type must be None for a config with one set of RoPE "
+                          f"parameters, got {layer_type!r}")  # fmt: skip
+    return dict(rope)
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def rotary_from_config(
+    config: Any, *, layout: str = "half", layer_type: str | None = None
+) -> RotaryEmbedding:
+    """The :class:`posenc.RotaryEmbedding` equal to a transformers model's rotary embedding.
+
+    Reads, in transformers' order of priority: ``rope_parameters`` (or legacy
+    ``rope_scaling``) with its ``rope_type`` (or ``type``), ``rope_theta`` and
+    ``partial_rotary_factor``; then the attributes ``rope_theta`` / ``rotary_emb_base``,
+    ``partial_rotary_factor`` / ``rotary_pct``; ``head_dim`` (or ``hidden_size //
+    num_attention_heads``), ``max_position_embeddings`` (dynamic NTK's length; YaRN's and
+    LongRoPE's factor when it is absent; the original context of llama3 / yarn / longrope
+    when that is absent), a top-level ``original_max_position_embeddings`` (Phi-3: it takes
+    priority, as in transformers) and ``mrope_section`` (Qwen2-VL's M-RoPE; positions are
+    then ``[..., s, 3]``, i.e. transformers' ``position_ids[3, b, s]`` moved last).
+
+    Args:
+        config: a ``transformers.PretrainedConfig`` or its dict (multimodal configs: the
+            text config is used).
+        layout: ``"half"`` (what transformers' Llama / GPT-NeoX / Qwen modules do) or
+            ``"interleaved"`` for q/k projections permuted to the Meta layout (see
+            :mod:`posenc.rotary.porting`).
+        layer_type: for configs with RoPE parameters per layer type (Gemma 3's
+            ``"full_attention"`` / ``"sliding_attention"``), which one.
+
+    Raises:
+        PosEncError: unknown rope type (``proportional`` and ``axial`` included: not
+            supported), missing or unknown keys, invalid values, an odd rotary dim.
+
+    Examples:
+        >>> from posenc.integrations.transformers import rotary_from_config
+        >>> rope = rotary_from_config({
+        ...     "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 4096,
+        ...     "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
+        ... })
+        >>> rope.head_dim, rope.base, rope.scaling
+        (64, 500000.0, LinearScaling(factor=2.0, type='linear'))
+    """
+    check_choice("layout", layout, LAYOUTS)
+    cfg = _Reader(config)
+    rope = _rope_parameters(cfg, layer_type)
+    defaults = _MODEL_DEFAULTS.get(str(cfg.get("model_type")), {})
+
+    kind = _first(rope.get("rope_type"), rope.get("type"), "default")  # rope_type wins
+    if kind == "mrope":  # Qwen2-VL's legacy spelling of default RoPE with sections
+        kind = "default"
+    base = check_float("rope_theta", _first(
+        rope.get("rope_theta"), cfg.get("rope_theta"), cfg.get("rotary_emb_base"),
+        defaults.get("rope_theta"), _DEFAULT_THETA,
+    ), min=1.0, min_exclusive=True)  # fmt: skip
+    partial = check_float("partial_rotary_factor", _first(
+        rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"),
+        rope.get("rotary_pct"), cfg.get("rotary_pct"), defaults.get("partial_rotary_factor"), 1.0,
+    ), min=0.0, max=1.0, min_exclusive=True)  # fmt: skip
+
+    head_dim = cfg.get("head_dim")
+    if head_dim is None:
+        hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+        if hidden is None or heads is None:
+            raise PosEncError("config must give head_dim, or hidden_size and num_attention_heads")
+        head_dim = check_int("hidden_size", hidden, min=1) // check_int(
+            "num_attention_heads", heads, min=1
+        )
+    head_dim = check_int("head_dim", head_dim, min=2)
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise PosEncError(
+            f"the rotary dim int(head_dim * partial_rotary_factor) = int({head_dim} * {partial}) "
+            f"must be even and >= 2, got {rotary_dim}"
+        )
+
+    sections = _first(rope.get("mrope_section"), cfg.get("mrope_section"))
+    if sections is None and "mrope_section" in defaults:
+        sections = defaults["mrope_section"]
+
+    scaling: dict[str, Any] | None = None
+    if kind != "default":
+        scaling = {k: v for k, v in rope.items() if k not in (*_GENERAL_KEYS, "rotary_pct")}
+        scaling["type"] = kind
+        max_position = cfg.get("max_position_embeddings")
+        if kind in _ORIGINAL_CONTEXT_TYPES:
+            original = _first(
+                cfg.get("original_max_position_embeddings"),  # Phi-3: the attribute wins
+                rope.get("original_max_position_embeddings"),
+                rope.get("original_max_position"),
+                max_position,
+            )
+            scaling.pop("original_max_position", None)
+            scaling["original_max_position_embeddings"] = original
+        if max_position is not None and (
+            kind == "dynamic" or (kind in ("yarn", "longrope") and rope.get("factor") is None)
+        ):
+            scaling["max_position_embeddings"] = max_position
+    else:
+        extra = sorted(k for k, v in rope.items()
+                       if v is not None and k not in (*_GENERAL_KEYS, "rotary_pct"))  # fmt: skip
+        if extra:
+            raise PosEncError(f"rope type 'default' takes no scaling parameters, got {extra}")
+
+    return RotaryEmbedding(
+        head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
+        sections=None if sections is None else list(sections),
+    )  # fmt: skip
