@@ -199,6 +199,8 @@ def _bad_apply(**change):
         (lambda: posenc.rotary_cos_sin(torch.tensor([True]), torch.ones(2)),
          "positions must be an integer or floating tensor"),
         (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.ones(2, 2)), "inv_freq must be 1-D"),
+        (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.ones(2), dtype=torch.int32),
+         "dtype must be a floating-point dtype, got torch.int32"),
         (lambda: posenc.rotary_cos_sin(torch.zeros(3, 2), torch.ones(4), sections=(1, 2)),
          r"sections must sum to rotary_dim / 2 = 4, got \[1, 2\]"),
         (lambda: posenc.rotary_cos_sin(torch.zeros(3, 3), torch.ones(4), sections=(2, 2)),

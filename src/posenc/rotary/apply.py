@@ -33,6 +33,7 @@ from posenc._angles import reduced_angles
 from posenc._errors import (
     PosEncError,
     check_choice,
+    check_dtype,
     check_finite,
     check_float,
     check_int,
@@ -107,6 +108,7 @@ def rotary_cos_sin(
     if inv_freq.ndim != 1:
         raise PosEncError(f"inv_freq must be 1-D [r/2], got shape {tuple(inv_freq.shape)}")
     attention_scale = check_float("attention_scale", attention_scale)
+    check_dtype("dtype", dtype)
     if sections is not None:
         sections = check_sections(sections, inv_freq.shape[0])
         if positions.ndim < 1 or positions.shape[-1] != len(sections):
