@@ -1,0 +1,313 @@
+"""``posenc table``: print the table of an additive encoding at chosen positions.
+
+    posenc table sinusoidal --dim 4 --positions 0:6
+    posenc table sinusoidal --dim 8 --layout half --positions 0,10,100,1000 --format csv
+    posenc table index --dim 2 --positions 0:4 --normalize length --format json
+
+Positions are ``a:b`` (``a`` to ``b`` exclusive, step 1), ``a:b:step``, or a comma list
+of numbers and ranges (``0:4,10,100.5``); floats and negatives allowed. Values are
+computed in float64 (the library's float64 path) and printed rounded to ``--digits``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Annotated, Any
+
+import torch
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from posenc import registry
+from posenc._errors import PosEncError, check_choice, check_int
+from posenc.cli import app, fail
+from posenc.index import index_table
+from posenc.sinusoidal import LAYOUTS, ORDERS, sinusoidal_table
+
+__all__ = ["MAX_ROWS", "TABLES", "parse_positions", "table"]
+
+MAX_ROWS = 100_000
+FORMATS = ("text", "csv", "json")
+_SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+_ASCII = str.maketrans("₀₁₂₃₄₅₆₇₈₉ω·", "0123456789w*")  # for terminals that are not UTF-8
+
+
+def _number(text: str, spec: str) -> Fraction:
+    try:
+        return Fraction(text.strip())
+    except (ValueError, ZeroDivisionError):
+        raise PosEncError(
+            f"positions must be numbers or ranges 'a:b' / 'a:b:step' separated by commas, "
+            f"got {text.strip()!r} in {spec!r}"
+        ) from None
+
+
+def parse_positions(spec: str, *, name: str = "positions") -> list[int | float]:
+    """Parse ``'a:b'``, ``'a:b:step'`` or a comma list of numbers and ranges.
+
+    Ranges exclude their end, like Python's ``range``; ``':b'`` starts at 0. The values
+    are exact decimals (``0:1:0.1`` has ten points, no float drift); they are returned
+    as ints when all are integral, floats otherwise.
+
+    Examples:
+        >>> parse_positions("0:4")
+        [0, 1, 2, 3]
+        >>> parse_positions("0:1:0.25,10")
+        [0.0, 0.25, 0.5, 0.75, 10.0]
+        >>> parse_positions("5:-5:-4")
+        [5, 1, -3]
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise PosEncError(f"{name} must be a range 'a:b', 'a:b:step' or a comma list, got {spec!r}")
+    values: list[Fraction] = []
+    for item in spec.split(","):
+        parts = item.split(":")
+        if len(parts) == 1:
+            values.append(_number(parts[0], spec))
+            continue
+        if len(parts) > 3:
+            raise PosEncError(f"{name} range must be 'a:b' or 'a:b:step', got {item.strip()!r}")
+        if not parts[1].strip():
+            raise PosEncError(f"{name} range must have an end, got {item.strip()!r}")
+        start = _number(parts[0], spec) if parts[0].strip() else Fraction(0)
+        stop = _number(parts[1], spec)
+        step = _number(parts[2], spec) if len(parts) == 3 and parts[2].strip() else Fraction(1)
+        if step == 0:
+            raise PosEncError(f"{name} step must not be 0, got {item.strip()!r}")
+        count = math.ceil((stop - start) / step)
+        if count <= 0:
+            raise PosEncError(
+                f"{name} range {item.strip()!r} is empty (the end is excluded; "
+                f"use a negative step to count down)"
+            )
+        if len(values) + count > MAX_ROWS:
+            raise PosEncError(f"{name} must hold at most {MAX_ROWS} values, got {spec!r}")
+        values.extend(start + k * step for k in range(count))
+    if len(values) > MAX_ROWS:
+        raise PosEncError(f"{name} must hold at most {MAX_ROWS} values, got {len(values)}")
+    if all(v.denominator == 1 for v in values):
+        return [int(v) for v in values]
+    return [float(v) for v in values]
+
+
+@dataclass
+class _Table:
+    """What a table builder returns: float64 values and how to label them."""
+
+    values: torch.Tensor  # [n, dim] float64
+    labels: list[str]  # machine column names (csv / json)
+    headers: list[str]  # short column names shown under the channel index (text)
+    options: dict[str, Any]  # the encoding's options, for the title and json
+    caption: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # more json fields
+
+
+def _sinusoidal(pos: torch.Tensor, dim: int, opts: dict[str, Any]) -> _Table:
+    layout = opts["layout"] or "interleaved"
+    order = opts["order"] or "sin_cos"
+    base = 10000.0 if opts["base"] is None else opts["base"]
+    values = sinusoidal_table(pos, dim, base=base, layout=layout, order=order, dtype=torch.float64)
+    first, second = ("sin", "cos") if order == "sin_cos" else ("cos", "sin")
+    n_first = (dim + 1) // 2
+    pairs = []  # (function, frequency index) of each channel
+    for c in range(dim):
+        if layout == "interleaved":
+            pairs.append((first if c % 2 == 0 else second, c // 2))
+        else:
+            pairs.append((first, c) if c < n_first else (second, c - n_first))
+    freqs = [base ** (-2.0 * i / dim) for i in range(n_first)]
+    shown = ", ".join(f"ω{str(i).translate(_SUBSCRIPTS)} = {w:.4g}" for i, w in enumerate(freqs[:6]))
+    more = ", ..." if len(freqs) > 6 else ""
+    return _Table(
+        values=values,
+        labels=[f"{fn}{i}" for fn, i in pairs],
+        headers=[f"{fn} ω{str(i).translate(_SUBSCRIPTS)}" for fn, i in pairs],
+        options={"base": base, "layout": layout, "order": order},
+        caption=f"angle = p · ω_i with ω_i = base^(-2i/dim): {shown}{more}",
+        extra={"frequencies": freqs},
+    )
+
+
+def _index(pos: torch.Tensor, dim: int, opts: dict[str, Any]) -> _Table:
+    normalize, length = opts["normalize"], opts["length"]
+    if normalize == "length" and length is None:
+        length = max(len(pos), 1)  # L = the number of positions shown, as in the module
+    values = index_table(pos, dim, normalize=normalize, length=length, dtype=torch.float64)
+    label = "p/L" if normalize == "length" else "p"
+    caption = f"L = {length}" if normalize == "length" else "every channel holds the position"
+    return _Table(
+        values=values,
+        labels=[f"c{c}" for c in range(dim)],
+        headers=[label] * dim,
+        options={"normalize": normalize, "length": length},
+        caption=caption,
+    )
+
+
+# name -> (builder, the options it takes). Encodings whose table is fixed by their
+# options; learned tables are trained weights and rotary/bias encodings add nothing.
+TABLES: dict[str, tuple[Callable[[torch.Tensor, int, dict[str, Any]], _Table], tuple[str, ...]]] = {
+    "sinusoidal": (_sinusoidal, ("layout", "order", "base")),
+    "index": (_index, ("normalize", "length")),
+}
+
+
+def _resolve_encoding(encoding: str) -> str:
+    choices = ", ".join(map(repr, TABLES))
+    key = encoding.lower()
+    if key in TABLES:
+        return key
+    try:
+        cls = registry.get(key)
+    except PosEncError:
+        raise PosEncError(f"encoding must be one of {choices}, got {encoding!r}") from None
+    if cls.name == "learned":
+        why = "its table is trained weights, not a formula"
+    elif cls.kind == "none":
+        why = "it adds nothing"
+    elif cls.kind == "additive":
+        why = "posenc table does not support it yet"
+    else:
+        why = f"it is a {cls.kind} encoding, which adds no table to the embeddings"
+    raise PosEncError(f"{encoding!r} has no fixed table ({why}); tables exist for {choices}")
+
+
+def _clean(v: float, digits: int | None) -> float:
+    if digits is not None:
+        v = round(v, digits)
+    return v + 0.0  # turns -0.0 into 0.0
+
+
+def _fmt_position(p: int | float) -> str:
+    return str(p) if isinstance(p, int) else repr(p)
+
+
+def _print_text(t: _Table, encoding: str, dim: int, pos: list, chans: list[int], digits: int) -> None:
+    console = Console(highlight=False)
+    utf8 = console.encoding.lower().replace("-", "").startswith("utf")
+
+    def text(s: str) -> str:
+        return s if utf8 else s.translate(_ASCII)
+
+    opts = " · ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in t.options.items() if v is not None)  # fmt: skip
+    grid = Table(box=box.SIMPLE_HEAD if utf8 else box.ASCII2, header_style="bold", pad_edge=False)
+    grid.add_column("p", justify="right", style="bold")
+    for c in chans:
+        grid.add_column(text(f"{c}\n{t.headers[c]}"), justify="right")
+    for r, p in enumerate(pos):
+        cells = [f"{_clean(float(t.values[r, c]), digits):.{digits}f}" for c in chans]
+        grid.add_row(_fmt_position(p), *cells)
+    width = console.measure(grid).maximum
+    if width > console.width:  # print at full width rather than squeezing the numbers
+        console = Console(highlight=False, width=width)
+    console.print(text(f"{encoding} · dim={dim}" + (f" · {opts}" if opts else "")), soft_wrap=True)
+    console.print(grid)
+    if t.caption:
+        console.print(text(t.caption), soft_wrap=True)
+
+
+def _print_csv(t: _Table, pos: list, chans: list[int], digits: int | None) -> None:
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(["position", *(t.labels[c] for c in chans)])
+    for r, p in enumerate(pos):
+        writer.writerow([p, *(repr(_clean(float(t.values[r, c]), digits)) for c in chans)])
+
+
+def _print_json(
+    t: _Table, encoding: str, dim: int, pos: list, chans: list[int], digits: int | None
+) -> None:
+    head = {
+        "encoding": encoding, "dim": dim, "options": t.options, **t.extra,
+        "positions": pos, "channels": chans, "columns": [t.labels[c] for c in chans],
+    }  # fmt: skip
+    rows = [[_clean(float(t.values[r, c]), digits) for c in chans] for r in range(len(pos))]
+    # one row of the table per line: readable, and still plain JSON
+    lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
+    body = ",\n".join(f"    {json.dumps(row)}" for row in rows)
+    lines.append(f'  "table": [\n{body}\n  ]')
+    typer.echo("{\n" + ",\n".join(lines) + "\n}")
+
+
+@app.command("table")
+def table(
+    encoding: Annotated[
+        str, typer.Argument(help=f"Encoding with a fixed table: {', '.join(TABLES)}.")
+    ],
+    dim: Annotated[int, typer.Option("--dim", "-d", help="Number of channels.")] = 8,
+    positions: Annotated[
+        str,
+        typer.Option(
+            "--positions", "-p",
+            help="Positions: 'a:b' (end excluded), 'a:b:step', or a comma list such as "
+            "'0:4,10,100.5'. Floats and negatives allowed.",
+        ),
+    ] = "0:8",
+    layout: Annotated[
+        str | None, typer.Option(help=f"sinusoidal: {' or '.join(LAYOUTS)} (default interleaved).")
+    ] = None,
+    order: Annotated[
+        str | None, typer.Option(help=f"sinusoidal: {' or '.join(ORDERS)} (default sin_cos).")
+    ] = None,
+    base: Annotated[float | None, typer.Option(help="sinusoidal: wavelength base (10000).")] = None,
+    normalize: Annotated[
+        str | None, typer.Option(help="index: 'length' to add p / L instead of p.")
+    ] = None,
+    length: Annotated[
+        int | None,
+        typer.Option(help="index with --normalize length: L (default: the number of positions)."),
+    ] = None,
+    channels: Annotated[
+        str | None, typer.Option(help="Channels to show, same syntax as --positions (default all).")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", "-f", help="text, csv or json.")] = "text",
+    digits: Annotated[
+        int | None,
+        typer.Option(help="Decimals: text shows 4 by default; csv and json are exact unless set."),
+    ] = None,
+) -> None:
+    """Print the table of an additive encoding (rows: positions, columns: channels)."""
+    try:
+        name = _resolve_encoding(encoding)
+        builder, takes = TABLES[name]
+        given = {"layout": layout, "order": order, "base": base, "normalize": normalize,
+                 "length": length}  # fmt: skip
+        for option, value in given.items():
+            if value is not None and option not in takes:
+                users = [n for n, (_, opts) in TABLES.items() if option in opts]
+                raise PosEncError(
+                    f"--{option} applies to {', '.join(users)}, not {name!r}, got {value!r}"
+                )
+        if length is not None and normalize != "length":
+            raise PosEncError(f"--length applies only with --normalize length, got {length}")
+        fmt = check_choice("format", fmt, FORMATS)
+        dim = check_int("dim", dim, min=1)
+        if digits is not None:
+            digits = check_int("digits", digits, min=0, max=17)
+        pos = parse_positions(positions)
+        if channels is None:
+            chans = list(range(dim))
+        else:
+            chans = parse_positions(channels, name="channels")
+            if any(not isinstance(c, int) or not 0 <= c < dim for c in chans):
+                raise PosEncError(f"channels must be integers in [0, dim) = [0, {dim}), got {channels!r}")
+        dtype = torch.float64 if any(isinstance(p, float) for p in pos) else torch.long
+        opts = {k: v for k, v in given.items() if k in takes}
+        t = builder(torch.tensor(pos, dtype=dtype), dim, opts)
+    except PosEncError as e:
+        fail(str(e))
+        return
+    if fmt == "text":
+        _print_text(t, name, dim, pos, chans, 4 if digits is None else digits)
+    elif fmt == "csv":
+        _print_csv(t, pos, chans, digits)
+    else:
+        _print_json(t, name, dim, pos, chans, digits)
