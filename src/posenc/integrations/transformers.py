@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc._errors import PosEncError, check_choice, check_float, check_int
-from posenc.rotary.apply import LAYOUTS
+from posenc.rotary.apply import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
 
 __all__ = ["rotary_from_config"]
@@ -81,7 +81,7 @@ def _first(*values: Any) -> Any:
 
 
 def rotary_from_config(
-    config: Any, *, layout: str = "half", layer_type: str | None = None
+    config: Any, *, layout: Layout = "half", layer_type: str | None = None
 ) -> RotaryEmbedding:
     """The :class:`posenc.RotaryEmbedding` equal to a transformers model's rotary embedding.
 
@@ -103,6 +103,11 @@ def rotary_from_config(
             :mod:`posenc.rotary.porting`).
         layer_type: for configs with RoPE parameters per layer type (Gemma 3's
             ``"full_attention"`` / ``"sliding_attention"``), which one.
+
+    One difference is deliberate: transformers' ``dynamic`` module keeps the largest
+    frequencies it has computed until a call is shorter than ``max_position_embeddings``,
+    so its output depends on earlier calls; posenc computes them from each call's largest
+    position. The two agree on a fresh module and whenever lengths only grow.
 
     Raises:
         PosEncError: unknown rope type (``proportional`` and ``axial`` included: not

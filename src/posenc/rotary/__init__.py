@@ -14,6 +14,7 @@ from posenc.rotary.frequencies import (
 )
 from posenc.rotary.module import RotaryEmbedding
 from posenc.rotary.nd import AxialRotaryEmbedding, MultimodalRotaryEmbedding
+from posenc.rotary.porting import layout_permutation, permute_qk_weight
 from posenc.rotary.xpos import XPosEmbedding
 
 __all__ = [
@@ -29,7 +30,9 @@ __all__ = [
     "XPosEmbedding",
     "YarnScaling",
     "apply_rotary",
+    "layout_permutation",
     "parse_scaling",
+    "permute_qk_weight",
     "rope_frequencies",
     "rotary_cos_sin",
 ]

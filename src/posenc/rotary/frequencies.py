@@ -443,7 +443,7 @@ def parse_scaling(scaling: Any) -> Scaling | None:
     if scaling is None:
         return None
     if isinstance(scaling, tuple(cls for cls, _ in SCALINGS.values())):
-        return scaling
+        return scaling  # type: ignore[return-value]
     if not isinstance(scaling, Mapping):
         raise PosEncError(
             f"scaling must be None, a dict with a 'type' key or one of "
