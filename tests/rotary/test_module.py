@@ -190,8 +190,6 @@ def test_no_state_and_to_bfloat16_keeps_precision():
 def test_meta_device_construction():
     with torch.device("meta"):
         rope = RotaryEmbedding(64, scaling={"type": "yarn", "factor": 2.0, "original_max_position": 64})
-        q_meta, _ = rope(torch.randn(1, 2, 3, 64), torch.randn(1, 2, 3, 64))
-    assert q_meta.device.type == "meta"
     assert rope.inv_freq.device.type == "cpu"
     plain = RotaryEmbedding(64, scaling={"type": "yarn", "factor": 2.0, "original_max_position": 64})
     torch.testing.assert_close(rope.inv_freq, plain.inv_freq, atol=0, rtol=0)
