@@ -20,12 +20,14 @@ posenc 3e-7, transformers 3e-4).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+import posenc
 from posenc import PosEncError, RotaryEmbedding, reference
 from posenc.integrations.transformers import rotary_from_config
 from posenc.reference.rotary import rotary_qk
@@ -162,7 +164,16 @@ def test_frequencies_and_scale_as_transformers_holds_them(case: str) -> None:
 @pytest.mark.parametrize("case", sorted(LLAMA_CASES))
 def test_dict_config_builds_the_same_module(case: str) -> None:
     cfg = _llama(LLAMA_CASES[case])
-    assert rotary_from_config(cfg.to_dict()).to_config() == rotary_from_config(cfg).to_config()
+    rope = rotary_from_config(cfg)
+    assert rotary_from_config(cfg.to_dict()).to_config() == rope.to_config()
+    # the module's own config (scaling included) survives JSON and posenc.build
+    config = json.loads(json.dumps(rope.to_config()))
+    again = posenc.build(config)
+    assert again.to_config() == rope.to_config() and again.scaling == rope.scaling
+    q, k = _qk()
+    positions = _positions(POSITION_CASES["past-max"])
+    for a, b in zip(again(q, k, positions), rope(q, k, positions)):
+        assert torch.equal(a, b)
 
 
 def test_legacy_rope_scaling_dict() -> None:
