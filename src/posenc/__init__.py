@@ -26,6 +26,8 @@ from posenc.rotary.xpos import XPosEmbedding
 # --- bias -------------------------------------------------------------------
 
 # --- attention --------------------------------------------------------------
+from posenc import models  # imports the posenc.attention module first
+from posenc.attention import attention  # the function shadows the module name
 
 __version__ = "0.1.0"
 
@@ -50,4 +52,6 @@ __all__ = [
     "rotary_cos_sin",
     # bias
     # attention
+    "attention",
+    "models",
 ]

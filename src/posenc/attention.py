@@ -1,0 +1,586 @@
+"""Attention that takes any encoding: ``posenc.attention(q, k, v, encoding=...)``.
+
+The kind of the encoding decides where it acts: a rotary encoding rotates ``q`` and ``k``;
+a bias encoding adds its ``[h, q, k]`` term to the scaled logits ``q k^T * scale``; ``None``
+(or ``"none"``) adds nothing. Additive encodings belong at the token embeddings and are
+refused here.
+
+Three paths compute the same function, ``softmax(q k^T * scale + bias + mask) v``:
+
+- ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention`` with the bias, the causal
+  mask and ``attn_mask`` merged into one float mask (or ``is_causal`` / a bool mask when there
+  is no bias, so the fused kernels stay available);
+- ``"flex"``: compiled FlexAttention with the encoding's ``score_mod`` (the bias is computed
+  from indices, no ``[h, q, k]`` tensor) and a block mask for causal / padding masks. On CPU
+  torch has no FlexAttention backward, so this path is for inference there;
+- ``"eager"``: plain matrix products and ``softmax``, in float32 or wider: the readable twin
+  the others are tested against (and the only path for value-dependent encodings).
+
+``backend="auto"`` takes eager for value-dependent encodings, Flex when the encoding has a
+``score_mod``, the bias it would otherwise materialise reaches :data:`FLEX_MIN_BIAS_BYTES`,
+and Flex can run here (CUDA, or CPU without gradients, no dropout), and SDPA otherwise.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from posenc import positions as _positions
+from posenc._base import BiasEncoding, Encoding, RotaryEncoding
+from posenc._errors import PosEncError, check_choice, check_float, check_positions, check_tensor
+
+__all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
+
+BACKENDS = ("auto", "sdpa", "flex", "eager")
+
+#: ``backend="auto"`` moves to FlexAttention when the bias SDPA would materialise
+#: (``b * h * q * k`` float32 values) reaches this many bytes.
+FLEX_MIN_BIAS_BYTES = 64 * 2**20
+
+_FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# --- encodings ----------------------------------------------------------------
+
+
+def _build_encoding(spec: str | Mapping[str, Any] | Encoding, **supplied: Any) -> Encoding:
+    """Build ``spec`` (name, config or instance), filling constructor arguments it leaves out.
+
+    ``supplied`` holds values the caller knows (``num_heads``, ``head_dim``, ``dim``,
+    ``max_len``); each is passed only when the class's constructor takes it and the spec
+    does not set it. A spec that sets one to a different value raises ``PosEncError``.
+    Instances are returned as they are.
+    """
+    from posenc.registry import build, get
+
+    if isinstance(spec, Encoding):
+        return spec
+    if isinstance(spec, str):
+        name, config = spec, {}
+    elif isinstance(spec, Mapping):
+        if "name" not in spec:
+            raise PosEncError(f"encoding config must hold a 'name' key, got keys {sorted(spec)}")
+        name, config = spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    else:
+        raise PosEncError(
+            "encoding must be None, a registry name, a config dict or an Encoding, "
+            f"got {type(spec).__name__}"
+        )
+    cls = get(name)
+    accepted = inspect.signature(cls.__init__).parameters
+    extra = {}
+    for key, value in supplied.items():
+        if value is None or key not in accepted:
+            continue
+        if key in config and config[key] != value:
+            raise PosEncError(
+                f"encoding {name!r}: {key} must be {value} here (set by the caller), "
+                f"got {config[key]!r} in its config"
+            )
+        extra[key] = value
+    return build({"name": name, **config}, **extra)
+
+
+def _attention_encoding(encoding: Any, *, num_heads: int, head_dim: int) -> Encoding | None:
+    """The encoding attention acts with: rotary, bias, or None for ``none``."""
+    if encoding is None:
+        return None
+    enc = _build_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
+    if enc.kind == "additive":
+        raise PosEncError(
+            f"encoding {enc.name!r} is additive: add it to the token embeddings before the "
+            "first layer; attention takes rotary, bias or 'none' encodings"
+        )
+    if enc.kind == "none":
+        return None
+    if not isinstance(enc, (RotaryEncoding, BiasEncoding)):
+        raise PosEncError(
+            f"encoding must be rotary, bias or 'none', got kind {enc.kind!r} ({enc.name!r})"
+        )
+    return enc
+
+
+# --- validation ----------------------------------------------------------------
+
+
+def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
+    """Validate ``q [b, h, q, d]``, ``k [b, h_kv, k, d]``, ``v [b, h_kv, k, d_v]``."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, floating=True)
+        if t.ndim != 4:
+            raise PosEncError(f"{name} must be [b, h, s, d], got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise PosEncError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise PosEncError(
+            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
+    b, hq, q_len, d = q.shape
+    if k.shape[0] != b or v.shape[0] != b:
+        raise PosEncError(
+            f"q, k and v must have the same batch size, got shapes {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape[-1] != d:
+        raise PosEncError(f"k must have head dim {d} (that of q), got shape {tuple(k.shape)}")
+    if k.shape[:3] != v.shape[:3]:
+        raise PosEncError(
+            "k and v must have the same batch, heads and length, got shapes "
+            f"{tuple(k.shape)} and {tuple(v.shape)}"
+        )
+    hkv, k_len = k.shape[1], k.shape[2]
+    if hkv < 1 or hq % hkv:
+        raise PosEncError(
+            f"the number of key/value heads must divide the number of query heads ({hq}), got {hkv}"
+        )
+    if q_len < 1 or k_len < 1 or d < 1:
+        raise PosEncError(
+            f"q and k must be non-empty, got shapes {tuple(q.shape)}, {tuple(k.shape)}"
+        )
+    return b, hq, hkv, q_len, k_len
+
+
+def _resolve_positions(
+    q_positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    *,
+    b: int,
+    q_len: int,
+    k_len: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions of the keys (default ``arange(k_len)``) and queries (default: the last
+    ``q_len`` key positions when ``q_len <= k_len``, else ``arange(q_len)``)."""
+    kpos = _positions.resolve(k_positions, k_len, batch=b, device=device, name="k_positions")
+    if q_positions is not None:
+        qpos = check_positions("q_positions", q_positions, seq_len=q_len, batch=b)
+    elif q_len <= k_len:
+        qpos = kpos[..., k_len - q_len :]
+    else:
+        qpos = _positions.arange(q_len, device=device)
+    return qpos, kpos
+
+
+def _check_mask(
+    attn_mask: Any, *, b: int, h: int, q_len: int, k_len: int, device: torch.device
+) -> torch.Tensor | None:
+    """``attn_mask`` as a bool tensor ``[b|1, h|1, q|1, k]`` (True = may attend), or None."""
+    if attn_mask is None:
+        return None
+    check_tensor("attn_mask", attn_mask)
+    if attn_mask.dtype != torch.bool:
+        raise PosEncError(
+            "attn_mask must be a bool tensor (True = may attend), got dtype "
+            f"{attn_mask.dtype}; convert a 0/1 padding mask with mask.bool()"
+        )
+    if attn_mask.device != device:
+        raise PosEncError(f"attn_mask must be on {device} (that of q), got {attn_mask.device}")
+    shape = tuple(attn_mask.shape)
+    if attn_mask.ndim == 2:
+        if shape != (b, k_len):
+            raise PosEncError(
+                f"attn_mask of 2 dims is a key padding mask and must be [b, k] = "
+                f"[{b}, {k_len}], got shape {shape}"
+            )
+        return attn_mask[:, None, None, :]  # [b, 1, 1, k]
+    if attn_mask.ndim == 4:
+        ok = (
+            shape[0] in (1, b)
+            and shape[1] in (1, h)
+            and shape[2] in (1, q_len)
+            and shape[3] == k_len
+        )
+        if not ok:
+            raise PosEncError(
+                f"attn_mask of 4 dims must be [b|1, h|1, q|1, k] = [{b}|1, {h}|1, {q_len}|1, "
+                f"{k_len}], got shape {shape}"
+            )
+        return attn_mask
+    raise PosEncError(
+        f"attn_mask must be [b, k] (key padding) or [b|1, h|1, q|1, k], got shape {shape}"
+    )
+
+
+def _allowed(
+    keep: torch.Tensor | None, causal: bool, q_len: int, k_len: int, device
+) -> torch.Tensor | None:
+    """Bool ``[.., q, k]`` of the pairs that may attend (causal aligned to the end), or None."""
+    allowed = keep
+    if causal:
+        i = torch.arange(q_len, device=device)[:, None]
+        j = torch.arange(k_len, device=device)[None, :]
+        tri = j <= i + (k_len - q_len)  # [q, k]: query i is key position k_len - q_len + i
+        allowed = tri if allowed is None else allowed & tri
+    return allowed
+
+
+def _bias_tensor(
+    enc: BiasEncoding, q: torch.Tensor, scale: float, qpos, kpos, q_len: int, k_len: int
+) -> torch.Tensor:
+    """The encoding's bias, checked to fit ``[b|1, h, q, k]`` (or ``[h, q, k]``)."""
+    if enc.query_dependent:
+        bias = enc.bias(q_len, k_len, q_positions=qpos, k_positions=kpos, q=q * scale)
+    else:
+        bias = enc.bias(q_len, k_len, q_positions=qpos, k_positions=kpos)
+    h = q.shape[1]
+    if bias.ndim not in (3, 4) or tuple(bias.shape[-3:]) != (h, q_len, k_len):
+        raise PosEncError(
+            f"encoding {enc.name!r} returned a bias of shape {tuple(bias.shape)}, "
+            f"expected [b, {h}, {q_len}, {k_len}] or [{h}, {q_len}, {k_len}]"
+        )
+    return bias
+
+
+# --- paths ----------------------------------------------------------------------
+
+
+def _eager(q, k, v, *, enc, keep, causal, scale, dropout_p, qpos, kpos):
+    """softmax(q k^T * scale + bias + mask) v with plain tensor operations, float32 or wider."""
+    compute = torch.promote_types(q.dtype, torch.float32)
+    rep = q.shape[1] // k.shape[1]
+    qf = q.to(compute)
+    kf = k.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d]
+    vf = v.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d_v]
+    logits = (qf * scale) @ kf.transpose(-1, -2)  # [b, h, q, k]
+    if enc is not None:
+        bias = _bias_tensor(enc, qf, scale, qpos, kpos, q.shape[2], k.shape[2])
+        logits = logits + bias.to(compute)
+    allowed = _allowed(keep, causal, q.shape[2], k.shape[2], q.device)
+    empty = None
+    if allowed is not None:
+        empty = ~allowed.any(dim=-1, keepdim=True)  # rows with no key: output 0, not NaN
+        logits = logits.masked_fill(~(allowed | empty), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if dropout_p:
+        probs = F.dropout(probs, p=dropout_p)
+    out = probs @ vf  # [b, h, q, d_v]
+    if enc is not None and enc.value_dependent:
+        out = out + enc.value_bias(probs, q_positions=qpos, k_positions=kpos).to(compute)
+    if empty is not None:
+        out = out.masked_fill(empty, 0.0)
+    return out.to(q.dtype)
+
+
+def _sdpa(q, k, v, *, enc, keep, causal, scale, dropout_p, qpos, kpos):
+    """SDPA: is_causal / a bool mask without a bias, one merged float mask with one."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if enc is None and keep is None and (not causal or q_len == k_len):
+        # No bias and at most plain causal self-attention: SDPA's fused kernels.
+        return F.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
+        )
+    allowed = _allowed(keep, causal, q_len, k_len, q.device)
+    empty = None
+    if keep is not None:
+        empty = ~allowed.any(dim=-1, keepdim=True)  # rows with no key: output 0, not NaN
+        allowed = allowed | empty
+    if enc is None:
+        mask = allowed
+    else:
+        mask = _bias_tensor(enc, q, scale, qpos, kpos, q_len, k_len).to(q.dtype)
+        if allowed is not None:
+            mask = mask.masked_fill(~allowed, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
+    )
+    return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+@functools.cache
+def _flex_module() -> Any:
+    """``torch.nn.attention.flex_attention``, or None where this torch lacks it."""
+    try:
+        from torch.nn.attention import flex_attention
+    except ImportError:
+        return None
+    return flex_attention
+
+
+#: Tests set this to False to run the uncompiled FlexAttention (the same score_mods and
+#: block masks, no C++ compile) for most cases, and keep a few compiled ones.
+_FLEX_COMPILED = True
+
+
+@functools.cache
+def _compiled_flex(device_type: str) -> Callable[..., torch.Tensor]:
+    """flex_attention compiled once per device type, cached for the process.
+
+    Dynamo keeps one graph per score_mod / mask_mod code and shape; captured tensors
+    (positions, slopes, masks) are graph inputs, so new values do not recompile. On CPU
+    shapes are static: torch 2.13's CPU Flex template fails to build (C++ error) once
+    dynamo turns to dynamic shapes after a shape change.
+    """
+    flex_attention = _flex_module().flex_attention
+
+    if device_type == "cpu":
+
+        def flex_cpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
+            return flex_attention(
+                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                enable_gqa=enable_gqa,
+            )  # fmt: skip
+
+        return torch.compile(flex_cpu, dynamic=False)
+
+    def flex_gpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
+        return flex_attention(
+            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+            enable_gqa=enable_gqa,
+        )  # fmt: skip
+
+    return torch.compile(flex_gpu)
+
+
+def _create_block_mask(mask_mod, b, h, q_len: int, k_len: int, device) -> Any:
+    return _flex_module().create_block_mask(mask_mod, b, h, q_len, k_len, device=device)
+
+
+# mask_mods and score_mods index only real (non-expanded) tensors: compiled Flex
+# bounds-checks captured tensors against their storage. Each distinct function
+# below is one compiled graph; their captured tensors are inputs, not constants.
+
+
+def _causal_mod(shift: torch.Tensor) -> Callable[..., torch.Tensor]:
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + shift
+
+    return mask_mod
+
+
+def _padding_mod(keep: torch.Tensor, shift: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """``keep [b, k]`` key padding, and causal when ``shift < k``."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx + shift) & keep[b, kv_idx]
+
+    return mask_mod
+
+
+def _full_mod(keep: torch.Tensor, shift: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """``keep [b|1, h|1, q, k]``, and causal when ``shift < k``."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx + shift) & keep[b, h, q_idx, kv_idx]
+
+    return mask_mod
+
+
+@functools.lru_cache(maxsize=16)
+def _causal_block_mask(q_len: int, k_len: int, device: torch.device):
+    """Causal (aligned to the end) block mask, cached by lengths and device."""
+    shift = torch.tensor(k_len - q_len, device=device)
+    return _create_block_mask(_causal_mod(shift), None, None, q_len, k_len, device=device)
+
+
+def _block_mask(
+    keep: torch.Tensor | None, causal: bool, b: int, h: int, q_len: int, k_len: int, device
+):
+    """The block mask of ``causal`` and ``keep [b|1, h|1, q|1, k]``, or None for neither."""
+    if keep is None:
+        return _causal_block_mask(q_len, k_len, device) if causal else None
+    shift = torch.tensor(k_len - q_len if causal else k_len, device=device)
+    if keep.shape[1] == 1 and keep.shape[2] == 1:  # key padding [b, 1, 1, k]
+        mb = keep.shape[0]
+        mod = _padding_mod(keep.reshape(mb, k_len).contiguous(), shift)
+        return _create_block_mask(mod, None if mb == 1 else mb, None, q_len, k_len, device=device)
+    mb, mh = keep.shape[0], keep.shape[1]
+    full = keep.expand(mb, mh, q_len, k_len).contiguous()  # [b|1, h|1, q, k]
+    return _create_block_mask(
+        _full_mod(full, shift), None if mb == 1 else mb, None if mh == 1 else mh,
+        q_len, k_len, device=device,
+    )  # fmt: skip
+
+
+def _bias_score_mod(bias: torch.Tensor) -> Callable[..., torch.Tensor]:
+    """score_mod adding a materialised bias ``[h, q, k]`` or ``[b, h, q, k]``."""
+    bias = bias.contiguous()
+    if bias.ndim == 3:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[h, q_idx, kv_idx]
+
+    else:
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[b, h, q_idx, kv_idx]
+
+    return score_mod
+
+
+def _flex(q, k, v, *, enc, keep, causal, scale, qpos, kpos):
+    b, h, q_len, _ = q.shape
+    k_len = k.shape[2]
+    score_mod = None
+    if enc is not None:
+        if not enc.query_dependent:
+            score_mod = enc.score_mod(qpos, kpos)
+        if score_mod is None:  # no index formula: fall back to the materialised bias
+            bias = _bias_tensor(enc, q.float(), scale, qpos, kpos, q_len, k_len)
+            if bias.ndim == 4 and bias.shape[0] == 1:
+                bias = bias[0]
+            score_mod = _bias_score_mod(bias.float())
+    block_mask = _block_mask(keep, causal, b, h, q_len, k_len, q.device)
+    gqa = q.shape[1] != k.shape[1]
+    if not _FLEX_COMPILED:
+        fn = _flex_module().flex_attention
+        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
+    fn = _compiled_flex(q.device.type)
+    return fn(q, k, v, score_mod, block_mask, scale, gqa)
+
+
+def _flex_refusal(q, enc, needs_grad: bool, dropout_p: float) -> str | None:
+    """Why the Flex path cannot run this call, or None when it can."""
+    if _flex_module() is None:
+        return "this torch has no torch.nn.attention.flex_attention"
+    if q.device.type not in ("cuda", "cpu"):
+        return f"FlexAttention runs on CUDA and CPU, got device {q.device}"
+    if q.device.type == "cpu" and needs_grad:
+        return (
+            "FlexAttention has no backward on CPU; use backend='sdpa' or 'eager', "
+            "or call under torch.no_grad()"
+        )
+    if q.dtype not in _FLEX_DTYPES:
+        return f"FlexAttention takes float32, bfloat16 or float16, got {q.dtype}"
+    if dropout_p:
+        return f"FlexAttention has no dropout, got dropout_p={dropout_p}"
+    if enc is not None and enc.value_dependent:
+        return f"encoding {enc.name!r} is value-dependent and needs backend='eager'"
+    return None
+
+
+def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: int) -> str:
+    if backend == "flex":
+        why = _flex_refusal(q, enc, needs_grad, dropout_p)
+        if why is not None:
+            raise PosEncError(f"backend='flex' cannot run here: {why}")
+        return "flex"
+    if enc is not None and enc.value_dependent:
+        if backend == "sdpa":
+            raise PosEncError(
+                f"encoding {enc.name!r} is value-dependent (it adds to probs @ v): use "
+                "backend='eager' or 'auto'"
+            )
+        return "eager"
+    if backend != "auto":
+        return backend
+    if isinstance(enc, BiasEncoding) and not enc.query_dependent:
+        bias_bytes = 4 * b * q.shape[1] * q.shape[2] * k_len
+        if (
+            bias_bytes >= FLEX_MIN_BIAS_BYTES
+            and _flex_refusal(q, enc, needs_grad, dropout_p) is None
+        ):
+            if type(enc).score_mod is not BiasEncoding.score_mod:  # it has an index formula
+                return "flex"
+    return "sdpa"
+
+
+# --- public ---------------------------------------------------------------------
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    encoding: str | Mapping[str, Any] | Encoding | None = None,
+    causal: bool = False,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Scaled dot-product attention with a positional encoding applied where it belongs.
+
+    Computes ``softmax(q k^T * scale + bias + mask) v`` where a rotary encoding first
+    rotates ``q`` and ``k`` and a bias encoding supplies ``bias``.
+
+    Args:
+        q, k, v: queries ``[b, h, q, d]``, keys ``[b, h_kv, k, d]``, values
+            ``[b, h_kv, k, d_v]``; ``h_kv`` must divide ``h`` (grouped-query attention:
+            query head ``i`` reads key/value head ``i // (h // h_kv)``).
+        encoding: ``None``, a registry name, a config dict or an :class:`~posenc._base.Encoding`.
+            Names and configs are built with ``num_heads=h`` / ``head_dim=d`` filled in
+            (a fresh module each call: pass an instance for learned biases). Rotary
+            encodings rotate ``q`` and ``k`` at their positions; bias encodings add
+            ``encoding.bias(...)`` (query-dependent ones get ``q * scale``;
+            value-dependent ones add ``value_bias(probs)`` to ``probs @ v``). Additive
+            encodings raise ``PosEncError``.
+        causal: query ``i`` sees key ``j`` iff ``j <= i + (k - q)``: the queries are the last
+            ``q`` of the ``k`` keys (decoding with a KV cache). Needs ``q <= k``.
+        q_positions, k_positions: ``[s]`` or ``[b, s]`` positions used by the encoding.
+            ``k_positions=None`` is ``arange(k)``; ``q_positions=None`` is the last ``q`` key
+            positions (``k_positions[..., k - q:]``), or ``arange(q)`` when ``q > k``.
+        attn_mask: bool, True where a query may attend: either ``[b, k]`` (key padding:
+            True = real token) or ``[b|1, h|1, q|1, k]``. Combined with ``causal``. Float
+            (additive) masks are refused. A query row that may attend to no key returns 0.
+        scale: logits multiplier, default ``1 / sqrt(d)``.
+        dropout_p: dropout on the attention probabilities (applied whenever > 0: pass 0
+            at evaluation).
+        backend: ``"auto"``, ``"sdpa"``, ``"flex"`` or ``"eager"`` (see the module docs).
+
+    Shape:
+        ``q [b, h, q, d]``, ``k [b, h_kv, k, d]``, ``v [b, h_kv, k, d_v]`` -> ``[b, h, q, d_v]``
+        in the dtype of ``q``.
+
+    Examples:
+        >>> import torch, posenc
+        >>> q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+        >>> posenc.attention(q, k, v, causal=True).shape
+        torch.Size([1, 2, 5, 8])
+        >>> out = posenc.attention(q, k, v, causal=True, backend="eager")
+        >>> torch.allclose(out, posenc.attention(q, k, v, causal=True, backend="sdpa"), atol=1e-6)
+        True
+    """
+    b, hq, _hkv, q_len, k_len = _check_qkv(q, k, v)
+    d = q.shape[-1]
+    check_choice("backend", backend, BACKENDS)
+    if not isinstance(causal, bool):
+        raise PosEncError(f"causal must be a bool, got {causal!r}")
+    if causal and q_len > k_len:
+        raise PosEncError(
+            f"causal attention needs q_len <= k_len (queries are the last keys), got "
+            f"q_len={q_len}, k_len={k_len}"
+        )
+    scale = (
+        1.0 / math.sqrt(d)
+        if scale is None
+        else check_float("scale", scale, min=0.0, min_exclusive=True)
+    )
+    dropout_p = check_float("dropout_p", dropout_p, min=0.0, max=1.0)
+    if dropout_p == 1.0:
+        raise PosEncError("dropout_p must be < 1, got 1.0")
+    enc = _attention_encoding(encoding, num_heads=hq, head_dim=d)
+    if isinstance(enc, BiasEncoding) and enc.num_heads != hq:
+        raise PosEncError(
+            f"encoding {enc.name!r} has num_heads={enc.num_heads}; it must equal the number "
+            f"of query heads, {hq}"
+        )
+    qpos, kpos = _resolve_positions(
+        q_positions, k_positions, b=b, q_len=q_len, k_len=k_len, device=q.device
+    )
+    keep = _check_mask(attn_mask, b=b, h=hq, q_len=q_len, k_len=k_len, device=q.device)
+
+    if isinstance(enc, RotaryEncoding):
+        q, k = enc(q, k, qpos, k_positions=kpos)  # [b, h, q, d], [b, h_kv, k, d]
+        enc = None
+    params_need_grad = enc is not None and any(p.requires_grad for p in enc.parameters())
+    needs_grad = torch.is_grad_enabled() and (
+        q.requires_grad or k.requires_grad or v.requires_grad or params_need_grad
+    )
+    path = _choose(backend, q, enc, needs_grad, dropout_p, b, k_len)
+    kwargs = dict(enc=enc, keep=keep, causal=causal, scale=scale, qpos=qpos, kpos=kpos)
+    if path == "flex":
+        return _flex(q, k, v, **kwargs)
+    if path == "sdpa":
+        return _sdpa(q, k, v, dropout_p=dropout_p, **kwargs)
+    return _eager(q, k, v, dropout_p=dropout_p, **kwargs)

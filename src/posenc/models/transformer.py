@@ -1,0 +1,429 @@
+"""A small pre-norm transformer that takes any encoding, for experiments and tests.
+
+The encoding's kind decides where it plugs in: additive encodings are added to the
+(scaled) token embeddings, rotary encodings rotate each layer's queries and keys, bias
+encodings add their term to each layer's logits, and ``none`` adds nothing (NoPE). One
+encoding module serves every layer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc._base import Encoding
+from posenc._errors import PosEncError, check_float, check_int, check_positions, check_tensor
+from posenc.attention import _build_encoding, attention
+from posenc.registry import get
+
+__all__ = ["KVCache", "TinyTransformer"]
+
+
+class KVCache:
+    """Keys and values of every layer, and the positions (and padding) of the tokens so far.
+
+    Pass one to :meth:`TinyTransformer.forward` as ``cache=``: each call appends the new
+    tokens' keys (rotary keys after their rotation), values, positions and padding. A
+    fresh cache is empty; use a new one per sequence batch.
+
+    Attributes:
+        keys, values: per layer ``[b, h, t, d]``.
+        positions: ``[t]`` or ``[b, t]`` positions of the cached tokens (None when empty).
+        mask: ``[b, t]`` bool, True for real tokens, or None when no padding was given.
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.positions: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+
+    @property
+    def length(self) -> int:
+        """Number of cached tokens."""
+        return 0 if self.positions is None else int(self.positions.shape[-1])
+
+    def _update(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append this layer's new keys/values and return all of them."""
+        if layer == len(self.keys):
+            self.keys.append(k)
+            self.values.append(v)
+        else:
+            self.keys[layer] = torch.cat([self.keys[layer], k], dim=2)  # [b, h, t + s, d]
+            self.values[layer] = torch.cat([self.values[layer], v], dim=2)
+        return self.keys[layer], self.values[layer]
+
+
+def _cat_positions(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """``old [t] | [b, t]`` followed by ``new [s] | [b, s]`` (1-D stays 1-D)."""
+    if old is None:
+        return new
+    dtype = torch.promote_types(old.dtype, new.dtype)
+    if old.ndim == new.ndim == 1:
+        return torch.cat([old.to(dtype), new.to(dtype)])
+    b = max(p.shape[0] if p.ndim == 2 else 1 for p in (old, new))
+    return torch.cat([old.to(dtype).expand(b, -1), new.to(dtype).expand(b, -1)], dim=-1)
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.dropout = num_heads, dim // num_heads, dropout
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x, encoding, *, causal, q_pos, k_pos, mask, cache, layer):
+        b, s, dim = x.shape
+        qkv = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [b, h, s, d]
+        bias = None
+        if encoding is not None and encoding.kind == "rotary":
+            q, k = encoding(q, k, q_pos, k_positions=q_pos)  # keys cached after rotation
+        elif encoding is not None and encoding.kind == "bias":
+            bias = encoding
+        if cache is not None:
+            k, v = cache._update(layer, k, v)  # [b, h, t + s, d]
+        out = attention(
+            q, k, v, encoding=bias, causal=causal, q_positions=q_pos, k_positions=k_pos,
+            attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+        )  # fmt: skip
+        return self.proj(out.transpose(1, 2).reshape(b, s, dim))  # [b, s, dim]
+
+
+class _Block(nn.Module):
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = _Attention(dim, num_heads, dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, mlp_ratio * dim)
+        self.out = nn.Linear(mlp_ratio * dim, dim)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, encoding, **kw):
+        x = x + self.drop(self.attn(self.norm1(x), encoding, **kw))
+        return x + self.drop(self.out(F.gelu(self.fc(self.norm2(x)))))
+
+
+class TinyTransformer(nn.Module):
+    """A pre-norm transformer language model (``causal=True``) or encoder (``causal=False``).
+
+    Args:
+        vocab_size: number of token ids.
+        dim: model width; must be divisible by ``num_heads``.
+        num_layers, num_heads, mlp_ratio: depth, heads per layer, MLP width / ``dim``.
+        encoding: a registry name, a config dict or an :class:`~posenc._base.Encoding`.
+            Names and configs are built with what the model knows: additive encodings
+            get ``dim`` (and ``max_len`` when they take it: ``"learned"``), rotary ones
+            ``head_dim = dim // num_heads``, bias ones ``num_heads`` (and ``head_dim``).
+        causal: causal self-attention (a decoder LM) or full (an encoder).
+        dropout: dropout on embeddings, attention probabilities and residual branches.
+        max_len: table length for encodings that need one (``"learned"``).
+        tie_embeddings: the output projection shares the token embedding matrix.
+
+    Token embeddings are scaled by ``sqrt(dim)`` (initialised with std ``dim**-0.5``,
+    so each channel has unit scale like the sinusoidal table); linear layers start at
+    std 0.02, residual output projections at ``0.02 / sqrt(2 * num_layers)`` (GPT-2).
+
+    Shape:
+        ``tokens [b, s]`` (int64), ``positions [s]`` or ``[b, s]`` -> logits ``[b, s, vocab]``.
+
+    Examples:
+        >>> import torch, posenc
+        >>> model = posenc.models.TinyTransformer(11, dim=16, num_heads=2, encoding="sinusoidal")
+        >>> model(torch.randint(0, 11, (2, 5))).shape
+        torch.Size([2, 5, 11])
+        >>> model.generate(torch.tensor([[1, 2, 3]]), 4).shape
+        torch.Size([1, 7])
+        >>> posenc.models.TinyTransformer.from_config(model.to_config()).to_config() == model.to_config()
+        True
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        dim: int = 128,
+        num_layers: int = 2,
+        num_heads: int = 4,
+        encoding: str | Mapping[str, Any] | Encoding = "sinusoidal",
+        causal: bool = True,
+        mlp_ratio: int = 4,
+        dropout: float = 0.0,
+        max_len: int | None = None,
+        tie_embeddings: bool = True,
+    ) -> None:
+        super().__init__()
+        self.vocab_size = check_int("vocab_size", vocab_size, min=1)
+        self.dim = check_int("dim", dim, min=1)
+        self.num_layers = check_int("num_layers", num_layers, min=1)
+        self.num_heads = check_int("num_heads", num_heads, min=1)
+        if self.dim % self.num_heads:
+            raise PosEncError(f"dim must be divisible by num_heads ({num_heads}), got {dim}")
+        self.mlp_ratio = check_int("mlp_ratio", mlp_ratio, min=1)
+        self.dropout = check_float("dropout", dropout, min=0.0, max=1.0)
+        if self.dropout == 1.0:
+            raise PosEncError("dropout must be < 1, got 1.0")
+        self.max_len = None if max_len is None else check_int("max_len", max_len, min=1)
+        for name, flag in (("causal", causal), ("tie_embeddings", tie_embeddings)):
+            if not isinstance(flag, bool):
+                raise PosEncError(f"{name} must be a bool, got {flag!r}")
+        self.causal, self.tie_embeddings = causal, tie_embeddings
+        self.head_dim = self.dim // self.num_heads
+        self.encoding = self._make_encoding(encoding)
+
+        self.embed = nn.Embedding(self.vocab_size, self.dim)
+        self.drop = nn.Dropout(self.dropout)
+        self.blocks = nn.ModuleList(
+            _Block(self.dim, self.num_heads, self.mlp_ratio, self.dropout)
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(self.dim)
+        self.head = None if tie_embeddings else nn.Linear(self.dim, self.vocab_size, bias=False)
+        self._init_weights()
+
+    def _make_encoding(self, spec: Any) -> Encoding:
+        """Build (or check) the one encoding module every layer uses."""
+        if isinstance(spec, Encoding):
+            enc = spec
+        elif isinstance(spec, (str, Mapping)):
+            name = spec if isinstance(spec, str) else spec.get("name")
+            if not isinstance(name, str):
+                raise PosEncError(f"encoding config must hold a 'name' string, got {spec!r}")
+            cls = get(name)
+            takes = inspect.signature(cls.__init__).parameters.get("max_len")
+            needs_len = takes is not None and takes.default is inspect.Parameter.empty
+            given = isinstance(spec, Mapping) and "max_len" in spec
+            if cls.kind == "additive" and needs_len and self.max_len is None and not given:
+                raise PosEncError(
+                    f"max_len is needed by encoding {name!r} (its table length), got None"
+                )
+            supplied = {
+                "additive": {"dim": self.dim, "max_len": self.max_len},
+                "rotary": {"head_dim": self.head_dim},
+                "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
+            }.get(cls.kind, {})
+            enc = _build_encoding(spec, **supplied)
+        else:
+            raise PosEncError(
+                "encoding must be a registry name, a config dict or an Encoding "
+                f"(use 'none' for NoPE), got {spec!r}"
+            )
+        attr, want = {
+            "additive": ("dim", self.dim),
+            "rotary": ("head_dim", self.head_dim),
+            "bias": ("num_heads", self.num_heads),
+        }.get(enc.kind, ("", None))
+        if want is not None and getattr(enc, attr, want) != want:
+            raise PosEncError(
+                f"encoding {enc.name!r} has {attr}={getattr(enc, attr)}; this model needs "
+                f"{attr}={want}"
+            )
+        return enc
+
+    def _init_weights(self) -> None:
+        nn.init.normal_(self.embed.weight, std=self.dim**-0.5)
+        residual_std = 0.02 / math.sqrt(2 * self.num_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attn.qkv.weight, std=0.02)
+            nn.init.normal_(block.attn.proj.weight, std=residual_std)
+            nn.init.normal_(block.fc.weight, std=0.02)
+            nn.init.zeros_(block.fc.bias)
+            nn.init.normal_(block.out.weight, std=residual_std)
+            nn.init.zeros_(block.out.bias)
+        if self.head is not None:
+            nn.init.normal_(self.head.weight, std=0.02)
+
+    # --- forward --------------------------------------------------------------
+
+    def _check_tokens(self, tokens: Any) -> torch.Tensor:
+        check_tensor("tokens", tokens)
+        if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
+            raise PosEncError(
+                f"tokens must be an int64 tensor [b, s], got shape {tuple(tokens.shape)} "
+                f"and dtype {tokens.dtype}"
+            )
+        if tokens.shape[1] < 1:
+            raise PosEncError(
+                f"tokens must hold at least one token per row, got {tuple(tokens.shape)}"
+            )
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise PosEncError(
+                f"tokens must lie in [0, vocab_size={self.vocab_size}), got values in [{lo}, {hi}]"
+            )
+        return tokens
+
+    def _padding(self, attn_mask: Any, b: int, s: int, device) -> torch.Tensor | None:
+        """``attn_mask [b, s]`` (bool or 0/1 integers, True/1 = real token) as bool."""
+        if attn_mask is None:
+            return None
+        check_tensor("attn_mask", attn_mask)
+        if tuple(attn_mask.shape) != (b, s):
+            raise PosEncError(
+                f"attn_mask must be [b, s] = [{b}, {s}] (True or 1 = real token), got shape "
+                f"{tuple(attn_mask.shape)}"
+            )
+        if attn_mask.dtype != torch.bool:
+            if attn_mask.is_floating_point() or not bool(
+                ((attn_mask == 0) | (attn_mask == 1)).all()
+            ):
+                raise PosEncError("attn_mask must be bool or hold only integers 0 and 1")
+            attn_mask = attn_mask == 1
+        return attn_mask.to(device)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """Logits of every token.
+
+        Args:
+            tokens: token ids ``[b, s]``.
+            positions: ``[s]`` or ``[b, s]``; None continues from the cache
+                (``arange(s)`` without one, else the last cached position + 1 onwards).
+                For left-padded batches pass ``posenc.positions.from_attention_mask(mask)``.
+            attn_mask: ``[b, s]`` key padding of these tokens, bool or 0/1 (True / 1 = real
+                token); kept in the cache for later calls.
+            cache: a :class:`KVCache` (causal models only); the new keys, values,
+                positions and padding are appended to it.
+
+        Shape:
+            ``tokens [b, s]`` -> ``[b, s, vocab_size]``.
+        """
+        tokens = self._check_tokens(tokens)
+        b, s = tokens.shape
+        device = tokens.device
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise PosEncError(
+                    f"cache must be a posenc.models.KVCache, got {type(cache).__name__}"
+                )
+            if not self.causal:
+                raise PosEncError(
+                    "cache needs a causal model (causal=True); this one is an encoder"
+                )
+        past = cache.positions if cache is not None else None
+        if positions is None:
+            start = (
+                torch.zeros((), dtype=torch.long, device=device)
+                if past is None
+                else past[..., -1:] + 1
+            )
+            q_pos = start + torch.arange(s, device=device)  # [s] or [b, s]
+        else:
+            q_pos = check_positions("positions", positions, seq_len=s, batch=b).to(device)
+        k_pos = _cat_positions(past, q_pos)
+        mask = self._padding(attn_mask, b, s, device)
+        if cache is not None and cache.mask is not None:
+            new = mask if mask is not None else torch.ones(b, s, dtype=torch.bool, device=device)
+            mask = torch.cat([cache.mask, new], dim=1)  # [b, t + s]
+        elif cache is not None and cache.length and mask is not None:
+            mask = torch.cat(
+                [torch.ones(b, cache.length, dtype=torch.bool, device=device), mask], dim=1
+            )
+
+        x = self.embed(tokens) * math.sqrt(self.dim)  # [b, s, dim]
+        if self.encoding.kind == "additive":
+            x = self.encoding(x, q_pos)
+        x = self.drop(x)
+        inner = self.encoding if self.encoding.kind in ("rotary", "bias") else None
+        for i, block in enumerate(self.blocks):
+            x = block(
+                x, inner, causal=self.causal, q_pos=q_pos, k_pos=k_pos, mask=mask, cache=cache,
+                layer=i,
+            )  # fmt: skip
+        x = self.norm(x)
+        logits = x @ self.embed.weight.T if self.head is None else self.head(x)  # [b, s, vocab]
+        if cache is not None:
+            cache.positions = k_pos
+            cache.mask = mask
+        return logits
+
+    @torch.no_grad()
+    def generate(
+        self,
+        tokens: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """Greedy continuation of ``tokens`` by ``max_new_tokens`` tokens (causal models).
+
+        With ``attn_mask`` (``[b, s]``, True / 1 = real token, for left-padded prompts)
+        positions come from :func:`posenc.positions.from_attention_mask`. ``use_cache=False``
+        recomputes the full sequence at every step (the reference the cache must equal).
+        Dropout follows the module's mode: call ``model.eval()`` first.
+
+        Shape:
+            ``tokens [b, s]`` -> ``[b, s + max_new_tokens]``.
+        """
+        from posenc.positions import from_attention_mask
+
+        if not self.causal:
+            raise PosEncError("generate needs a causal model (causal=True); this one is an encoder")
+        n = check_int("max_new_tokens", max_new_tokens, min=0)
+        tokens = self._check_tokens(tokens)
+        b, s = tokens.shape
+        mask = self._padding(attn_mask, b, s, tokens.device)
+        positions = None if mask is None else from_attention_mask(mask)
+        out = tokens
+        cache = KVCache() if use_cache else None
+        logits = self(tokens, positions, attn_mask=mask, cache=cache)
+        for step in range(n):
+            nxt = logits[:, -1].argmax(dim=-1, keepdim=True)  # [b, 1]
+            out = torch.cat([out, nxt], dim=1)
+            if step == n - 1:
+                break
+            if use_cache:
+                logits = self(nxt, cache=cache)
+            else:
+                if mask is not None:
+                    mask = torch.cat([mask, torch.ones_like(nxt, dtype=torch.bool)], dim=1)
+                    positions = from_attention_mask(mask)
+                logits = self(out, positions, attn_mask=mask)
+        return out
+
+    # --- config ---------------------------------------------------------------
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable dict; ``config["encoding"]`` is the encoding's config."""
+        return {
+            "vocab_size": self.vocab_size,
+            "dim": self.dim,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "encoding": self.encoding.to_config(),
+            "causal": self.causal,
+            "mlp_ratio": self.mlp_ratio,
+            "dropout": self.dropout,
+            "max_len": self.max_len,
+            "tie_embeddings": self.tie_embeddings,
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> TinyTransformer:
+        """A new model (fresh weights) from :meth:`to_config`'s dict."""
+        if not isinstance(config, Mapping):
+            raise PosEncError(f"config must be a dict, got {type(config).__name__}")
+        allowed = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        unknown = sorted(set(config) - allowed)
+        if unknown:
+            raise PosEncError(f"config has unknown keys {unknown}; allowed: {sorted(allowed)}")
+        if "vocab_size" not in config:
+            raise PosEncError("config must hold 'vocab_size'")
+        args = dict(config)
+        return cls(args.pop("vocab_size"), **args)
