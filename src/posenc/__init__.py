@@ -24,6 +24,8 @@ from posenc.rotary.nd import AxialRotaryEmbedding, MultimodalRotaryEmbedding
 from posenc.rotary.xpos import XPosEmbedding
 
 # --- bias -------------------------------------------------------------------
+from posenc.bias.alibi import ALiBi, alibi_slopes
+from posenc.bias.t5 import T5RelativeBias, t5_relative_bucket
 
 # --- attention --------------------------------------------------------------
 from posenc import models  # imports the posenc.attention module first
@@ -51,6 +53,10 @@ __all__ = [
     "rope_frequencies",
     "rotary_cos_sin",
     # bias
+    "ALiBi",
+    "T5RelativeBias",
+    "alibi_slopes",
+    "t5_relative_bucket",
     # attention
     "attention",
     "models",

@@ -32,6 +32,8 @@ _ENTRIES: dict[str, str] = {
     "mrope": "posenc.rotary.nd:MultimodalRotaryEmbedding",
     "axial_rope": "posenc.rotary.nd:AxialRotaryEmbedding",
     # bias
+    "alibi": "posenc.bias.alibi:ALiBi",
+    "t5": "posenc.bias.t5:T5RelativeBias",
 }
 
 # Other spellings users reach for.

@@ -21,6 +21,12 @@ from posenc.reference.rotary import (
 from posenc.reference.rotary_frequencies import rope_frequencies
 
 # bias
+from posenc.reference.bias import (
+    alibi_bias,
+    alibi_slopes,
+    t5_relative_bias,
+    t5_relative_bucket,
+)
 
 # attention
 
@@ -38,5 +44,9 @@ __all__ = [
     "xpos_scale",
     "rope_frequencies",
     # bias
+    "alibi_bias",
+    "alibi_slopes",
+    "t5_relative_bias",
+    "t5_relative_bucket",
     # attention
 ]

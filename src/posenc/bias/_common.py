@@ -1,0 +1,150 @@
+"""What every bias encoding shares: query/key positions, pairwise distances, exact constants.
+
+Shapes: query positions ``[q]`` or ``[b, q]``, key positions ``[k]`` or ``[b, k]``; a pair
+of them broadcasts to ``[q, k]`` or ``[b, q, k]``, and a bias is ``[h, q, k]`` or
+``[b, h, q, k]`` (the head axis goes in front of the pair axes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from posenc import positions as _positions
+from posenc._errors import PosEncError, check_int, check_positions
+
+__all__ = [
+    "ExactConstants",
+    "canonical",
+    "check_integer_positions",
+    "check_pair",
+    "distance",
+    "head_first",
+    "index_positions",
+    "pairs",
+    "resolve_pair",
+]
+
+
+def canonical(p: torch.Tensor) -> torch.Tensor:
+    """Integer positions as int64, floating ones as float64: exact differences."""
+    return p.to(torch.float64) if p.is_floating_point() else p.to(torch.long)
+
+
+def check_pair(q_positions: Any, k_positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a pair ``[q] | [b, q]`` and ``[k] | [b, k]`` whose batch sizes agree (or are 1)."""
+    qpos = check_positions("q_positions", q_positions)
+    kpos = check_positions("k_positions", k_positions)
+    if qpos.ndim == 2 and kpos.ndim == 2 and 1 not in (qpos.shape[0], kpos.shape[0]):
+        if qpos.shape[0] != kpos.shape[0]:
+            raise PosEncError(
+                "q_positions and k_positions must have the same batch size (or 1), got "
+                f"shapes {tuple(qpos.shape)} and {tuple(kpos.shape)}"
+            )
+    return qpos, kpos
+
+
+def resolve_pair(
+    q_len: int,
+    k_len: int | None,
+    q_positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    *,
+    device: torch.device | str | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query and key positions a ``bias(q_len, k_len, ...)`` call means.
+
+    Keys default to ``arange(k_len)`` (``k_len`` defaults to ``q_len``). Queries default to
+    the last ``q_len`` key positions when ``q_len <= k_len`` (decoding with a KV cache), else
+    to ``arange(q_len)``. Given positions must match the lengths. The result is on
+    ``device``: int64 for integer positions, float64 for floating ones.
+    """
+    q_len = check_int("q_len", q_len, min=1)
+    k_len = q_len if k_len is None else check_int("k_len", k_len, min=1)
+    if k_positions is None:
+        kpos = _positions.arange(k_len, device=device)
+    else:
+        kpos = check_positions("k_positions", k_positions, seq_len=k_len)
+    if q_positions is not None:
+        qpos = check_positions("q_positions", q_positions, seq_len=q_len)
+    elif q_len <= k_len:
+        qpos = kpos[..., k_len - q_len :]
+    else:
+        qpos = _positions.arange(q_len, device=device)
+    qpos, kpos = check_pair(qpos, kpos)
+    return canonical(qpos).to(device), canonical(kpos).to(device)
+
+
+def check_integer_positions(encoding: str, qpos: torch.Tensor, kpos: torch.Tensor) -> None:
+    """Raise unless both position tensors are integers (relative distances index a table)."""
+    for name, p in (("q_positions", qpos), ("k_positions", kpos)):
+        if p.is_floating_point():
+            raise PosEncError(
+                f"{name} must be an integer tensor for {encoding} (relative distances index "
+                f"a table), got dtype {p.dtype}"
+            )
+
+
+def pairs(qpos: torch.Tensor, kpos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query positions ``[.., q, 1]`` and key positions ``[.., 1, k]``: they broadcast to pairs."""
+    return qpos.unsqueeze(-1), kpos.unsqueeze(-2)
+
+
+def distance(qp: torch.Tensor, kp: torch.Tensor) -> torch.Tensor:
+    """``i - j`` (query minus key position) in float32, from exact int64/float64 operands.
+
+    Used both on whole ``[.., q, 1] x [.., 1, k]`` grids and on single indices inside a
+    FlexAttention ``score_mod``, so the two paths round identically.
+    """
+    return (qp - kp).to(torch.float32)
+
+
+def head_first(per_head: torch.Tensor, pair_ndim: int) -> torch.Tensor:
+    """A per-head vector ``[h]`` shaped to broadcast with pair tensors ``[q, k]`` / ``[b, q, k]``."""
+    return per_head.reshape(-1, 1, 1) if pair_ndim == 2 else per_head.reshape(1, -1, 1, 1)
+
+
+def index_positions(
+    qpos: torch.Tensor, kpos: torch.Tensor
+) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+    """Lookups ``(b, q_idx) -> position`` and ``(b, kv_idx) -> position`` for a ``score_mod``.
+
+    ``[s]`` and ``[1, s]`` positions ignore ``b``; ``[b, s]`` positions are read at row ``b``.
+    """
+
+    def lookup(p: torch.Tensor) -> Callable[..., torch.Tensor]:
+        if p.ndim == 2 and p.shape[0] == 1:
+            p = p[0]
+        if p.ndim == 1:
+            return lambda b, idx: p[idx]
+        return lambda b, idx: p[b, idx]
+
+    return lookup(qpos), lookup(kpos)
+
+
+class ExactConstants(nn.Module):
+    """Mixin for constant tensors that must stay exact: non-persistent buffers rebuilt from
+    their definition after every ``.to()`` / ``.cuda()`` / ``.half()`` / ``to_empty()``.
+
+    Subclasses implement :meth:`_constants` (name -> CPU tensor) and call
+    :meth:`_install_constants` in ``__init__``. ``module.to(torch.bfloat16)`` therefore moves
+    the constants but never lowers their precision, they never enter ``state_dict``, and a
+    module built on the meta device gets real values from ``to_empty``.
+    """
+
+    def _constants(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def _install_constants(self, device: torch.device | str | None = None) -> None:
+        device = torch.get_default_device() if device is None else torch.device(device)
+        for name, value in self._constants().items():
+            self.register_buffer(name, value.to(device), persistent=False)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        super()._apply(fn, recurse)
+        for name, value in self._constants().items():
+            setattr(self, name, value.to(getattr(self, name).device))
+        return self
