@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(BIN)/posenc table sinusoidal --dim 4 --positions 0:6
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests src/posenc --doctest-modules
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -148,6 +148,5 @@ class IndexEmbedding(AdditiveEncoding):
         pos = _positions.resolve(positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device)
         # L counts the tokens so far; max(.., 1) only matters for an empty first chunk
         length = max(offset + x.shape[1], 1) if self.normalize == "length" else None
-        compute = torch.promote_types(x.dtype, torch.float32)
-        pe = self.table(pos, length, compute)  # [s, dim] or [b, s, dim]
-        return (x.to(compute) + pe).to(x.dtype)  # one rounding, in x's dtype
+        pe = self.table(pos, length, torch.float64)  # [s, dim] or [b, s, dim]
+        return (x.double() + pe).to(x.dtype)  # formed in float64, rounded once to x's dtype

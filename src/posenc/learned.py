@@ -163,7 +163,7 @@ def _resample(
         )  # [1, dim, new_len - prefix]
         out = out[0].T  # [new_len - prefix, dim]
     else:
-        if isinstance(size, bool) or not isinstance(size, (Sequence, torch.Size)):
+        if isinstance(size, (str, bytes)) or not isinstance(size, (Sequence, torch.Size)):
             raise PosEncError(
                 f"{size_name} must be a grid (H', W') for a table with grid={hw}, got {size!r}"
             )

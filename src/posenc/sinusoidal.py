@@ -162,7 +162,7 @@ class SinusoidalEmbedding(AdditiveEncoding):
 
     The table is computed from the positions in float64 at every call (no cache,
     nothing in ``state_dict``), so ``.to(torch.bfloat16)`` never lowers its precision:
-    only the final addition rounds to ``x``'s dtype.
+    ``x + scale * PE`` is formed in float64 and rounded once, to ``x``'s dtype.
 
     Args:
         dim: embedding size.
@@ -222,8 +222,9 @@ class SinusoidalEmbedding(AdditiveEncoding):
     ) -> torch.Tensor:
         check_embeddings(x, self.dim)
         pos = _positions.resolve(positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device)
-        compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
-        pe = self.table(pos, compute)  # [s, dim] or [b, s, dim]
-        scale = self.scale.to(compute) if isinstance(self.scale, torch.Tensor) else self.scale
-        out = (x.to(compute) + scale * pe).to(x.dtype)  # one rounding, in x's dtype
+        pe = self.table(pos, torch.float64)  # [s, dim] or [b, s, dim], exact in float64
+        scale = self.scale.double() if isinstance(self.scale, torch.Tensor) else self.scale
+        # the sum is formed in float64 and rounded once, to x's dtype: a bf16 model gets
+        # exactly (x + PE) rounded, never a bf16 table
+        out = (x.double() + scale * pe).to(x.dtype)
         return self.dropout(out)

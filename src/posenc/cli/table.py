@@ -24,6 +24,7 @@ import torch
 import typer
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from posenc import registry
@@ -199,14 +200,15 @@ def _print_text(t: _Table, encoding: str, dim: int, pos: list, chans: list[int],
 
     opts = " · ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
                       for k, v in t.options.items() if v is not None)  # fmt: skip
-    grid = Table(box=box.SIMPLE_HEAD if utf8 else box.ASCII2, header_style="bold", pad_edge=False)
+    grid = Table(box=box.SIMPLE_HEAD if utf8 else box.ASCII2, header_style="bold", pad_edge=False,
+                 show_edge=False)
     grid.add_column("p", justify="right", style="bold")
     for c in chans:
         grid.add_column(text(f"{c}\n{t.headers[c]}"), justify="right")
     for r, p in enumerate(pos):
         cells = [f"{_clean(float(t.values[r, c]), digits):.{digits}f}" for c in chans]
         grid.add_row(_fmt_position(p), *cells)
-    width = console.measure(grid).maximum
+    width = Measurement.get(console, console.options.update_width(10**6), grid).maximum
     if width > console.width:  # print at full width rather than squeezing the numbers
         console = Console(highlight=False, width=width)
     console.print(text(f"{encoding} · dim={dim}" + (f" · {opts}" if opts else "")), soft_wrap=True)

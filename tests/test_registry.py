@@ -1,0 +1,136 @@
+"""posenc.registry: every registered encoding builds, round-trips through JSON, and the
+rebuilt module computes the same thing. Encodings added later are covered automatically:
+constructor arguments are chosen from the signature (see ``_example_args``)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+import torch
+
+import posenc
+from posenc import registry
+
+KINDS = {"additive", "rotary", "bias", "none"}
+
+# Values for required constructor arguments, by parameter name. An encoding whose
+# constructor needs an argument not listed here fails test_every_name_builds with a
+# message saying which one to add.
+EXAMPLE_ARGS = {
+    "dim": 16,
+    "head_dim": 16,
+    "num_heads": 4,
+    "max_len": 32,
+    "sections": [2, 3, 3],  # M-RoPE: frequencies per axis, summing to head_dim / 2
+}
+
+
+def _example_args(cls) -> dict:
+    args = {}
+    for p in inspect.signature(cls).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
+            continue
+        if p.name not in EXAMPLE_ARGS:
+            pytest.fail(
+                f"{cls.__name__} needs constructor argument {p.name!r}: add an example value "
+                f"to EXAMPLE_ARGS in tests/test_registry.py"
+            )
+        args[p.name] = EXAMPLE_ARGS[p.name]
+    return args
+
+
+def _outputs(module, generator_seed: int = 0):
+    """What the module computes on fixed inputs, by kind (the contracts of INTERFACES.md)."""
+    g = torch.Generator().manual_seed(generator_seed)
+    module = module.eval()
+    if module.kind in ("additive", "none"):
+        dim = getattr(module, "dim", 16)
+        return module(torch.randn(2, 5, dim, generator=g))
+    if module.kind == "rotary":
+        q = torch.randn(2, 3, 5, module.head_dim, generator=g)
+        k = torch.randn(2, 3, 5, module.head_dim, generator=g)
+        return torch.cat(module(q, k), dim=-1)
+    if getattr(module, "query_dependent", False):
+        q = torch.randn(2, module.num_heads, 5, module.head_dim, generator=g)
+        return module.bias(5, q=q)
+    return module.bias(5)
+
+
+@pytest.fixture(params=registry.names())
+def name(request):
+    return request.param
+
+
+def test_every_name_builds(name):
+    cls = registry.get(name)
+    module = posenc.build(name, **_example_args(cls))
+    assert isinstance(module, cls) and isinstance(module, torch.nn.Module)
+    assert cls.name == name, "the class' name attribute must be its registry name"
+    assert cls.kind in KINDS
+
+
+def test_every_name_round_trips_through_json(name):
+    module = posenc.build(name, **_example_args(registry.get(name)))
+    config = module.to_config()
+    assert config["name"] == name
+    text = json.dumps(config)  # JSON-serialisable, as it is
+    again = posenc.build(json.loads(text))
+    assert type(again) is type(module)
+    assert again.to_config() == config
+    assert json.dumps(again.to_config()) == text
+    # same state (parameters, persistent buffers) and, once loaded, the same computation
+    state = module.state_dict()
+    assert set(again.state_dict()) == set(state)
+    again.load_state_dict(state)
+    for key, value in again.state_dict().items():
+        assert torch.equal(value, state[key]), key
+    torch.testing.assert_close(_outputs(again), _outputs(module), atol=0, rtol=0)
+
+
+def test_every_name_has_no_table_in_its_state_dict(name):
+    """Tables are never saved: only learned weights (nn.Parameter) and the like are."""
+    module = posenc.build(name, **_example_args(registry.get(name)))
+    params = {k for k, _ in module.named_parameters()}
+    assert set(module.state_dict()) <= params | {k for k, _ in module.named_buffers()}
+    if module.kind == "additive" and name != "learned":
+        assert module.state_dict() == {}
+
+
+def test_names_and_aliases():
+    names = registry.names()
+    assert names[:4] == ["none", "sinusoidal", "learned", "index"]
+    assert len(names) == len(set(names))
+    assert registry.get("nope") is posenc.NoPositionalEncoding
+    assert registry.get("SINUSOIDAL") is posenc.SinusoidalEmbedding
+    assert isinstance(posenc.build("nope"), posenc.NoPositionalEncoding)
+
+
+def test_build_kwargs_override_the_config():
+    pe = posenc.build({"name": "sinusoidal", "dim": 8, "base": 100.0}, base=500.0)
+    assert pe.to_config()["base"] == 500.0 and pe.dim == 8
+
+
+def test_build_an_instance():
+    pe = posenc.SinusoidalEmbedding(8)
+    assert posenc.build(pe) is pe
+    other = posenc.build(pe, layout="half")
+    assert other is not pe and other.layout == "half" and other.dim == 8
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs", "match"),
+    [
+        ("rotary-magic", {}, r"name must be one of 'none', 'sinusoidal', 'learned', 'index'.*got 'rotary-magic'"),
+        ({"dim": 8}, {}, r"config must hold a 'name' key, got keys \['dim'\]"),
+        (42, {}, "spec must be a name, a config dict or an encoding, got int"),
+        ({"name": 3}, {}, "name must be a string, got 3"),
+        ("sinusoidal", {}, r"cannot build 'sinusoidal' from arguments \[\]"),
+        ("sinusoidal", {"dim": 8, "colour": "red"}, r"cannot build 'sinusoidal' from arguments \['colour', 'dim'\]"),
+        ("sinusoidal", {"dim": 0}, "dim must be >= 1, got 0"),
+    ],
+)  # fmt: skip
+def test_build_bad_input(spec, kwargs, match):
+    with pytest.raises(posenc.PosEncError, match=match):
+        posenc.build(spec, **kwargs)

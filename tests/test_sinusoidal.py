@@ -1,0 +1,374 @@
+"""posenc.sinusoidal against the float64 reference, the widely copied peers, and the maths."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from torch import nn
+
+import posenc
+from conftest import ATOL
+from posenc import reference
+from posenc.sinusoidal import LAYOUTS, ORDERS
+
+DIMS = [1, 2, 3, 7, 8, 33, 64]
+DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+POSITIONS = {
+    "int": torch.arange(-5, 70),
+    "float": torch.tensor([-3.25, -0.5, 0.0, 0.1, 1.0, 2.5, 17.75, 1000.125, 12345.5]),
+    "batched": torch.arange(24).reshape(3, 8) * 37 - 100,
+}
+
+
+def _ref(positions: torch.Tensor, dim: int, **options) -> torch.Tensor:
+    return torch.from_numpy(reference.sinusoidal_table(positions.double().numpy(), dim, **options))
+
+
+# --- against the float64 reference -------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("kind", list(POSITIONS))
+def test_table_matches_reference(kind, dim, layout, order, dtype):
+    pos = POSITIONS[kind]
+    out = posenc.sinusoidal_table(pos, dim, layout=layout, order=order, dtype=dtype)
+    ref = _ref(pos, dim, layout=layout, order=order)
+    assert out.shape == (*pos.shape, dim) and out.dtype == dtype
+    # float64: both sides round the angle, by a few ulp of the largest position
+    atol = max(ATOL[dtype], 1e-15 * float(pos.abs().max()))
+    torch.testing.assert_close(out.double(), ref, atol=atol, rtol=0)
+    if dtype != torch.float64:  # computed in float64 and rounded once: ref rounded, exactly
+        torch.testing.assert_close(out, ref.to(dtype), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("base", [2.0, 100.0, 10000.0, 500000.0])
+def test_table_base_matches_reference(base):
+    pos = torch.arange(50)
+    out = posenc.sinusoidal_table(pos, 16, base=base, dtype=torch.float64)
+    torch.testing.assert_close(out, _ref(pos, 16, base=base), atol=1e-12, rtol=0)
+
+
+def test_table_accepts_sequences_and_default_dtype():
+    out = posenc.sinusoidal_table([0, 1.5, 3], 6)
+    assert out.dtype == torch.get_default_dtype()
+    torch.testing.assert_close(out.double(), _ref(torch.tensor([0, 1.5, 3]), 6), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dim", [2, 8, 9])
+def test_half_is_interleaved_with_channels_regrouped(dim):
+    pos = torch.arange(-3, 40)
+    inter = posenc.sinusoidal_table(pos, dim, dtype=torch.float64)
+    half = posenc.sinusoidal_table(pos, dim, layout="half", dtype=torch.float64)
+    n_first = (dim + 1) // 2
+    regrouped = torch.cat([inter[..., 0::2], inter[..., 1::2]], dim=-1)
+    assert torch.equal(half, regrouped)
+    assert half.shape[-1] == dim and n_first == inter[..., 0::2].shape[-1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("grid", [(2, 3), (3, 1, 4), (5,)])
+def test_table_nd_matches_reference(grid, layout, dtype):
+    dim = 12
+    out = posenc.sinusoidal_table_nd(grid, dim, layout=layout, dtype=dtype)
+    ref = torch.from_numpy(reference.sinusoidal_table_nd(grid, dim, layout=layout))
+    assert out.shape == (*grid, dim)
+    torch.testing.assert_close(out.double(), ref, atol=ATOL[dtype], rtol=0)
+
+
+def test_table_nd_coordinates_and_blocks():
+    coords = torch.tensor([[0.5, -2.0], [3.0, 7.25], [100.0, 0.0]])  # [3, 2]
+    out = posenc.sinusoidal_table_nd(coords, 8, order="cos_sin", dtype=torch.float64)
+    ref = torch.from_numpy(reference.sinusoidal_table_nd(coords.numpy(), 8, order="cos_sin"))
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    # axis 0 first, each block the 1-D table of dim / n_axes channels
+    blocks = [posenc.sinusoidal_table(coords[:, a], 4, order="cos_sin", dtype=torch.float64)
+              for a in range(2)]  # fmt: skip
+    assert torch.equal(out, torch.cat(blocks, dim=-1))
+
+
+def test_table_nd_equals_the_mae_2d_formulation():
+    """MAE / many ViTs' get_2d_sincos_pos_embed: per axis, D/2 channels laid out [sin | cos]
+    with omega = 1 / 10000^(i / (D/4)); the first half encodes the *column* coordinate."""
+    h, w, d = 3, 5, 16
+
+    def mae_1d(d_axis, pos):
+        omega = 1.0 / 10000 ** (np.arange(d_axis // 2, dtype=np.float64) / (d_axis / 2.0))
+        out = np.einsum("m,d->md", pos.reshape(-1), omega)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    grid_w, grid_h = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
+    peer = np.concatenate([mae_1d(d // 2, grid_w), mae_1d(d // 2, grid_h)], axis=1)  # [h*w, d]
+    coords = posenc.positions.grid((h, w)).flip(-1)  # [h, w, 2] as (column, row)
+    ours = posenc.sinusoidal_table_nd(coords, d, layout="half", dtype=torch.float64)
+    torch.testing.assert_close(ours.reshape(h * w, d), torch.from_numpy(peer), atol=1e-12, rtol=0)
+
+
+# --- the worked example and the widely copied peers -----------------------------------
+
+
+def test_worked_example_dim4():
+    out = posenc.sinusoidal_table(torch.arange(6), 4, dtype=torch.float64)
+    rows = [[math.sin(p), math.cos(p), math.sin(p / 100), math.cos(p / 100)] for p in range(6)]
+    torch.testing.assert_close(out, torch.tensor(rows, dtype=torch.float64), atol=1e-15, rtol=0)
+
+
+def _numpy_tutorial_encoding(position: int, d_model: int) -> np.ndarray:
+    """The widely copied NumPy formulation (TensorFlow's transformer tutorial)."""
+
+    def get_angles(pos, i, d_model):
+        angle_rates = 1 / np.power(10000, (2 * (i // 2)) / np.float32(d_model))
+        return pos * angle_rates
+
+    angle_rads = get_angles(np.arange(position)[:, np.newaxis], np.arange(d_model)[np.newaxis, :],
+                            d_model)  # fmt: skip
+    angle_rads[:, 0::2] = np.sin(angle_rads[:, 0::2])
+    angle_rads[:, 1::2] = np.cos(angle_rads[:, 1::2])
+    return angle_rads[np.newaxis, ...].astype(np.float32)
+
+
+def test_equals_the_numpy_tutorial_formulation():
+    peer = _numpy_tutorial_encoding(50, 512)
+    assert peer.shape == (1, 50, 512)
+    ours = posenc.sinusoidal_table(torch.arange(50), 512)[None]
+    torch.testing.assert_close(ours, torch.from_numpy(peer), atol=1e-6, rtol=0)
+
+
+class _TutorialPositionalEncoding(nn.Module):
+    """The widely copied PyTorch tutorial module (inputs ``[seq_len, batch, d_model]``)."""
+
+    def __init__(self, d_model: int, dropout: float = 0.1, max_len: int = 5000):
+        super().__init__()
+        self.dropout = nn.Dropout(p=dropout)
+        position = torch.arange(max_len).unsqueeze(1)
+        div_term = torch.exp(torch.arange(0, d_model, 2) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(max_len, 1, d_model)
+        pe[:, 0, 0::2] = torch.sin(position * div_term)
+        pe[:, 0, 1::2] = torch.cos(position * div_term)
+        self.register_buffer("pe", pe)
+
+    def forward(self, x):
+        x = x + self.pe[: x.size(0)]
+        return self.dropout(x)
+
+
+def test_equals_the_pytorch_tutorial_module_in_eval():
+    peer = _TutorialPositionalEncoding(64, dropout=0.1, max_len=128).eval()
+    ours = posenc.SinusoidalEmbedding(64, dropout=0.1).eval()
+    x = torch.randn(3, 100, 64)
+    expected = peer(x.transpose(0, 1)).transpose(0, 1)  # the tutorial is sequence-first
+    # the peer's float32 angles lose ~1e-5 by position 100; ours are exact
+    torch.testing.assert_close(ours(x), expected, atol=5e-5, rtol=0)
+
+
+def test_equals_the_pytorch_tutorial_module_with_dropout():
+    """Added to x, then dropout: the same mask for the same seed (batch of one, so the
+    peer's [s, 1, d] and our [1, s, d] have the same memory order)."""
+    peer = _TutorialPositionalEncoding(32, dropout=0.25, max_len=64).train()
+    ours = posenc.SinusoidalEmbedding(32, dropout=0.25).train()
+    x = torch.randn(1, 40, 32)
+    torch.manual_seed(123)
+    expected = peer(x.transpose(0, 1)).transpose(0, 1)
+    torch.manual_seed(123)
+    out = ours(x)
+    assert torch.equal(out == 0, expected == 0)  # the same elements dropped
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=0)
+
+
+# --- the module --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dim", [5, 16])
+def test_module_adds_the_table(dim, layout):
+    pe = posenc.SinusoidalEmbedding(dim, layout=layout, order="cos_sin", scale=2.0, base=500.0)
+    x = torch.randn(2, 7, dim, dtype=torch.float64)
+    ref = _ref(torch.arange(3, 10), dim, layout=layout, order="cos_sin", base=500.0)
+    torch.testing.assert_close(pe(x, offset=3), x + 2.0 * ref, atol=1e-12, rtol=0)
+    batched = torch.tensor([[0, 1, 2, 0, 1, 2, 3], [9, 8, 7, 6, 5, 4, 3]])  # [b, s]
+    ref_b = _ref(batched, dim, layout=layout, order="cos_sin", base=500.0)
+    torch.testing.assert_close(pe(x, batched), x + 2.0 * ref_b, atol=1e-12, rtol=0)
+    # [1, s] positions broadcast over the batch; offset shifts given positions too
+    one = torch.tensor([[0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5]])
+    ref_1 = _ref(one + 10, dim, layout=layout, order="cos_sin", base=500.0)
+    torch.testing.assert_close(pe(x, one, offset=10), x + 2.0 * ref_1, atol=1e-12, rtol=0)
+
+
+def test_module_bf16_only_the_final_add_rounds():
+    pe = posenc.SinusoidalEmbedding(64).to(torch.bfloat16)
+    x = torch.randn(2, 32, 64).to(torch.bfloat16)
+    offset = 5_000_000  # where a bf16 (or float32-angle) table would be visibly wrong
+    table_f64 = _ref(torch.arange(offset, offset + 32), 64)
+    out = pe(x, offset=offset)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, (x.float() + table_f64).to(torch.bfloat16))
+    naive = x + table_f64.to(torch.bfloat16)  # what a bf16 table would give
+    assert not torch.equal(out, naive)
+
+
+def test_module_state_dict_holds_no_table():
+    assert posenc.SinusoidalEmbedding(16).state_dict() == {}
+    assert list(posenc.SinusoidalEmbedding(16).buffers()) == []
+    learnable = posenc.SinusoidalEmbedding(16, scale=0.5, learnable_scale=True)
+    assert list(learnable.state_dict()) == ["scale"]
+    assert torch.equal(learnable.state_dict()["scale"], torch.tensor(0.5))
+
+
+def test_module_learnable_scale_gets_a_gradient():
+    pe = posenc.SinusoidalEmbedding(8, learnable_scale=True)
+    pe(torch.zeros(1, 4, 8)).sum().backward()
+    expected = posenc.sinusoidal_table(torch.arange(4), 8, dtype=torch.float64).sum()
+    torch.testing.assert_close(pe.scale.grad.double(), expected, atol=1e-6, rtol=0)
+
+
+def test_module_config_round_trip():
+    pe = posenc.SinusoidalEmbedding(10, base=100.0, layout="half", order="cos_sin", dropout=0.1,
+                                    scale=3.0)  # fmt: skip
+    again = posenc.build(pe.to_config())
+    assert isinstance(again, posenc.SinusoidalEmbedding)
+    assert again.to_config() == pe.to_config()
+    x = torch.randn(2, 5, 10)
+    assert torch.equal(again.eval()(x), pe.eval()(x))
+
+
+# --- precision -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exponent", [24, 25, 26, 27])
+@pytest.mark.parametrize("pos_dtype", [torch.int64, torch.float64], ids=str)
+def test_precision_at_long_positions(exponent, pos_dtype):
+    start = 2**exponent - 4
+    pos = torch.arange(start, start + 9, dtype=pos_dtype)  # straddles 2^exponent
+    out = posenc.sinusoidal_table(pos, 128, dtype=torch.float32)
+    ref = _ref(pos, 128)
+    torch.testing.assert_close(out.double(), ref, atol=1e-6, rtol=0)
+    # the module too, positions given by offset
+    x = torch.zeros(1, 9, 128)
+    torch.testing.assert_close(
+        posenc.SinusoidalEmbedding(128)(x, offset=start).double()[0], ref, atol=1e-6, rtol=0
+    )
+
+
+def test_float32_angles_fail_where_we_do_not():
+    """The tutorial's float32 angles (position * div_term) are off by far more than 1e-6 at
+    2^24; this is what the precision promise is about."""
+    pos = torch.arange(2**24, 2**24 + 8)
+    div_term = torch.exp(torch.arange(0, 64, 2) * (-math.log(10000.0) / 64))
+    naive = torch.sin(pos[:, None].float() * div_term)
+    ref = _ref(pos, 64)[:, 0::2]
+    assert (naive.double() - ref).abs().max() > 1e-2
+    ours = posenc.sinusoidal_table(pos, 64)[:, 0::2]
+    assert (ours.double() - ref).abs().max() <= 1e-6
+
+
+# --- properties --------------------------------------------------------------------------
+
+positions_st = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)
+
+
+@given(
+    pos=st.lists(positions_st, min_size=1, max_size=8),
+    dim=st.integers(1, 64),
+    layout=st.sampled_from(LAYOUTS),
+    order=st.sampled_from(ORDERS),
+)
+def test_values_are_bounded(pos, dim, layout, order):
+    out = posenc.sinusoidal_table(torch.tensor(pos, dtype=torch.float64), dim, layout=layout,
+                                  order=order)  # fmt: skip
+    assert bool((out.abs() <= 1.0).all())
+
+
+@given(
+    p=st.floats(min_value=-1e7, max_value=1e7, allow_nan=False),
+    half_dim=st.integers(1, 64),
+    layout=st.sampled_from(LAYOUTS),
+)
+def test_squared_norm_is_half_dim(p, half_dim, layout):
+    out = posenc.sinusoidal_table(torch.tensor([p], dtype=torch.float64), 2 * half_dim,
+                                  layout=layout, dtype=torch.float64)  # fmt: skip
+    torch.testing.assert_close(out.square().sum(), torch.tensor(float(half_dim), dtype=torch.float64))
+
+
+@given(
+    p=st.floats(min_value=-1e4, max_value=1e4, allow_nan=False),
+    k=st.floats(min_value=-1e3, max_value=1e3, allow_nan=False),
+    half_dim=st.integers(1, 32),
+    base=st.sampled_from([100.0, 10000.0]),
+)
+def test_dot_product_depends_only_on_the_offset(p, k, half_dim, base):
+    dim = 2 * half_dim
+    pos = torch.tensor([p, p + k, 0.0, k], dtype=torch.float64)
+    t = posenc.sinusoidal_table(pos, dim, base=base, dtype=torch.float64)
+    freqs = base ** (-2.0 * torch.arange(half_dim, dtype=torch.float64) / dim)
+    expected = torch.cos((pos[1] - pos[0]) * freqs).sum()  # sum_i cos(k w_i)
+    torch.testing.assert_close(t[0] @ t[1], expected, atol=1e-9, rtol=0)
+    torch.testing.assert_close(t[0] @ t[1], t[2] @ t[3], atol=1e-9, rtol=0)
+
+
+# --- bad input ---------------------------------------------------------------------------
+
+T = posenc.sinusoidal_table
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: T(torch.arange(3), 0), "dim must be >= 1, got 0"),
+        (lambda: T(torch.arange(3), -2), "dim must be >= 1, got -2"),
+        (lambda: T(torch.arange(3), 2.5), "dim must be an integer, got 2.5"),
+        (lambda: T(torch.arange(3), True), "dim must be an integer, got True"),
+        (lambda: T(torch.arange(3), 4, layout="diagonal"),
+         "layout must be one of 'interleaved', 'half', got 'diagonal'"),
+        (lambda: T(torch.arange(3), 4, order="sin"), "order must be one of 'sin_cos', 'cos_sin', got 'sin'"),
+        (lambda: T(torch.arange(3), 4, base=1.0), "base must be > 1.0, got 1.0"),
+        (lambda: T(torch.arange(3), 4, base=float("inf")), "base must be finite"),
+        (lambda: T(torch.tensor([0.0, float("nan")]), 4), "positions must be finite"),
+        (lambda: T(torch.tensor([float("inf")]), 4), "positions must be finite"),
+        (lambda: T(torch.tensor([True, False]), 4), "positions must be an integer or floating tensor"),
+        (lambda: T(["a"], 4), "positions must be a tensor of numbers"),
+        (lambda: T(torch.arange(3), 4, dtype=torch.int64), "dtype must be a floating-point dtype"),
+        (lambda: T(torch.arange(3), 4, dtype="float32"), "dtype must be a torch.dtype"),
+        (lambda: posenc.sinusoidal_table_nd((2, 3), 5),
+         r"dim must be divisible by the number of axes \(2\), got 5"),
+        (lambda: posenc.sinusoidal_table_nd((2, 0), 4), r"shape\[1\] must be >= 1, got 0"),
+        (lambda: posenc.sinusoidal_table_nd(torch.zeros(3, 0), 4), r"grid coordinates must be \[..., n_axes\]"),
+        (lambda: posenc.sinusoidal_table_nd(torch.tensor([[float("nan"), 0.0]]), 4), "positions must be finite"),
+        (lambda: posenc.SinusoidalEmbedding(0), "dim must be >= 1, got 0"),
+        (lambda: posenc.SinusoidalEmbedding(8, layout="x"), "layout must be one of"),
+        (lambda: posenc.SinusoidalEmbedding(8, dropout=1.5), "dropout must be <= 1.0, got 1.5"),
+        (lambda: posenc.SinusoidalEmbedding(8, scale=float("nan")), "scale must be finite"),
+    ],
+)  # fmt: skip
+def test_bad_input(call, match):
+    with pytest.raises(posenc.PosEncError, match=match):
+        call()
+
+
+PE = posenc.SinusoidalEmbedding(8)
+
+
+@pytest.mark.parametrize(
+    ("x", "positions", "match"),
+    [
+        (torch.zeros(2, 3, 7), None, r"x must have last dimension 8, got shape \(2, 3, 7\)"),
+        (torch.zeros(2, 3, 8, dtype=torch.long), None, "x must have a floating-point dtype, got torch.int64"),
+        (torch.zeros(3, 8), None, r"x must be \[b, s, dim\], got shape \(3, 8\)"),
+        ([[0.0] * 8], None, "x must be a torch.Tensor, got list"),
+        (torch.zeros(2, 3, 8), torch.arange(4), r"positions must have length 3 .* got shape \(4,\)"),
+        (torch.zeros(2, 3, 8), torch.zeros(3, 3), r"must have b == 2 \(the batch size\) or 1, got shape \(3, 3\)"),
+        (torch.zeros(2, 3, 8), torch.zeros(2, 1, 3), r"positions must be \[s\] or \[b, s\]"),
+        (torch.zeros(2, 3, 8), torch.tensor([0.0, float("nan"), 1.0]), "positions must be finite"),
+        (torch.zeros(2, 3, 8), torch.tensor([True, False, True]), "positions must be an integer or floating"),
+    ],
+)  # fmt: skip
+def test_module_bad_input(x, positions, match):
+    with pytest.raises(posenc.PosEncError, match=match):
+        PE(x, positions)
