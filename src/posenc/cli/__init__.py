@@ -44,6 +44,7 @@ def _root() -> None:
 
 def _register() -> None:
     # Subcommand modules register themselves on `app` when imported.
+    import posenc.cli.lengthgen  # noqa: F401
     from posenc.cli import table  # noqa: F401
 
 

@@ -1,0 +1,148 @@
+"""``posenc lengthgen``: train at one length, evaluate at longer ones, per encoding.
+
+Runs the same under ``torchrun --nproc_per_node=N -m posenc lengthgen ...``
+(DistributedDataParallel, gloo on CPU, nccl on CUDA); rank 0 writes the files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import torch
+import typer
+
+from posenc._errors import PosEncError, check_int
+from posenc.cli import app, fail
+
+_DEFAULT_ENCODINGS = "none,sinusoidal,learned,rope,alibi,t5"
+
+
+def _lengths(text: str, train_len: int | None) -> list[int]:
+    """``"64,128"`` or ``"L,2L,4L"`` (multiples of the training length)."""
+    out = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        if item.upper().endswith("L"):
+            if train_len is None:
+                raise PosEncError(f"--eval-lens entry {item!r} needs --train-len")
+            factor = item[:-1] or "1"
+            if not factor.isdigit():
+                raise PosEncError(f"--eval-lens entries must be integers or kL, got {item!r}")
+            out.append(int(factor) * train_len)
+        else:
+            try:
+                out.append(int(item))
+            except ValueError:
+                raise PosEncError(
+                    f"--eval-lens entries must be integers or kL, got {item!r}"
+                ) from None
+    if not out:
+        raise PosEncError(f"--eval-lens must list at least one length, got {text!r}")
+    return [check_int("--eval-lens entry", n, min=1) for n in out]
+
+
+def _summary(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    metric = results["metric"]
+    table = Table(title=f"{results['task']}: {metric} at each eval length "
+                  f"(trained at {results['train_len']})")  # fmt: skip
+    table.add_column("encoding")
+    for length in results["eval_lens"]:
+        table.add_column(str(length), justify="right")
+    table.add_column("train s", justify="right")
+    for run in results["runs"]:
+        cells = []
+        for length in results["eval_lens"]:
+            cell = run["eval"][str(length)]
+            value = cell.get(metric)
+            cells.append("error" if "error" in cell else "-" if value is None else
+                         f"{value:.3g}" if metric == "ppl" else f"{value:.2f}")  # fmt: skip
+        table.add_row(run["encoding"], *cells, f"{run['train']['seconds']:.1f}")
+    Console().print(table)
+
+
+@app.command()
+def lengthgen(
+    out: Annotated[Path, typer.Option("--out", help="Output directory.")],
+    task: Annotated[str, typer.Option(help="lm, copy, reverse, recall or addition.")] = "lm",
+    encodings: Annotated[str, typer.Option(help="Comma-separated registry names.")] = (
+        _DEFAULT_ENCODINGS
+    ),
+    train_len: Annotated[int | None, typer.Option(help="Training length L [preset].")] = None,
+    eval_lens: Annotated[
+        str | None, typer.Option(help="e.g. 64,128 or L,2L,4L,8L [preset].")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps per encoding [preset].")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    seed: Annotated[int, typer.Option(help="Seed of initialisation, data and eval sets.")] = 0,
+    resume: Annotated[bool, typer.Option(help="Continue from the checkpoints in --out.")] = False,
+    preset: Annotated[str, typer.Option(help="default or quick.")] = "default",
+    batch_size: Annotated[int | None, typer.Option(help="Sequences per step [preset].")] = None,
+    dim: Annotated[int | None, typer.Option(help="Model width [preset].")] = None,
+    layers: Annotated[int | None, typer.Option(help="Transformer layers [preset].")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads [preset].")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate [preset].")] = None,
+    warmup: Annotated[int | None, typer.Option(help="Warmup steps [preset].")] = None,
+    random_positions: Annotated[
+        int | None, typer.Option(help="Train on randomized positions from [0, L_max).")
+    ] = None,
+    extend: Annotated[
+        str | None, typer.Option(help="RoPE context extension: pi,ntk,yarn or none [preset].")
+    ] = None,
+    extend_factor: Annotated[
+        float | None, typer.Option(help="Extension factor [max eval len / train len].")
+    ] = None,
+    finetune_steps: Annotated[
+        int | None, typer.Option(help="Fine-tune steps per extension, 0: none [preset].")
+    ] = None,
+    checkpoint_every: Annotated[
+        int | None, typer.Option(help="Checkpoint every N steps, 0: at the end [preset].")
+    ] = None,
+    eval_tokens: Annotated[int | None, typer.Option(help="Bytes scored per length (lm).")] = None,
+    eval_examples: Annotated[
+        int | None, typer.Option(help="Examples per length (synthetic).")
+    ] = None,
+    threads: Annotated[
+        int | None, typer.Option(help="torch intra-op threads per process [torch's default].")
+    ] = None,
+    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write lengthgen.png.")] = True,
+    quiet: Annotated[bool, typer.Option(help="No progress bar or summary table.")] = False,
+) -> None:
+    """Train a small model per encoding at --train-len and evaluate it at --eval-lens.
+
+    Writes OUT/results.json and OUT/lengthgen.png; checkpoints go to OUT/checkpoints.
+    """
+    from posenc.experiments.lengthgen import run_study
+
+    main_rank = int(os.environ.get("RANK", "0")) == 0
+    try:
+        if threads is not None:
+            torch.set_num_threads(check_int("--threads", threads, min=1))
+        lens = None if eval_lens is None else _lengths(eval_lens, train_len)
+        methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
+        options = dict(
+            train_len=train_len, eval_lens=lens, steps=steps, out_dir=out, device=device,
+            seed=seed, preset=preset, batch_size=batch_size, dim=dim, num_layers=layers,
+            num_heads=heads, lr=lr, warmup=warmup, random_positions=random_positions,
+            extend=methods, extend_factor=extend_factor, finetune_steps=finetune_steps,
+            checkpoint_every=checkpoint_every, eval_tokens=eval_tokens,
+            eval_examples=eval_examples, resume=resume, plot=plot,
+        )  # fmt: skip
+        if quiet or not main_rank:
+            results = run_study(task, encodings, **options)
+        else:
+            from posenc.experiments.progress import StudyProgress
+
+            with StudyProgress() as progress:
+                results = run_study(task, encodings, **options, on_event=progress)
+    except PosEncError as e:
+        fail(str(e))
+        return
+    if main_rank and not quiet:
+        _summary(results)
+        typer.echo(f"wrote {out / 'results.json'}" + (f" and {out / 'lengthgen.png'}" if plot else ""))

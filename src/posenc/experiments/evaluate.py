@@ -1,0 +1,176 @@
+"""Evaluation at lengths beyond training.
+
+``lm``: the validation stream is cut into non-overlapping windows of the eval
+length ``E`` (Press et al., 2022, evaluate this way: every token is predicted
+from at most ``E - 1`` tokens of its own window, none from the previous one).
+Reported per length: mean cross-entropy ``loss`` (nats/byte) and ``ppl`` over
+every position of every window, and ``loss_past`` / ``ppl_past`` over only the
+positions at or past the training length (None when ``E`` is not longer).
+
+Synthetic tasks: ``accuracy`` is exact match (every scored token right), read
+from one teacher-forced forward pass. That equals greedy decoding's exact
+match: if every argmax given the true prefix is right, greedy decoding produces
+that prefix. Also ``token_accuracy`` and ``loss`` over scored tokens.
+
+A length the model cannot run (a learned table shorter than ``E``) gives
+``{"error": message}`` for that length; the others are still evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc import positions as _positions
+from posenc._errors import PosEncError
+from posenc.experiments.distributed import Dist
+from posenc.experiments.seeding import generator
+from posenc.experiments.tasks import IGNORE, Task
+
+__all__ = ["evaluate", "perplexity"]
+
+# Indices of the per-rank sums reduced over ranks.
+_LOSS, _COUNT, _PAST_LOSS, _PAST_COUNT, _EXACT, _ROWS, _TOKEN_RIGHT = range(7)
+
+
+def perplexity(loss: float | None) -> float | None:
+    """``exp(loss)``; None for None, and for losses so large that it overflows.
+
+    Examples:
+        >>> perplexity(0.0), perplexity(None), perplexity(1e4)
+        (1.0, None, None)
+    """
+    if loss is None or loss > 700.0:
+        return None
+    return math.exp(loss)
+
+
+def _eval_positions(
+    task: Task, length: int, index: torch.Tensor, seed: int, random_positions: int | None
+) -> torch.Tensor | None:
+    if random_positions is None or length > random_positions:
+        return None  # 0 .. E - 1
+    g = generator(seed, "eval-positions", length)
+    drawn = _positions.randomized(
+        length, random_positions, batch_size=task.num_eval_rows(length), generator=g
+    )  # [rows, E], one draw per row of the whole eval set
+    return drawn[index]
+
+
+def _sums(
+    model: nn.Module,
+    task: Task,
+    length: int,
+    *,
+    train_len: int,
+    seed: int,
+    dist: Dist,
+    random_positions: int | None,
+    max_tokens: int,
+) -> torch.Tensor:
+    sums = torch.zeros(7, dtype=torch.float64)
+    past = torch.arange(length) >= train_len  # [E] positions past the training length
+    batches = task.eval_batches(
+        length, seed=seed, max_tokens=max_tokens, rank=dist.rank, world_size=dist.world_size
+    )
+    for batch in batches:
+        tokens = batch.tokens.to(dist.device)
+        positions = _eval_positions(task, length, batch.index, seed, random_positions)
+        if positions is not None:
+            positions = positions.to(dist.device)
+        logits = model(tokens, positions).float().cpu()  # [b, E, vocab]
+        targets = batch.targets
+        scored = targets != IGNORE  # [b, E]
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+            ignore_index=IGNORE, reduction="none",
+        ).reshape(targets.shape).double()  # fmt: skip
+        sums[_LOSS] += nll.sum()
+        sums[_COUNT] += scored.sum()
+        sums[_PAST_LOSS] += nll[:, past].sum()
+        sums[_PAST_COUNT] += scored[:, past].sum()
+        right = (logits.argmax(-1) == targets) & scored
+        sums[_EXACT] += (right | ~scored).all(-1).sum()
+        sums[_ROWS] += targets.shape[0]
+        sums[_TOKEN_RIGHT] += right.sum()
+    return sums
+
+
+def _metrics(task: Task, sums: torch.Tensor, length: int, train_len: int) -> dict[str, Any]:
+    s = sums.tolist()
+    loss = s[_LOSS] / s[_COUNT]
+    if task.metric == "ppl":
+        past = s[_PAST_LOSS] / s[_PAST_COUNT] if s[_PAST_COUNT] else None
+        return {
+            "loss": loss,
+            "ppl": perplexity(loss),
+            "loss_past": past,
+            "ppl_past": perplexity(past),
+            "tokens": int(s[_COUNT]),
+            "tokens_past": int(s[_PAST_COUNT]),
+        }
+    return {
+        "loss": loss,
+        "accuracy": s[_EXACT] / s[_ROWS],
+        "token_accuracy": s[_TOKEN_RIGHT] / s[_COUNT],
+        "examples": int(s[_ROWS]),
+    }
+
+
+def evaluate(
+    model: nn.Module,
+    task: Task,
+    lengths: Sequence[int],
+    *,
+    train_len: int,
+    seed: int = 0,
+    dist: Dist | None = None,
+    random_positions: int | None = None,
+    max_tokens: int = 16384,
+) -> dict[str, dict[str, Any]]:
+    """Metrics of ``model`` on ``task`` at each of ``lengths``.
+
+    Args:
+        model: maps ``tokens [b, E]`` (and positions) to logits ``[b, E, vocab]``.
+        task: the task; its eval sets are fixed by ``seed``.
+        lengths: eval lengths ``E``.
+        train_len: the training length (``lm`` reports the positions past it separately).
+        seed: the study's seed (synthetic eval sets, randomized positions).
+        dist: the process's place in a distributed run; the ranks split the eval set.
+        random_positions: the ``L_max`` the model was trained with, or None. Lengths up to
+            ``L_max`` are then evaluated on randomized positions as in training (one draw
+            per row); longer ones on ``0 .. E - 1``.
+        max_tokens: tokens per forward pass (rows per batch = ``max_tokens // E``, at least 1).
+
+    Returns:
+        ``{str(E): metrics}``; metrics as in the module docstring, or ``{"error": message}``.
+    """
+    dist = Dist() if dist is None else dist
+    results: dict[str, dict[str, Any]] = {}
+    was_training = model.training
+    model.eval()
+    try:
+        for length in lengths:
+            error = None
+            try:
+                with torch.no_grad():
+                    sums = _sums(
+                        model, task, length, train_len=train_len, seed=seed, dist=dist,
+                        random_positions=random_positions, max_tokens=max_tokens,
+                    )  # fmt: skip
+            except (PosEncError, IndexError) as e:
+                error, sums = str(e).splitlines()[0] if str(e) else type(e).__name__, None
+            # Every rank must take part in the reduction, and agree on errors.
+            errors = [m for m in dist.gather_objects(error) if m is not None]
+            if errors:
+                results[str(length)] = {"error": errors[0]}
+                continue
+            results[str(length)] = _metrics(task, dist.all_reduce_sum(sums), length, train_len)
+    finally:
+        model.train(was_training)
+    return results

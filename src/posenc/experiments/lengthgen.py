@@ -1,0 +1,490 @@
+"""Length-generalization studies: train at one length, evaluate at longer ones.
+
+:func:`run_study` trains one :class:`~posenc.models.TinyTransformer` per encoding
+on a task (:mod:`.tasks`) at ``train_len``, evaluates each at every eval length
+(:mod:`.evaluate`), optionally extends the RoPE model's context at evaluation
+time (position interpolation, NTK, YaRN; :mod:`.extension`) with and without a
+short fine-tune at the longest eval length, and returns (and writes) the results:
+
+.. code-block:: text
+
+    {"task", "train_len", "eval_lens", "metric", "settings", "environment",
+     "runs": [{"encoding", "config", "train": {"steps", "final_loss", "seconds", ...},
+               "eval": {"<len>": {"loss", "ppl" | "accuracy", ...} | {"error"}}}],
+     "seconds"}
+
+Every model of a study starts from the same seed and sees the same batches in the
+same order; only the encoding differs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc.experiments.checkpoint import atomic_write, load_checkpoint
+from posenc.experiments.distributed import Dist, setup
+from posenc.experiments.evaluate import evaluate
+from posenc.experiments.extension import EXTENSIONS, extended_config
+from posenc.experiments.models import (
+    ModelSettings,
+    build_model,
+    check_distinct,
+    encoding_label,
+    encoding_spec,
+)
+from posenc.experiments.seeding import derive_seed
+from posenc.experiments.tasks import TASKS, LMTask, Task, make_task
+from posenc.experiments.train import TrainResult, TrainSettings, run_config, train
+
+__all__ = ["DEFAULT_ENCODINGS", "PRESETS", "Event", "run_study", "write_results"]
+
+DEFAULT_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
+
+#: Settings of a study unless given explicitly. "default" is the README's study (the
+#: whole lm comparison in under 10 minutes on 2 CPU cores); "quick" is a smoke-sized
+#: study (seconds per encoding) for reports and CI.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {
+        "train_len": 64,
+        "eval_lens": (64, 128, 256, 512),
+        "steps": 400,
+        "batch_size": 32,
+        "dim": 64,
+        "num_layers": 2,
+        "num_heads": 4,
+        "lr": 3e-3,
+        "warmup": 40,
+        "eval_tokens": 32768,
+        "eval_examples": 256,
+        "extend": ("pi", "ntk", "yarn"),
+        "finetune_steps": 40,
+        "checkpoint_every": 100,
+    },
+    "quick": {
+        "train_len": 32,
+        "eval_lens": (32, 64, 128),
+        "steps": 40,
+        "batch_size": 16,
+        "dim": 32,
+        "num_layers": 1,
+        "num_heads": 2,
+        "lr": 3e-3,
+        "warmup": 4,
+        "eval_tokens": 4096,
+        "eval_examples": 64,
+        "extend": (),
+        "finetune_steps": 0,
+        "checkpoint_every": 0,
+    },
+}
+
+#: A progress callback receives ``(kind, fields)``: ``("run", {"label", "steps"})`` before a
+#: model trains, ``("step", {"label", "info": StepInfo})`` after each step, ``("eval",
+#: {"label"})`` before it is evaluated and ``("done", {"label"})`` after.
+Event = Callable[[str, dict[str, Any]], None]
+
+_EVAL_MAX_TOKENS = 8192  # tokens per eval forward pass (keeps bias tensors small)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Study:
+    task: str
+    labels: tuple[str, ...]
+    specs: tuple[dict[str, Any], ...]
+    train_len: int
+    eval_lens: tuple[int, ...]
+    model: ModelSettings
+    train: TrainSettings
+    extend: tuple[str, ...]
+    extend_factor: float
+    finetune_steps: int
+    eval_tokens: int
+    eval_examples: int
+
+
+def _pick(name: str, given: Any, preset: Mapping[str, Any]) -> Any:
+    return preset.get(name) if given is None else given
+
+
+def _int_list(name: str, values: Any) -> tuple[int, ...]:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise PosEncError(f"{name} must be a list of integers, got {values!r}")
+    out = tuple(check_int(f"{name} entry", v, min=1) for v in values)
+    if not out:
+        raise PosEncError(f"{name} must hold at least one length, got {list(values)!r}")
+    return out
+
+
+def _resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int) -> _Study:
+    check_choice("task", task, tuple(TASKS))
+    preset = PRESETS[check_choice("preset", options.pop("preset"), tuple(PRESETS))]
+    o = {k: _pick(k, v, preset) for k, v in options.items()}
+    if isinstance(encodings, str):
+        encodings = [e for e in encodings.split(",") if e.strip()]
+    encodings = list(encodings)
+    if not encodings:
+        raise PosEncError("encodings must name at least one encoding, got none")
+    labels = tuple(encoding_label(e) for e in encodings)
+    check_distinct(labels)
+    steps = check_int("steps", o["steps"], min=1)
+    train_len = check_int("train_len", o["train_len"], min=1)
+    eval_lens = _int_list("eval_lens", o["eval_lens"])
+    random_positions = o["random_positions"]
+    if random_positions is not None:
+        random_positions = check_int("random_positions", random_positions, min=train_len)
+    batch_size = check_int("batch_size", o["batch_size"], min=1)
+    if batch_size % world_size:
+        raise PosEncError(
+            f"batch_size must be divisible by the number of processes ({world_size}), "
+            f"got {batch_size}"
+        )
+    extend = tuple(o["extend"].split(",") if isinstance(o["extend"], str) else o["extend"])
+    extend = tuple(check_choice("extend", m, tuple(EXTENSIONS)) for m in extend if m)
+    if extend and "rope" not in labels:
+        raise PosEncError(f"extend needs 'rope' among the encodings, got {', '.join(labels)}")
+    factor = o["extend_factor"]
+    if factor is None:
+        factor = max(eval_lens) / train_len
+    factor = check_float("extend_factor", factor, min=1.0)
+    if extend and factor <= 1.0:
+        raise PosEncError(
+            f"extend needs an eval length beyond train_len ({train_len}) or an extend_factor "
+            f"> 1, got eval_lens {list(eval_lens)}"
+        )
+    finetune_steps = check_int("finetune_steps", o["finetune_steps"], min=0)
+    if finetune_steps and not extend:
+        raise PosEncError("finetune_steps needs extend (pi, ntk or yarn), got no extend methods")
+    specs = tuple(encoding_spec(e, train_len=train_len) for e in encodings)
+    return _Study(
+        task=task,
+        labels=labels,
+        specs=specs,
+        train_len=train_len,
+        eval_lens=eval_lens,
+        model=ModelSettings(o["dim"], o["num_layers"], o["num_heads"]),
+        train=TrainSettings(
+            steps=steps,
+            batch_size=batch_size,
+            seq_len=train_len,
+            lr=o["lr"],
+            warmup=min(check_int("warmup", o["warmup"], min=0), steps),
+            random_positions=random_positions,
+            seed=check_int("seed", o["seed"]),
+            checkpoint_every=o["checkpoint_every"],
+        ),
+        extend=extend,
+        extend_factor=factor,
+        finetune_steps=finetune_steps,
+        eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1),
+        eval_examples=check_int("eval_examples", o["eval_examples"], min=1),
+    )
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".posenc-write-test-"):
+            pass
+    except OSError as e:
+        raise PosEncError(f"out_dir {str(out_dir)!r} is not writable ({e.strerror or e})") from e
+
+
+def write_results(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> Path:
+    """Write ``results`` to ``out_dir/results.json`` atomically; returns the path."""
+    path = Path(out_dir) / "results.json"
+    text = json.dumps(results, indent=2, allow_nan=False) + "\n"
+    atomic_write(path, text.encode("utf-8"))
+    return path
+
+
+def _train_record(result: TrainResult, **extra: Any) -> dict[str, Any]:
+    return {**result.to_dict(), **extra}
+
+
+class _Runner:
+    """Trains, extends and evaluates the runs of one study."""
+
+    def __init__(self, study: _Study, task: Task, dist: Dist, ckpt_dir: Path | None,
+                 resume: bool, on_event: Event | None) -> None:  # fmt: skip
+        self.s, self.task, self.dist = study, task, dist
+        self.ckpt_dir, self.resume, self.on_event = ckpt_dir, resume, on_event
+        # The longest position any training step sees (sizes learned tables).
+        self.max_len = max(study.train_len, study.train.random_positions or 0)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.on_event is not None and self.dist.is_main:
+            self.on_event(kind, fields)
+
+    def _ckpt(self, label: str) -> Path | None:
+        return None if self.ckpt_dir is None else self.ckpt_dir / f"{label}.pt"
+
+    def _config(self, label: str, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
+        return {
+            "task": self.s.task,
+            "label": label,
+            "model": model.to_config(),
+            "eval_tokens": self.s.eval_tokens,
+            **extra,
+        }
+
+    def build(self, spec: Mapping[str, Any]) -> torch.nn.Module:
+        return build_model(
+            self.task.vocab_size, spec, self.s.model, max_len=self.max_len,
+            seed=derive_seed(self.s.train.seed, "init"),
+        )  # fmt: skip
+
+    def check_resumable(self, label: str, model: torch.nn.Module, settings: TrainSettings,
+                        **extra: Any) -> None:  # fmt: skip
+        path = self._ckpt(label)
+        if self.resume and path is not None and path.exists():
+            config = run_config(self._config(label, model, **extra), settings, self.dist.world_size)
+            load_checkpoint(path, config=config)
+
+    def fit(self, label: str, model: torch.nn.Module, settings: TrainSettings,
+            **extra: Any) -> TrainResult:  # fmt: skip
+        self._emit("run", label=label, steps=settings.steps)
+        result = train(
+            model, self.task, settings, dist=self.dist, checkpoint=self._ckpt(label),
+            config=self._config(label, model, **extra), resume=self.resume,
+            on_step=lambda info: self._emit("step", label=label, info=info),
+        )  # fmt: skip
+        return result
+
+    def evaluate(self, label: str, model: torch.nn.Module) -> dict[str, Any]:
+        self._emit("eval", label=label)
+        out = evaluate(
+            model, self.task, self.s.eval_lens, train_len=self.s.train_len,
+            seed=self.s.train.seed, dist=self.dist,
+            random_positions=self.s.train.random_positions, max_tokens=_EVAL_MAX_TOKENS,
+        )  # fmt: skip
+        self._emit("done", label=label)
+        return out
+
+    def finetune_settings(self) -> TrainSettings:
+        length = max(self.s.eval_lens)
+        base = self.s.train
+        return dataclasses.replace(
+            base,
+            steps=self.s.finetune_steps,
+            batch_size=max(self.dist.world_size, base.batch_size * base.seq_len // length
+                           // self.dist.world_size * self.dist.world_size),
+            seq_len=length,
+            lr=base.lr / 3,
+            warmup=max(1, self.s.finetune_steps // 10),
+            random_positions=None,
+            seed=derive_seed(base.seed, "finetune"),
+        )
+
+
+def _extension_runs(runner: _Runner, base: torch.nn.Module, base_train: dict[str, Any],
+                    validate_only: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    s = runner.s
+    runs = []
+    state = base.state_dict()
+    for method in s.extend:
+        config = extended_config(base.to_config(), method, s.extend_factor, s.train_len)
+        from posenc.models import TinyTransformer
+
+        extended = TinyTransformer.from_config(config)
+        extended.load_state_dict(state)
+        label = f"rope+{method}"
+        ft_label = f"{label}+ft"
+        ft_settings = runner.finetune_settings() if s.finetune_steps else None
+        if validate_only:
+            if ft_settings is not None:
+                runner.check_resumable(ft_label, extended, ft_settings, base="rope")
+            continue
+        extended.to(runner.dist.device)
+        runs.append({
+            "encoding": label,
+            "config": extended.encoding.to_config(),
+            "train": {"steps": 0, "final_loss": None, "seconds": 0.0, "from": "rope",
+                      "base_final_loss": base_train.get("final_loss")},
+            "eval": runner.evaluate(label, extended),
+        })  # fmt: skip
+        if ft_settings is not None:
+            result = runner.fit(ft_label, extended, ft_settings, base="rope")
+            runs.append({
+                "encoding": ft_label,
+                "config": extended.encoding.to_config(),
+                "train": _train_record(result, **{"from": "rope", "seq_len": ft_settings.seq_len}),
+                "eval": runner.evaluate(ft_label, extended),
+            })  # fmt: skip
+    return runs
+
+
+def run_study(
+    task: str = "lm",
+    encodings: Sequence[str | Mapping[str, Any]] | str = DEFAULT_ENCODINGS,
+    *,
+    train_len: int | None = None,
+    eval_lens: Sequence[int] | None = None,
+    steps: int | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    device: str = "cpu",
+    seed: int = 0,
+    preset: str = "default",
+    batch_size: int | None = None,
+    dim: int | None = None,
+    num_layers: int | None = None,
+    num_heads: int | None = None,
+    lr: float | None = None,
+    warmup: int | None = None,
+    random_positions: int | None = None,
+    extend: Sequence[str] | str | None = None,
+    extend_factor: float | None = None,
+    finetune_steps: int | None = None,
+    checkpoint_every: int | None = None,
+    eval_tokens: int | None = None,
+    eval_examples: int | None = None,
+    resume: bool = False,
+    plot: bool = True,
+    on_event: Event | None = None,
+) -> dict[str, Any]:
+    """Train a model per encoding at ``train_len``, evaluate it at ``eval_lens``.
+
+    Settings left as None come from ``PRESETS[preset]``.
+
+    Args:
+        task: ``"lm"``, ``"copy"``, ``"reverse"``, ``"recall"`` or ``"addition"``.
+        encodings: registry names (or config dicts), e.g. ``["none", "rope", "alibi"]``.
+        train_len: training sequence length ``L``.
+        eval_lens: evaluation lengths (``L, 2L, 4L, 8L`` in the presets).
+        steps: training steps per encoding.
+        out_dir: where ``results.json``, ``lengthgen.png`` and ``checkpoints/`` go;
+            None keeps everything in memory (no checkpoints).
+        device: ``"cpu"`` or ``"cuda"``.
+        seed: seeds initialisation, data, eval sets and randomized positions.
+        preset: ``"default"`` or ``"quick"``.
+        batch_size, dim, num_layers, num_heads, lr, warmup: model and optimizer sizes.
+        random_positions: train on randomized positions drawn from ``[0, L_max)``
+            (Ruoss et al., 2023); ``L_max >= train_len``.
+        extend: RoPE context extension methods evaluated on the trained ``rope`` model:
+            ``"pi"``, ``"ntk"``, ``"yarn"``.
+        extend_factor: their scaling factor (default ``max(eval_lens) / train_len``).
+        finetune_steps: with ``extend``, also fine-tune each extended model for this many
+            steps at ``max(eval_lens)`` (0: no fine-tune).
+        checkpoint_every: checkpoint every this many steps (needs ``out_dir``).
+        eval_tokens: validation bytes scored per eval length (``lm``).
+        eval_examples: examples per eval length (synthetic tasks).
+        resume: continue from the checkpoints in ``out_dir`` (same configuration only).
+        plot: write ``lengthgen.png`` (needs matplotlib, ``pip install 'posenc[plot]'``).
+        on_event: progress callback, see :data:`Event`.
+
+    Returns:
+        The results dict (see the module docstring); also written to
+        ``out_dir/results.json`` by rank 0.
+
+    Raises:
+        PosEncError: bad settings, an unwritable ``out_dir``, or a checkpoint that is
+            corrupt or from another configuration (checked before anything trains).
+    """
+    started = time.perf_counter()
+    dist = setup(device)
+    try:
+        study = _resolve(
+            task, encodings,
+            {"preset": preset, "train_len": train_len, "eval_lens": eval_lens, "steps": steps,
+             "batch_size": batch_size, "dim": dim, "num_layers": num_layers,
+             "num_heads": num_heads, "lr": lr, "warmup": warmup,
+             "random_positions": random_positions, "extend": extend,
+             "extend_factor": extend_factor, "finetune_steps": finetune_steps,
+             "checkpoint_every": checkpoint_every, "eval_tokens": eval_tokens,
+             "eval_examples": eval_examples, "seed": seed},
+            dist.world_size,
+        )  # fmt: skip
+        if resume and out_dir is None:
+            raise PosEncError("resume needs out_dir (where the checkpoints are), got None")
+        out = None if out_dir is None else Path(out_dir)
+        if out is not None:
+            if dist.is_main:
+                _check_out_dir(out)
+            dist.barrier()
+        task_obj = make_task(task, eval_tokens=study.eval_tokens, eval_examples=study.eval_examples)
+        task_obj.check_length("train_len", study.train_len)
+        for length in study.eval_lens:
+            task_obj.check_length("eval_lens entry", length)
+        if study.finetune_steps:
+            task_obj.check_length("eval_lens entry", max(study.eval_lens))
+        runner = _Runner(study, task_obj, dist, None if out is None else out / "checkpoints",
+                         resume, on_event)  # fmt: skip
+        with torch.random.fork_rng(devices=[]):
+            # Build every model (and check every checkpoint) before anything trains.
+            for label, spec in zip(study.labels, study.specs):
+                model = runner.build(spec)
+                runner.check_resumable(label, model, study.train)
+                if label == "rope" and study.extend:
+                    _extension_runs(runner, model, {}, validate_only=True)
+            runs = []
+            for label, spec in zip(study.labels, study.specs):
+                model = runner.build(spec)
+                result = runner.fit(label, model, study.train)
+                record = _train_record(result)
+                runs.append({
+                    "encoding": label,
+                    "config": model.encoding.to_config(),
+                    "train": record,
+                    "eval": runner.evaluate(label, model),
+                })  # fmt: skip
+                if label == "rope" and study.extend:
+                    runs.extend(_extension_runs(runner, model, record))
+        results = _results(study, task_obj, runs, dist, device, time.perf_counter() - started)
+        if out is not None and dist.is_main:
+            write_results(results, out)
+            if plot:
+                from posenc.experiments.figure import plot_study
+
+                plot_study(results, out / "lengthgen.png")
+        dist.barrier()
+        return results
+    finally:
+        dist.close()
+
+
+def _results(study: _Study, task: Task, runs: list[dict[str, Any]], dist: Dist, device: str,
+             seconds: float) -> dict[str, Any]:  # fmt: skip
+    settings = {
+        "model": study.model.to_dict(),
+        "train": study.train.to_dict(),
+        "extend": list(study.extend),
+        "extend_factor": study.extend_factor if study.extend else None,
+        "finetune_steps": study.finetune_steps,
+        "eval_tokens": study.eval_tokens if isinstance(task, LMTask) else None,
+        "eval_examples": None if isinstance(task, LMTask) else study.eval_examples,
+    }
+    environment = {
+        "device": device,
+        "world_size": dist.world_size,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if isinstance(task, LMTask):
+        environment["corpus"] = {
+            "root": task.corpus.root,
+            "train_bytes": int(task.corpus.train.numel()),
+            "validation_bytes": int(task.corpus.validation.numel()),
+            "files": list(task.corpus.num_files),
+        }
+    return {
+        "task": study.task,
+        "train_len": study.train_len,
+        "eval_lens": list(study.eval_lens),
+        "metric": task.metric,
+        "settings": settings,
+        "environment": environment,
+        "runs": runs,
+        "seconds": seconds,
+    }
+

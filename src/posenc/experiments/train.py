@@ -1,0 +1,289 @@
+"""Training a model on a task: AdamW, warmup + cosine, checkpoints, resume, DDP.
+
+Determinism: the batch of step ``t`` comes from ``(seed, t)`` alone
+(:mod:`.seeding`), the learning rate from ``t`` alone (:mod:`.schedule`), and a
+checkpoint holds everything else that changes (weights, AdamW moments, generator
+states). A run killed after step ``k`` and resumed from its last checkpoint at
+step ``c <= k`` redoes steps ``c .. k`` from the saved state, so its final
+weights equal those of an uninterrupted run, bit for bit on CPU.
+
+Under ``torchrun`` the model is wrapped in ``DistributedDataParallel``; each
+rank's loss is ``sum over its scored tokens / global scored tokens * world``,
+so DDP's gradient average is the gradient of the global mean loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc import positions as _positions
+from posenc._errors import PosEncError, check_float, check_int
+from posenc.experiments.checkpoint import (
+    get_rng_state,
+    load_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from posenc.experiments.distributed import Dist
+from posenc.experiments.schedule import warmup_cosine
+from posenc.experiments.seeding import generator
+from posenc.experiments.tasks import IGNORE, Task
+
+__all__ = ["StepInfo", "TrainDiverged", "TrainResult", "TrainSettings", "run_config", "train"]
+
+_LOSS_WINDOW = 10  # final_loss averages the last steps' training losses
+
+
+class TrainDiverged(PosEncError):
+    """The training loss became NaN or infinite."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+    """How to train.
+
+    Args:
+        steps: optimizer steps, ``>= 1``.
+        batch_size: sequences per step over all ranks (divisible by the world size).
+        seq_len: tokens per training sequence (the training length).
+        lr: peak learning rate of the warmup + cosine schedule.
+        warmup: warmup steps.
+        min_lr_ratio: final learning rate as a fraction of ``lr``.
+        weight_decay: AdamW decoupled weight decay on matrices (not on vectors).
+        grad_clip: global gradient-norm clip (0 for none).
+        random_positions: ``L_max`` for randomized positions (Ruoss et al., 2023), or None.
+        seed: data seed (batches are keyed by ``(seed, step)``).
+        checkpoint_every: save every this many steps (and at the end); 0 saves only at the end.
+    """
+
+    steps: int
+    batch_size: int
+    seq_len: int
+    lr: float = 3e-3
+    warmup: int = 0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    random_positions: int | None = None
+    seed: int = 0
+    checkpoint_every: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("steps", self.steps, min=1)
+        check_int("batch_size", self.batch_size, min=1)
+        check_int("seq_len", self.seq_len, min=1)
+        check_float("lr", self.lr, min=0.0, min_exclusive=True)
+        check_int("warmup", self.warmup, min=0)
+        check_float("min_lr_ratio", self.min_lr_ratio, min=0.0, max=1.0)
+        check_float("weight_decay", self.weight_decay, min=0.0)
+        check_float("grad_clip", self.grad_clip, min=0.0)
+        check_int("seed", self.seed)
+        check_int("checkpoint_every", self.checkpoint_every, min=0)
+        if self.random_positions is not None:
+            check_int("random_positions", self.random_positions, min=self.seq_len)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepInfo:
+    """What a progress callback sees after each step."""
+
+    step: int  # steps done so far (1-based count)
+    steps: int
+    loss: float
+    tokens_per_second: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """``steps`` run in total, ``final_loss`` (mean training loss of the last steps), the
+    wall ``seconds`` spent training (summed over resumes) and the throughput."""
+
+    steps: int
+    final_loss: float
+    seconds: float
+    tokens_per_second: float
+    resumed_from: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run_config(config: dict[str, Any], settings: TrainSettings, world_size: int) -> dict[str, Any]:
+    """What a checkpoint records as its run's configuration (and resuming must match):
+    ``config`` plus the training settings and the world size, as plain JSON values."""
+    return json.loads(
+        json.dumps({**config, "train": settings.to_dict(), "world_size": world_size})
+    )
+
+
+def _optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.ndim >= 2]
+    rest = [p for p in params if p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": settings.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _batch_positions(settings: TrainSettings, step: int, rows: torch.Tensor) -> torch.Tensor | None:
+    if settings.random_positions is None:
+        return None
+    g = generator(settings.seed, "train-positions", step)
+    drawn = _positions.randomized(
+        settings.seq_len, settings.random_positions, batch_size=settings.batch_size, generator=g
+    )  # [B, s] over the global batch, so every world size draws the same
+    return drawn[rows]
+
+
+def train(
+    model: nn.Module,
+    task: Task,
+    settings: TrainSettings,
+    *,
+    dist: Dist | None = None,
+    checkpoint: str | Path | None = None,
+    config: dict[str, Any] | None = None,
+    resume: bool = False,
+    on_step: Callable[[StepInfo], None] | None = None,
+) -> TrainResult:
+    """Train ``model`` (in place) on ``task``.
+
+    Args:
+        model: maps ``tokens [b, s]`` (and ``positions``) to logits ``[b, s, vocab]``;
+            moved to ``dist.device``.
+        task: where batches come from.
+        settings: see :class:`TrainSettings`.
+        dist: the process's place in a distributed run (default: one CPU process).
+        checkpoint: file to save to (rank 0) and resume from; None disables checkpoints.
+        config: the run's configuration, stored in the checkpoint; resuming under a
+            different one is refused. The training settings and world size are added.
+        resume: continue from ``checkpoint`` when it exists.
+        on_step: called after every step (progress bars). An exception it raises
+            (a ``KeyboardInterrupt``) stops training after that step.
+
+    Raises:
+        TrainDiverged: the loss became NaN or infinite (a :class:`PosEncError`).
+    """
+    dist = Dist() if dist is None else dist
+    if settings.batch_size % dist.world_size:
+        raise PosEncError(
+            f"batch_size must be divisible by the world size ({dist.world_size}), "
+            f"got {settings.batch_size}"
+        )
+    full_config = run_config(config or {}, settings, dist.world_size)
+    model.to(dist.device)
+    optimizer = _optimizer(model, settings)
+    start, seconds, losses, resumed_from = 0, 0.0, [], None
+    local_seconds = 0.0  # time spent in this process (for the throughput)
+    if checkpoint is not None and resume and Path(checkpoint).exists():
+        state = load_checkpoint(checkpoint, config=full_config)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"][dist.rank])
+        start, seconds = int(state["data"]["next_step"]), float(state["seconds"])
+        losses, resumed_from = [float(x) for x in state["loss"]], start
+
+    wrapped = model
+    if dist.enabled:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=ids)
+
+    rows = dist.shard(settings.batch_size)
+    tokens_per_step = settings.batch_size * settings.seq_len
+    model.train()
+    for step in range(start, settings.steps):
+        began = time.perf_counter()
+        batch = task.train_batch(step, settings.batch_size, settings.seq_len, seed=settings.seed)
+        count = int((batch.targets != IGNORE).sum())  # scored tokens of the global batch
+        tokens = batch.tokens[rows].to(dist.device)
+        targets = batch.targets[rows].to(dist.device)
+        positions = _batch_positions(settings, step, rows)
+        if positions is not None:
+            positions = positions.to(dist.device)
+        lr = warmup_cosine(
+            step, steps=settings.steps, peak=settings.lr, warmup=settings.warmup,
+            min_ratio=settings.min_lr_ratio,
+        )  # fmt: skip
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        logits = wrapped(tokens, positions)  # [b, s, vocab]
+        loss_sum = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+            ignore_index=IGNORE, reduction="sum",
+        )  # fmt: skip
+        optimizer.zero_grad(set_to_none=True)
+        (loss_sum * (dist.world_size / count)).backward()
+        if settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+        optimizer.step()
+
+        loss = float(dist.all_reduce_sum(loss_sum.detach().double().reshape(1).cpu())[0]) / count
+        if not math.isfinite(loss):
+            raise TrainDiverged(f"training loss became {loss} at step {step + 1}; lower the lr")
+        losses = [*losses, loss][-_LOSS_WINDOW:]
+        elapsed = time.perf_counter() - began
+        seconds += elapsed
+        local_seconds += elapsed
+        done = step + 1
+        if checkpoint is not None and (
+            done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
+        ):
+            _save(checkpoint, model, optimizer, full_config, done, seconds, losses, dist)
+        if on_step is not None:
+            on_step(StepInfo(done, settings.steps, loss, tokens_per_step / max(elapsed, 1e-9)))
+
+    ran, spent = (settings.steps - start, local_seconds) if start < settings.steps else (
+        settings.steps, seconds)  # fmt: skip
+    return TrainResult(
+        steps=settings.steps,
+        final_loss=sum(losses) / len(losses),
+        seconds=seconds,
+        tokens_per_second=tokens_per_step * ran / max(spent, 1e-9),
+        resumed_from=resumed_from,
+    )
+
+
+def _save(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: dict[str, Any],
+    done: int,
+    seconds: float,
+    losses: list[float],
+    dist: Dist,
+) -> None:
+    rng = dist.gather_objects(get_rng_state())  # every rank's generators, in rank order
+    if dist.is_main:
+        save_checkpoint(
+            path,
+            {
+                "config": json.dumps(config, sort_keys=True),
+                "step": done,
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "rng": rng,
+                "data": {"next_step": done},
+                "seconds": seconds,
+                "loss": list(losses),
+            },
+        )
+    dist.barrier()

@@ -1,0 +1,132 @@
+"""Training: deterministic, and a killed run resumed equals an uninterrupted one bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from posenc import PosEncError
+from posenc.experiments.tasks import make_task
+from posenc.experiments.train import StepInfo, TrainDiverged, TrainSettings, train
+from posenc.models import TinyTransformer
+
+
+def _model(encoding: str = "rope", seed: int = 0, dropout: float = 0.1) -> TinyTransformer:
+    torch.manual_seed(seed)
+    return TinyTransformer(
+        41, dim=16, num_layers=1, num_heads=2, encoding=encoding, dropout=dropout, max_len=24
+    )
+
+
+def _settings(**kw) -> TrainSettings:
+    base = dict(steps=7, batch_size=4, seq_len=12, lr=1e-2, warmup=2, checkpoint_every=3, seed=5)
+    return TrainSettings(**{**base, **kw})
+
+
+def _stop_after(k: int):
+    def hook(info: StepInfo) -> None:
+        if info.step == k:
+            raise KeyboardInterrupt  # what Ctrl-C (or a kill) does after step k
+
+    return hook
+
+
+def _assert_state_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.parametrize(
+    ("encoding", "random_positions"), [("rope", None), ("learned", 24), ("t5", None)]
+)
+def test_resumed_run_equals_uninterrupted_run_bit_for_bit(
+    tmp_path: Path, encoding: str, random_positions: int | None
+) -> None:
+    task = make_task("copy")
+    settings = _settings(random_positions=random_positions)
+    config = {"label": encoding}
+
+    whole = _model(encoding)
+    done = train(whole, task, settings, checkpoint=tmp_path / "whole.pt", config=config)
+
+    path = tmp_path / "killed.pt"
+    first = _model(encoding)
+    with pytest.raises(KeyboardInterrupt):
+        train(first, task, settings, checkpoint=path, config=config, on_step=_stop_after(5))
+    # The last checkpoint is from step 3; steps 4-5 are lost with the process.
+    assert torch.load(path, weights_only=True)["data"] == {"next_step": 3}
+    torch.manual_seed(123)  # the generator state is restored from the checkpoint
+    resumed_model = _model(encoding, seed=99)  # other weights: the checkpoint replaces them
+    steps_seen: list[int] = []
+    resumed = train(
+        resumed_model, task, settings, checkpoint=path, config=config, resume=True,
+        on_step=lambda info: steps_seen.append(info.step),
+    )  # fmt: skip
+    assert steps_seen == [4, 5, 6, 7]  # no step lost, none repeated twice in the result
+    _assert_state_equal(whole.state_dict(), resumed_model.state_dict())
+    assert resumed.final_loss == done.final_loss
+    assert resumed.resumed_from == 3 and done.resumed_from is None
+    saved_whole = torch.load(tmp_path / "whole.pt", weights_only=True)
+    saved_resumed = torch.load(path, weights_only=True)
+    _assert_state_equal(saved_whole["optimizer"]["state"][0], saved_resumed["optimizer"]["state"][0])
+
+
+def test_training_is_deterministic_and_learns() -> None:
+    task = make_task("copy")
+    settings = _settings(steps=30, checkpoint_every=0, lr=3e-2)
+    a, b = _model(dropout=0.0), _model(dropout=0.0)
+    losses: list[float] = []
+    result = train(a, task, settings, on_step=lambda info: losses.append(info.loss))
+    train(b, task, settings)
+    _assert_state_equal(a.state_dict(), b.state_dict())
+    assert result.steps == 30 and result.seconds > 0 and result.tokens_per_second > 0
+    assert result.final_loss == pytest.approx(sum(losses[-10:]) / 10)
+    assert sum(losses[-5:]) < sum(losses[:5])  # copying letters: loss falls from ln(26)
+
+
+def test_a_finished_checkpoint_is_not_trained_again(tmp_path: Path) -> None:
+    task = make_task("reverse")
+    settings = _settings(steps=3)
+    model = _model()
+    first = train(model, task, settings, checkpoint=tmp_path / "r.pt", config={})
+    again_model = _model(seed=4)
+    calls: list[StepInfo] = []
+    again = train(again_model, task, settings, checkpoint=tmp_path / "r.pt", config={},
+                  resume=True, on_step=calls.append)  # fmt: skip
+    assert calls == []
+    _assert_state_equal(model.state_dict(), again_model.state_dict())
+    assert again.final_loss == first.final_loss and again.seconds == first.seconds
+
+
+def test_resume_refuses_another_configuration(tmp_path: Path) -> None:
+    task = make_task("copy")
+    train(_model(), task, _settings(steps=3), checkpoint=tmp_path / "c.pt", config={"label": "a"})
+    with pytest.raises(PosEncError, match=r"different configuration \(train: .*\"steps\": 3"):
+        train(_model(), task, _settings(steps=4), checkpoint=tmp_path / "c.pt",
+              config={"label": "a"}, resume=True)  # fmt: skip
+    with pytest.raises(PosEncError, match=r'different configuration \(label: "a" != "b"\)'):
+        train(_model(), task, _settings(steps=3), checkpoint=tmp_path / "c.pt",
+              config={"label": "b"}, resume=True)  # fmt: skip
+    saved = json.loads(torch.load(tmp_path / "c.pt", weights_only=True)["config"])
+    assert saved["world_size"] == 1 and saved["train"]["steps"] == 3
+
+
+def test_a_diverging_run_stops_with_an_error() -> None:
+    model = _model(dropout=0.0)
+    with torch.no_grad():
+        model.embed.weight.fill_(float("nan"))
+    with pytest.raises(TrainDiverged, match="training loss became nan at step 1; lower the lr"):
+        train(model, make_task("copy"), _settings(steps=2))
+
+
+def test_bad_settings() -> None:
+    with pytest.raises(PosEncError, match="steps must be >= 1, got 0"):
+        _settings(steps=0)
+    with pytest.raises(PosEncError, match="random_positions must be >= 12, got 8"):
+        _settings(random_positions=8)
+    with pytest.raises(PosEncError, match=r"lr must be > 0\.0, got 0\.0"):
+        _settings(lr=0.0)
