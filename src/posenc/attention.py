@@ -50,6 +50,27 @@ _FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # --- encodings ----------------------------------------------------------------
 
 
+def _spec(spec: Any) -> tuple[str, dict[str, Any]]:
+    """``(name, constructor arguments)`` of a registry name or config dict."""
+    if isinstance(spec, str):
+        return spec, {}
+    if isinstance(spec, Mapping):
+        if not isinstance(spec.get("name"), str):
+            raise PosEncError(f"encoding config must hold a 'name' string, got keys {sorted(spec)}")
+        return spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    raise PosEncError(
+        "encoding must be None, a registry name, a config dict or an Encoding, "
+        f"got {type(spec).__name__}"
+    )
+
+
+def _encoding_class(spec: str | Mapping[str, Any] | Encoding) -> type[Encoding]:
+    """The class ``spec`` builds (its ``kind`` is known before building)."""
+    from posenc.registry import get
+
+    return type(spec) if isinstance(spec, Encoding) else get(_spec(spec)[0])
+
+
 def _build_encoding(spec: str | Mapping[str, Any] | Encoding, **supplied: Any) -> Encoding:
     """Build ``spec`` (name, config or instance), filling constructor arguments it leaves out.
 
@@ -58,23 +79,12 @@ def _build_encoding(spec: str | Mapping[str, Any] | Encoding, **supplied: Any) -
     does not set it. A spec that sets one to a different value raises ``PosEncError``.
     Instances are returned as they are.
     """
-    from posenc.registry import build, get
+    from posenc.registry import build
 
     if isinstance(spec, Encoding):
         return spec
-    if isinstance(spec, str):
-        name, config = spec, {}
-    elif isinstance(spec, Mapping):
-        if "name" not in spec:
-            raise PosEncError(f"encoding config must hold a 'name' key, got keys {sorted(spec)}")
-        name, config = spec["name"], {k: v for k, v in spec.items() if k != "name"}
-    else:
-        raise PosEncError(
-            "encoding must be None, a registry name, a config dict or an Encoding, "
-            f"got {type(spec).__name__}"
-        )
-    cls = get(name)
-    accepted = inspect.signature(cls.__init__).parameters
+    name, config = _spec(spec)
+    accepted = inspect.signature(_encoding_class(spec).__init__).parameters
     extra = {}
     for key, value in supplied.items():
         if value is None or key not in accepted:
@@ -92,14 +102,15 @@ def _attention_encoding(encoding: Any, *, num_heads: int, head_dim: int) -> Enco
     """The encoding attention acts with: rotary, bias, or None for ``none``."""
     if encoding is None:
         return None
-    enc = _build_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
-    if enc.kind == "additive":
+    cls = _encoding_class(encoding)
+    if cls.kind == "additive":
         raise PosEncError(
-            f"encoding {enc.name!r} is additive: add it to the token embeddings before the "
+            f"encoding {cls.name!r} is additive: add it to the token embeddings before the "
             "first layer; attention takes rotary, bias or 'none' encodings"
         )
-    if enc.kind == "none":
+    if cls.kind == "none":
         return None
+    enc = _build_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
     if not isinstance(enc, (RotaryEncoding, BiasEncoding)):
         raise PosEncError(
             f"encoding must be rotary, bias or 'none', got kind {enc.kind!r} ({enc.name!r})"
@@ -356,19 +367,21 @@ def _causal_mod(shift: torch.Tensor) -> Callable[..., torch.Tensor]:
 
 
 def _padding_mod(keep: torch.Tensor, shift: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """``keep [b, k]`` key padding, and causal when ``shift < k``."""
+    """``keep [b|1, k]`` key padding, and causal when ``shift < k``."""
+    per_b = keep.shape[0] > 1  # a broadcast block mask still calls mask_mod with every b
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx + shift) & keep[b, kv_idx]
+        return (kv_idx <= q_idx + shift) & keep[b if per_b else 0, kv_idx]
 
     return mask_mod
 
 
 def _full_mod(keep: torch.Tensor, shift: torch.Tensor) -> Callable[..., torch.Tensor]:
     """``keep [b|1, h|1, q, k]``, and causal when ``shift < k``."""
+    per_b, per_h = keep.shape[0] > 1, keep.shape[1] > 1
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx + shift) & keep[b, h, q_idx, kv_idx]
+        return (kv_idx <= q_idx + shift) & keep[b if per_b else 0, h if per_h else 0, q_idx, kv_idx]
 
     return mask_mod
 
@@ -438,6 +451,8 @@ def _flex(q, k, v, *, enc, keep, causal, scale, qpos, kpos):
 
 def _flex_refusal(q, enc, needs_grad: bool, dropout_p: float) -> str | None:
     """Why the Flex path cannot run this call, or None when it can."""
+    if enc is not None and enc.value_dependent:
+        return f"encoding {enc.name!r} is value-dependent and needs backend='eager'"
     if _flex_module() is None:
         return "this torch has no torch.nn.attention.flex_attention"
     if q.device.type not in ("cuda", "cpu"):
@@ -451,8 +466,6 @@ def _flex_refusal(q, enc, needs_grad: bool, dropout_p: float) -> str | None:
         return f"FlexAttention takes float32, bfloat16 or float16, got {q.dtype}"
     if dropout_p:
         return f"FlexAttention has no dropout, got dropout_p={dropout_p}"
-    if enc is not None and enc.value_dependent:
-        return f"encoding {enc.name!r} is value-dependent and needs backend='eager'"
     return None
 
 

@@ -19,8 +19,7 @@ from torch import nn
 
 from posenc._base import Encoding
 from posenc._errors import PosEncError, check_float, check_int, check_positions, check_tensor
-from posenc.attention import _build_encoding, attention
-from posenc.registry import get
+from posenc.attention import _build_encoding, _encoding_class, attention
 
 __all__ = ["KVCache", "TinyTransformer"]
 
@@ -195,16 +194,13 @@ class TinyTransformer(nn.Module):
         if isinstance(spec, Encoding):
             enc = spec
         elif isinstance(spec, (str, Mapping)):
-            name = spec if isinstance(spec, str) else spec.get("name")
-            if not isinstance(name, str):
-                raise PosEncError(f"encoding config must hold a 'name' string, got {spec!r}")
-            cls = get(name)
+            cls = _encoding_class(spec)
             takes = inspect.signature(cls.__init__).parameters.get("max_len")
             needs_len = takes is not None and takes.default is inspect.Parameter.empty
             given = isinstance(spec, Mapping) and "max_len" in spec
             if cls.kind == "additive" and needs_len and self.max_len is None and not given:
                 raise PosEncError(
-                    f"max_len is needed by encoding {name!r} (its table length), got None"
+                    f"max_len is needed by encoding {cls.name!r} (its table length), got None"
                 )
             supplied = {
                 "additive": {"dim": self.dim, "max_len": self.max_len},

@@ -29,6 +29,7 @@ from posenc.reference.bias import (
 )
 
 # attention
+from posenc.reference.attention import attention
 
 __all__ = [
     "index_table",
@@ -49,4 +50,5 @@ __all__ = [
     "t5_relative_bias",
     "t5_relative_bucket",
     # attention
+    "attention",
 ]
