@@ -152,7 +152,7 @@ def _resample(
         if isinstance(size, Sequence) and not isinstance(size, str):
             raise PosEncError(
                 f"{size_name} must be a length (an int) for a 1-D table, got {size!r}; "
-                "build the table with grid=(H, W) to resample it as a 2-D grid"
+                "give the table a grid=(H, W) to resample it in 2-D"
             )
         new_len = check_int(size_name, size, min=prefix + 1)
         mode = check_choice("mode", "linear" if mode is None else mode, MODES_1D)

@@ -191,7 +191,10 @@ def _fmt_position(p: int | float) -> str:
     return str(p) if isinstance(p, int) else repr(p)
 
 
-def _print_text(t: _Table, encoding: str, dim: int, pos: list, chans: list[int], digits: int) -> None:
+def _print_text(
+    t: _Table, rows: list[list[float]], encoding: str, dim: int, pos: list, chans: list[int],
+    digits: int,
+) -> None:
     console = Console(highlight=False)
     utf8 = console.encoding.lower().replace("-", "").startswith("utf")
 
@@ -205,9 +208,8 @@ def _print_text(t: _Table, encoding: str, dim: int, pos: list, chans: list[int],
     grid.add_column("p", justify="right", style="bold")
     for c in chans:
         grid.add_column(text(f"{c}\n{t.headers[c]}"), justify="right")
-    for r, p in enumerate(pos):
-        cells = [f"{_clean(float(t.values[r, c]), digits):.{digits}f}" for c in chans]
-        grid.add_row(_fmt_position(p), *cells)
+    for p, row in zip(pos, rows):
+        grid.add_row(_fmt_position(p), *(f"{_clean(v, digits):.{digits}f}" for v in row))
     width = Measurement.get(console, console.options.update_width(10**6), grid).maximum
     if width > console.width:  # print at full width rather than squeezing the numbers
         console = Console(highlight=False, width=width)
@@ -217,21 +219,24 @@ def _print_text(t: _Table, encoding: str, dim: int, pos: list, chans: list[int],
         console.print(text(t.caption), soft_wrap=True)
 
 
-def _print_csv(t: _Table, pos: list, chans: list[int], digits: int | None) -> None:
+def _print_csv(
+    t: _Table, rows: list[list[float]], pos: list, chans: list[int], digits: int | None
+) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(["position", *(t.labels[c] for c in chans)])
-    for r, p in enumerate(pos):
-        writer.writerow([p, *(repr(_clean(float(t.values[r, c]), digits)) for c in chans)])
+    for p, row in zip(pos, rows):
+        writer.writerow([p, *(repr(_clean(v, digits)) for v in row)])
 
 
 def _print_json(
-    t: _Table, encoding: str, dim: int, pos: list, chans: list[int], digits: int | None
+    t: _Table, rows: list[list[float]], encoding: str, dim: int, pos: list, chans: list[int],
+    digits: int | None,
 ) -> None:
     head = {
         "encoding": encoding, "dim": dim, "options": t.options, **t.extra,
         "positions": pos, "channels": chans, "columns": [t.labels[c] for c in chans],
     }  # fmt: skip
-    rows = [[_clean(float(t.values[r, c]), digits) for c in chans] for r in range(len(pos))]
+    rows = [[_clean(v, digits) for v in row] for row in rows]
     # one row of the table per line: readable, and still plain JSON
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
     body = ",\n".join(f"    {json.dumps(row)}" for row in rows)
@@ -307,9 +312,10 @@ def table(
     except PosEncError as e:
         fail(str(e))
         return
+    rows = t.values[:, chans].tolist()  # [n, len(chans)] Python floats
     if fmt == "text":
-        _print_text(t, name, dim, pos, chans, 4 if digits is None else digits)
+        _print_text(t, rows, name, dim, pos, chans, 4 if digits is None else digits)
     elif fmt == "csv":
-        _print_csv(t, pos, chans, digits)
+        _print_csv(t, rows, pos, chans, digits)
     else:
-        _print_json(t, name, dim, pos, chans, digits)
+        _print_json(t, rows, name, dim, pos, chans, digits)
