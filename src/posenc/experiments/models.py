@@ -3,7 +3,8 @@
 Encoding specs are completed with what the study knows:
 
 - ``t5``: ``max_distance`` is the training length (and ``bidirectional=False``,
-  as in T5's decoder, since the models are causal). T5 buckets distances up to
+  as in T5's decoder, since the models are causal; ``num_buckets`` is 32, or the
+  training length when that is shorter, so that the log-spaced buckets exist). T5 buckets distances up to
   ``max_distance`` logarithmically and puts everything farther into the last
   bucket; a ``max_distance`` above the training length would create buckets that
   no training pair ever reaches, whose biases stay at their random initial
@@ -68,7 +69,9 @@ def encoding_spec(spec: str | Mapping[str, Any], *, train_len: int) -> dict[str,
 
     Examples:
         >>> encoding_spec("t5", train_len=64)
-        {'name': 't5', 'max_distance': 64, 'bidirectional': False}
+        {'name': 't5', 'max_distance': 64, 'bidirectional': False, 'num_buckets': 32}
+        >>> encoding_spec("t5", train_len=8)["num_buckets"]
+        8
         >>> encoding_spec("rope", train_len=64)
         {'name': 'rope'}
     """
@@ -84,6 +87,9 @@ def encoding_spec(spec: str | Mapping[str, Any], *, train_len: int) -> dict[str,
                 f"training length are never trained, got {distance}"
             )
         config.setdefault("bidirectional", False)
+        # T5's 32 buckets need max_distance > 16 exact distances; short training lengths
+        # get fewer buckets (half exact, half logarithmic up to max_distance).
+        config.setdefault("num_buckets", max(2, min(32, int(distance))))
     return config
 
 

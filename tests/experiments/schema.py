@@ -1,0 +1,52 @@
+"""The results.json schema of a length-generalization study, checked key by key."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+RUN_KEYS = {"encoding", "config", "train", "eval"}
+TRAIN_KEYS = {"steps", "final_loss", "seconds"}
+LM_CELL = {"loss", "ppl", "loss_past", "ppl_past", "tokens", "tokens_past"}
+SYNTHETIC_CELL = {"loss", "accuracy", "token_accuracy", "examples"}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_results(results: dict[str, Any], *, task: str, train_len: int,
+                  eval_lens: list[int], encodings: list[str]) -> None:  # fmt: skip
+    """Raise AssertionError unless ``results`` has the documented shape."""
+    assert results["task"] == task
+    assert results["train_len"] == train_len
+    assert results["eval_lens"] == eval_lens
+    assert results["metric"] == ("ppl" if task == "lm" else "accuracy")
+    assert {"settings", "environment", "runs", "seconds"} <= set(results)
+    assert [run["encoding"] for run in results["runs"]] == encodings
+    for run in results["runs"]:
+        assert set(run) == RUN_KEYS, run.keys()
+        assert run["config"]["name"] == run["encoding"].split("+")[0]
+        assert TRAIN_KEYS <= set(run["train"])
+        assert isinstance(run["train"]["steps"], int) and _number(run["train"]["seconds"])
+        if run["train"]["steps"]:
+            assert _number(run["train"]["final_loss"])
+        else:
+            assert run["train"]["final_loss"] is None  # an extension without a fine-tune
+        assert list(run["eval"]) == [str(n) for n in eval_lens]
+        for length, cell in run["eval"].items():
+            if "error" in cell:
+                assert set(cell) == {"error"} and isinstance(cell["error"], str)
+                continue
+            assert set(cell) == (LM_CELL if task == "lm" else SYNTHETIC_CELL)
+            assert _number(cell["loss"]) and cell["loss"] >= 0
+            if task == "lm":
+                assert cell["ppl"] == math.exp(cell["loss"])
+                if int(length) > train_len:
+                    assert cell["ppl_past"] == math.exp(cell["loss_past"])
+                    assert 0 < cell["tokens_past"] < cell["tokens"]
+                else:
+                    assert cell["loss_past"] is None and cell["tokens_past"] == 0
+            else:
+                assert 0.0 <= cell["accuracy"] <= cell["token_accuracy"] <= 1.0
+                assert cell["examples"] > 0

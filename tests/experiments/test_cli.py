@@ -1,0 +1,126 @@
+"""``posenc lengthgen``: a tiny run, one-line errors with exit code 2, and the torchrun path."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from posenc.cli import main
+from posenc.experiments import run_study
+
+from .schema import check_results
+
+TINY = ["--steps", "3", "--batch-size", "4", "--dim", "16", "--layers", "1", "--heads", "2",
+        "--eval-examples", "8", "--eval-tokens", "256", "--warmup", "1", "--extend", "none",
+        "--finetune-steps", "0", "--quiet"]  # fmt: skip
+
+
+def _run(argv: list[str], capsys) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_a_tiny_run_writes_results_and_figure(tmp_path: Path, capsys) -> None:
+    code, _, err = _run(["lengthgen", "--task", "copy", "--encodings", "none,rope,learned",
+                         "--train-len", "9", "--eval-lens", "L,2L", "--out", str(tmp_path),
+                         "--seed", "3", *TINY], capsys)  # fmt: skip
+    assert (code, err) == (0, "")
+    results = json.loads((tmp_path / "results.json").read_text())
+    check_results(results, task="copy", train_len=9, eval_lens=[9, 18],
+                  encodings=["none", "rope", "learned"])  # fmt: skip
+    assert results["settings"]["train"]["seed"] == 3
+    assert (tmp_path / "lengthgen.png").stat().st_size > 1000
+
+
+def _one_line_error(code: int, err: str, pattern: str) -> None:
+    import re
+
+    assert code == 2
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("posenc: error: ")
+    assert re.search(pattern, err), err
+
+
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (["--task", "sort"], "task must be one of 'lm', 'copy'.*got 'sort'"),
+        (["--encodings", "rope,fancy"], "encoding must be one of .*got 'fancy'"),
+        (["--eval-lens", "8,0"], r"--eval-lens entry must be >= 1, got 0"),
+        (["--eval-lens", "8,x"], r"--eval-lens entries must be integers or kL, got 'x'"),
+        (["--eval-lens", "-8"], r"--eval-lens entry must be >= 1, got -8"),
+        (["--steps", "0"], "steps must be >= 1, got 0"),
+        (["--steps", "many"], "Invalid value for '--steps'"),
+        (["--device", "gpu"], "device must be one of 'cpu', 'cuda', got 'gpu'"),
+        (["--extend", "pi", "--encodings", "alibi"], "extend needs 'rope' among the encodings"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, capsys, args: list[str],
+                                              pattern: str) -> None:  # fmt: skip
+    base = ["lengthgen", "--task", "lm", "--encodings", "rope", "--train-len", "8",
+            "--eval-lens", "8,16", "--out", str(tmp_path / "out"), *TINY]  # fmt: skip
+    code, _, err = _run(base + args, capsys)
+    _one_line_error(code, err, pattern)
+    assert not (tmp_path / "out" / "checkpoints").exists()  # nothing trained
+
+
+def test_unwritable_out_dir(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("")
+    code, _, err = _run(["lengthgen", "--encodings", "rope", "--train-len", "8", "--eval-lens",
+                         "8", "--out", str(tmp_path / "file" / "out"), *TINY], capsys)  # fmt: skip
+    _one_line_error(code, err, r"out_dir '.*file/out' is not writable")
+
+
+def test_resume_from_another_config_or_a_corrupt_checkpoint(tmp_path: Path, capsys) -> None:
+    base = ["lengthgen", "--encodings", "none", "--train-len", "8", "--eval-lens", "8",
+            "--out", str(tmp_path), *TINY]  # fmt: skip
+    assert _run(base, capsys)[0] == 0
+    code, _, err = _run([*base, "--resume", "--lr", "0.01"], capsys)
+    _one_line_error(code, err, r"checkpoint '.*none\.pt' was written by a different "
+                               r"configuration \(train: .*\"lr\": 0\.003.*0\.01")  # fmt: skip
+    path = tmp_path / "checkpoints" / "none.pt"
+    path.write_bytes(path.read_bytes()[:-200])
+    code, _, err = _run([*base, "--resume"], capsys)
+    _one_line_error(code, err, r"checkpoint '.*none\.pt' is truncated or corrupt")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_ddp_run_matches_one_process(tmp_path: Path) -> None:
+    args = ["--task", "copy", "--encodings", "alibi,rope", "--train-len", "9",
+            "--eval-lens", "9,18", "--out", str(tmp_path / "ddp"), *TINY]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
+         "-m", "posenc", "lengthgen", *args],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ddp = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    check_results(ddp, task="copy", train_len=9, eval_lens=[9, 18], encodings=["alibi", "rope"])
+    assert ddp["environment"]["world_size"] == 2
+    # Same global batches, gradients averaged over the two shards: the same training as
+    # one process up to float summation order.
+    one = run_study("copy", ["alibi", "rope"], train_len=9, eval_lens=[9, 18], steps=3,
+                    batch_size=4, dim=16, num_layers=1, num_heads=2, eval_examples=8,
+                    warmup=1, extend=(), finetune_steps=0)  # fmt: skip
+    for a, b in zip(ddp["runs"], one["runs"]):
+        assert a["train"]["final_loss"] == pytest.approx(b["train"]["final_loss"], rel=1e-5)
+        for length in ("9", "18"):
+            assert a["eval"][length]["loss"] == pytest.approx(b["eval"][length]["loss"], rel=1e-4)
+            assert a["eval"][length]["examples"] == b["eval"][length]["examples"] == 8
