@@ -25,6 +25,9 @@ from posenc.rotary.xpos import XPosEmbedding
 
 # --- bias -------------------------------------------------------------------
 from posenc.bias.alibi import ALiBi, alibi_slopes
+from posenc.bias.fire import FIRE
+from posenc.bias.kerple import Kerple
+from posenc.bias.shaw import ShawRelative
 from posenc.bias.t5 import T5RelativeBias, t5_relative_bucket
 
 # --- attention --------------------------------------------------------------
@@ -54,6 +57,9 @@ __all__ = [
     "rotary_cos_sin",
     # bias
     "ALiBi",
+    "FIRE",
+    "Kerple",
+    "ShawRelative",
     "T5RelativeBias",
     "alibi_slopes",
     "t5_relative_bucket",

@@ -34,6 +34,9 @@ _ENTRIES: dict[str, str] = {
     # bias
     "alibi": "posenc.bias.alibi:ALiBi",
     "t5": "posenc.bias.t5:T5RelativeBias",
+    "shaw": "posenc.bias.shaw:ShawRelative",
+    "fire": "posenc.bias.fire:FIRE",
+    "kerple": "posenc.bias.kerple:Kerple",
 }
 
 # Other spellings users reach for.

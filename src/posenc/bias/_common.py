@@ -120,7 +120,10 @@ def index_positions(
             p = p[0]
         if p.ndim == 1:
             return lambda b, idx: p[idx]
-        return lambda b, idx: p[b, idx]
+        # One flat index instead of p[b, idx]: the same values, and Inductor's CPU
+        # FlexAttention template compiles it for larger score_mods (FIRE's MLP) too.
+        length, flat = p.shape[1], p.reshape(-1)
+        return lambda b, idx: flat[b * length + idx]
 
     return lookup(qpos), lookup(kpos)
 

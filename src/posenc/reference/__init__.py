@@ -24,6 +24,11 @@ from posenc.reference.rotary_frequencies import rope_frequencies
 from posenc.reference.bias import (
     alibi_bias,
     alibi_slopes,
+    fire_bias,
+    fire_normalized_distance,
+    kerple_bias,
+    shaw_relative_logits,
+    shaw_relative_values,
     t5_relative_bias,
     t5_relative_bucket,
 )
@@ -47,6 +52,11 @@ __all__ = [
     # bias
     "alibi_bias",
     "alibi_slopes",
+    "fire_bias",
+    "fire_normalized_distance",
+    "kerple_bias",
+    "shaw_relative_logits",
+    "shaw_relative_values",
     "t5_relative_bias",
     "t5_relative_bucket",
     # attention

@@ -14,6 +14,11 @@ import numpy as np
 __all__ = [
     "alibi_bias",
     "alibi_slopes",
+    "fire_bias",
+    "fire_normalized_distance",
+    "kerple_bias",
+    "shaw_relative_logits",
+    "shaw_relative_values",
     "t5_relative_bias",
     "t5_relative_bucket",
 ]
@@ -125,3 +130,111 @@ def t5_relative_bias(
         return table[bucket, h]
 
     return _pairwise(q_positions, k_positions, num_heads, value)
+
+
+# --- Shaw et al. (2018) ------------------------------------------------------------------
+
+
+def _shaw_row(i: float, j: float, max_distance: int) -> int:
+    """Row of the relative table for query ``i`` and key ``j``: ``clip(j - i, -K, K) + K``."""
+    return int(min(max(j - i, -max_distance), max_distance)) + max_distance
+
+
+def shaw_relative_logits(q, table, q_positions, k_positions) -> np.ndarray:
+    """``out[b, h, i, j] = q[b, h, i] . table[clip(j - i) + K]`` with ``table`` ``[2K + 1, d]``.
+
+    Shape: ``q [b, h, q, d]`` -> ``[b, h, q, k]``.
+    """
+    q = np.asarray(q, dtype=np.float64)
+    table = np.asarray(table, dtype=np.float64)
+    max_distance = (table.shape[0] - 1) // 2
+    batch, heads, q_len, _ = q.shape
+    qp, kp, _ = _batched(q_positions, k_positions)
+    out = np.empty((batch, heads, q_len, kp.shape[1]), dtype=np.float64)
+    for b in range(batch):
+        row = b if qp.shape[0] > 1 else 0
+        for h in range(heads):
+            for i in range(q_len):
+                for j in range(kp.shape[1]):
+                    a = table[_shaw_row(qp[row, i], kp[row, j], max_distance)]
+                    out[b, h, i, j] = np.dot(q[b, h, i], a)
+    return out
+
+
+def shaw_relative_values(probs, table, q_positions, k_positions) -> np.ndarray:
+    """``out[b, h, i] = sum_j probs[b, h, i, j] * table[clip(j - i) + K]``.
+
+    Shape: ``probs [b, h, q, k]`` -> ``[b, h, q, d]``.
+    """
+    probs = np.asarray(probs, dtype=np.float64)
+    table = np.asarray(table, dtype=np.float64)
+    max_distance = (table.shape[0] - 1) // 2
+    batch, heads, q_len, k_len = probs.shape
+    qp, kp, _ = _batched(q_positions, k_positions)
+    out = np.zeros((batch, heads, q_len, table.shape[1]), dtype=np.float64)
+    for b in range(batch):
+        row = b if qp.shape[0] > 1 else 0
+        for h in range(heads):
+            for i in range(q_len):
+                for j in range(k_len):
+                    a = table[_shaw_row(qp[row, i], kp[row, j], max_distance)]
+                    out[b, h, i] += probs[b, h, i, j] * a
+    return out
+
+
+# --- FIRE (Li et al., 2023) ----------------------------------------------------------------
+
+
+def fire_normalized_distance(
+    q_positions, k_positions, *, c: float, threshold: float, eps: float = 1e-6
+) -> np.ndarray:
+    """``psi(|i - j|) / (psi(max(L, i)) + eps)`` with ``psi(x) = log(c x + 1)``.
+
+    Shape: ``[q, k]`` (or ``[b, q, k]``).
+    """
+    c, threshold = abs(c), abs(threshold)
+
+    def psi(x):
+        return math.log(c * x + 1.0)
+
+    value = _pairwise(
+        q_positions,
+        k_positions,
+        1,
+        lambda h, i, j: psi(abs(i - j)) / (psi(max(threshold, i)) + eps),
+    )
+    return value[:, 0] if value.ndim == 4 else value[0]
+
+
+def fire_bias(
+    q_positions, k_positions, w1, b1, w2, b2, *, c: float, threshold: float, eps: float = 1e-6
+) -> np.ndarray:
+    """``f(x)[h] = b2[h] + sum_u w2[h, u] * max(0, w1[u] * x + b1[u])`` of the normalised
+    distance ``x``: FIRE's MLP with one hidden ReLU layer (``w1`` ``[width]`` or
+    ``[width, 1]``, ``w2`` ``[h, width]``)."""
+    w1 = np.asarray(w1, dtype=np.float64).reshape(-1)
+    b1, w2, b2 = (np.asarray(a, dtype=np.float64) for a in (b1, w2, b2))
+    c, threshold = abs(c), abs(threshold)
+
+    def value(h, i, j):
+        x = math.log(c * abs(i - j) + 1.0) / (math.log(c * max(threshold, i) + 1.0) + eps)
+        out = b2[h]
+        for u in range(len(w1)):
+            out += w2[h, u] * max(0.0, w1[u] * x + b1[u])
+        return out
+
+    return _pairwise(q_positions, k_positions, len(b2), value)
+
+
+# --- KERPLE (Chi et al., 2022) -------------------------------------------------------------
+
+
+def kerple_bias(q_positions, k_positions, r1, r2) -> np.ndarray:
+    """The logarithmic variant ``-r1_h * log(1 + r2_h * |i - j|)``."""
+    r1 = np.asarray(r1, dtype=np.float64)
+    r2 = np.asarray(r2, dtype=np.float64)
+
+    def value(h, i, j):
+        return -r1[h] * math.log(1.0 + r2[h] * abs(i - j))
+
+    return _pairwise(q_positions, k_positions, len(r1), value)
