@@ -186,14 +186,13 @@ class FIRE(BiasEncoding):
             "init_threshold", init_threshold, min=0.0, min_exclusive=True
         )
         self.eps = check_float("eps", eps, min=0.0)
-        factory = {"device": device, "dtype": dtype}
         self.mlp = nn.Sequential(
-            nn.Linear(1, self.mlp_width, **factory),
+            nn.Linear(1, self.mlp_width, device=device, dtype=dtype),
             nn.ReLU(),
-            nn.Linear(self.mlp_width, self.num_heads, **factory),
+            nn.Linear(self.mlp_width, self.num_heads, device=device, dtype=dtype),
         )
-        self.c = nn.Parameter(torch.empty((), **factory))
-        self.threshold_scale = nn.Parameter(torch.empty((), **factory))
+        self.c = nn.Parameter(torch.empty((), device=device, dtype=dtype))
+        self.threshold_scale = nn.Parameter(torch.empty((), device=device, dtype=dtype))
         self.reset_parameters()
         self._set_config(
             num_heads=self.num_heads,
@@ -204,8 +203,9 @@ class FIRE(BiasEncoding):
         )
 
     def reset_parameters(self) -> None:
-        for layer in (self.mlp[0], self.mlp[2]):
-            layer.reset_parameters()
+        for layer in self.mlp:
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
         nn.init.constant_(self.c, self.init_c)
         nn.init.constant_(self.threshold_scale, 1.0)
 

@@ -148,8 +148,8 @@ def shaw_relative_values(
     """
     _check_4d("probs", probs, "[b, h, q, k]")
     max_distance = _check_table("table", table)
-    b, h, q_len, _ = probs.shape
-    index = _index(q_positions, k_positions, max_distance, tuple(probs.shape), probs.device)
+    b, h, q_len, k_len = probs.shape
+    index = _index(q_positions, k_positions, max_distance, (b, h, q_len, k_len), probs.device)
     per_distance = torch.zeros(
         b, h, q_len, table.shape[0], dtype=torch.float32, device=probs.device
     ).scatter_add(-1, index, probs.to(torch.float32))  # [b, h, q, 2K + 1]
