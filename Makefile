@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests src/posenc --doctest-modules
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests $(wildcard benchmarks)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy src/posenc
