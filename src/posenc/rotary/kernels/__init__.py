@@ -1,0 +1,283 @@
+"""Fast paths for rotary embeddings: one fused pass over q and k, on GPU and CPU.
+
+RoPE is memory bound: the least it can cost is one read and one write of q and k. The
+plain torch path (:func:`posenc.rotary.apply._apply_rotary_torch`) makes several passes
+and temporaries; the fused paths make one, loading each token's cos/sin row once and
+reusing it for every head of q and of k:
+
+- ``"triton"``: a Triton kernel (:mod:`posenc.rotary.kernels.triton_rope`), used
+  automatically for CUDA tensors when ``triton`` is installed (``pip install
+  'posenc[triton]'``); disable with :func:`enable_triton` or ``POSENC_TRITON=0``;
+- ``"cpu"``: a C loop with OpenMP (:mod:`posenc.rotary.kernels.cpu`), compiled on first
+  use (about a second, then cached). Opt-in: :func:`enable_cpu_fast_path` or
+  ``POSENC_CPU_FAST_PATH=1``;
+- ``"torch"``: the plain twin, everywhere else (float64 cos/sin with gradients,
+  meta tensors, ...).
+
+All three compute the same function bit for bit (products rounded before the sum, math
+in float32 for bf16/fp16/fp32 inputs, float64 for float64). Both fused paths handle
+both layouts, partial rotary, per-token positions ``[b, s]``, packed sequences, GQA (q
+and k with different head counts), any strides (``[b, s, h, d]`` views are not copied)
+and an in-place mode; they are torch custom ops, so ``torch.compile(fullgraph=True)``
+keeps them in the graph, and they have a backward (the inverse rotation).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import torch
+
+from posenc._errors import PosEncError, check_choice, check_int, check_tensor
+
+__all__ = [
+    "BACKENDS",
+    "cpu_fast_path_enabled",
+    "enable_cpu_fast_path",
+    "enable_triton",
+    "fused_rotary",
+    "select_backend",
+]
+
+BACKENDS = ("auto", "triton", "cpu", "torch")
+_LAYOUTS = ("half", "interleaved")
+_SEQ_DIMS = (-2, -3)
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+_triton_on = importlib.util.find_spec("triton") is not None and (
+    os.environ.get("POSENC_TRITON", "1") != "0"
+)
+# None: not decided yet (POSENC_CPU_FAST_PATH is read on the first CPU call).
+_cpu_on: bool | None = None
+
+
+def enable_triton(enabled: bool = True) -> None:
+    """Use (or stop using) the Triton kernel for CUDA tensors.
+
+    Args:
+        enabled: ``True`` (the default when ``triton`` is installed) or ``False``.
+
+    Raises:
+        ImportError: ``enabled=True`` without triton installed.
+    """
+    global _triton_on
+    if enabled and importlib.util.find_spec("triton") is None:
+        raise ImportError("the Triton fast path needs triton: pip install 'posenc[triton]'")
+    _triton_on = bool(enabled)
+
+
+def enable_cpu_fast_path(enabled: bool = True) -> None:
+    """Turn the fused CPU path on (compiling it now if it is not cached) or off.
+
+    The first call in a fresh cache compiles ``rope_cpu.c`` with the system C compiler
+    (``$CC``, default ``cc``; about a second); the library is cached (see
+    :func:`posenc.rotary.kernels.cpu.cache_dir`) and only loaded afterwards. The same
+    switch is ``POSENC_CPU_FAST_PATH=1`` in the environment.
+
+    Args:
+        enabled: ``True`` to use the fused loop for CPU tensors, ``False`` for the plain
+            torch path.
+
+    Raises:
+        RuntimeError: ``enabled=True`` and the library could not be compiled (no C
+            compiler, ...); the plain path stays in use.
+    """
+    global _cpu_on
+    if enabled:
+        from posenc.rotary.kernels import cpu
+
+        cpu.load()
+    _cpu_on = bool(enabled)
+
+
+def cpu_fast_path_enabled() -> bool:
+    """Whether CPU tensors go through the fused CPU path (see :func:`enable_cpu_fast_path`)."""
+    global _cpu_on
+    if _cpu_on is None:
+        _cpu_on = False
+        if os.environ.get("POSENC_CPU_FAST_PATH", "0") not in ("", "0"):
+            try:
+                enable_cpu_fast_path(True)
+            except RuntimeError as err:
+                warnings.warn(f"{err}; using the plain torch path", RuntimeWarning, stacklevel=2)
+    return _cpu_on
+
+
+def select_backend(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str:
+    """The backend ``fused_rotary(..., backend="auto")`` uses for these tensors:
+    ``"triton"`` (CUDA, triton installed), ``"cpu"`` (CPU with the fast path enabled) or
+    ``"torch"`` (anything else, and whenever cos/sin need gradients)."""
+    if x.dtype not in _KERNEL_DTYPES:
+        return "torch"
+    if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
+        return "torch"  # the kernels do not differentiate through cos/sin
+    if x.device.type == "cuda" and _triton_on:
+        return "triton"
+    if x.device.type == "cpu" and cpu_fast_path_enabled():
+        return "cpu"
+    return "torch"
+
+
+def dispatch_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "half",
+    seq_dim: int = -2,
+    inplace: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`fused_rotary` on already validated arguments (the call site of
+    ``posenc.rotary.apply`` and ``RotaryEmbedding``). q and k of different dtypes or
+    devices are rotated one after the other."""
+    if k is not None and (k.dtype != q.dtype or k.device != q.device):
+        rotate = dispatch_rotary
+        opts = {"layout": layout, "seq_dim": seq_dim, "inplace": inplace, "backend": backend}
+        return rotate(q, None, cos, sin, **opts)[0], rotate(k, None, cos, sin, **opts)[0]
+    if backend == "auto":
+        backend = select_backend(q, cos, sin)
+    if backend == "torch":
+        from posenc.rotary.apply import _apply_rotary_torch
+
+        outs = [_apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim) for x in (q, k)
+                if x is not None]  # fmt: skip
+        if inplace:
+            outs = [x.copy_(o) for x, o in zip((q, k), outs)]
+        return outs[0], outs[1] if k is not None else None
+    from posenc.rotary.kernels.ops import rotary_op, rotary_op_, rotate_eager
+
+    interleaved = layout == "interleaved"
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k)
+    )
+    if not needs_grad and not torch.compiler.is_compiling():
+        return rotate_eager(
+            q, k, cos, sin,
+            interleaved=interleaved, seq_dim=seq_dim, backend=backend, inplace=inplace,
+        )  # fmt: skip
+    if inplace:
+        rotary_op_(q, k, cos, sin, interleaved, False, seq_dim, backend)
+        return q, k
+    q_out, k_out = rotary_op(q, k, cos, sin, interleaved, False, seq_dim, backend)
+    return q_out, k_out if k is not None else None
+
+
+def fused_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "half",
+    rotary_dim: int | None = None,
+    seq_dim: int = -2,
+    inplace: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotate q and k (same tokens, any head counts) in one fused pass.
+
+    The same function as :func:`posenc.apply_rotary` applied to q and to k, computed in
+    one launch: each token's cos/sin row is loaded once and used for every head of both.
+
+    Args:
+        q: queries ``[b, h_q, s, d]`` (or ``[b, s, h_q, d]`` with ``seq_dim=-3``), any
+            strides; float32, bf16, fp16 or float64.
+        k: keys with the same ``b``, ``s``, ``d`` and dtype as q and any head count, or
+            ``None`` to rotate q alone.
+        cos, sin: one value per frequency, ``[s, r/2]`` or ``[b, s, r/2]`` (from
+            :func:`posenc.rotary_cos_sin`; packed sequences take their positions from
+            :func:`posenc.positions.from_cu_seqlens`).
+        layout: ``"half"`` (channel ``i`` pairs with ``i + r/2``) or ``"interleaved"``
+            (``2i`` with ``2i + 1``).
+        rotary_dim: ``r``; ``None`` means ``2 * cos.shape[-1]``. Channels ``r..d`` pass
+            through (in place: are not touched).
+        seq_dim: ``-2`` for ``[b, h, s, d]``, ``-3`` for ``[b, s, h, d]``.
+        inplace: write the result into q and k (inference only: not with autograd).
+        backend: ``"auto"`` (see :func:`select_backend`), ``"triton"``, ``"cpu"`` or
+            ``"torch"`` (the plain twin).
+
+    Shape:
+        q ``[b, h_q, s, d]``, k ``[b, h_k, s, d]`` (or ``[b, s, h, d]``), cos/sin ``[s, r/2]``
+        or ``[b, s, r/2]`` -> ``(q_out, k_out)`` shaped like q and k (``k_out`` is None
+        when ``k`` is None).
+
+    Examples:
+        >>> import torch, posenc
+        >>> from posenc.rotary.kernels import fused_rotary
+        >>> q, k = torch.randn(2, 8, 5, 64), torch.randn(2, 2, 5, 64)  # GQA: 8 and 2 heads
+        >>> from posenc.rotary.apply import apply_rotary, rotary_cos_sin
+        >>> cos, sin = rotary_cos_sin(torch.arange(5), torch.rand(32))
+        >>> q_out, k_out = fused_rotary(q, k, cos, sin, backend="torch")
+        >>> torch.equal(q_out, apply_rotary(q, cos, sin))
+        True
+    """
+    check_tensor("q", q, floating=True)
+    check_choice("layout", layout, _LAYOUTS)
+    check_choice("seq_dim", seq_dim, _SEQ_DIMS)
+    check_choice("backend", backend, BACKENDS)
+    if q.ndim != 4:
+        raise PosEncError(
+            f"q must be [b, h, s, d] (seq_dim=-2) or [b, s, h, d] (seq_dim=-3), "
+            f"got shape {tuple(q.shape)}"
+        )
+    if k is not None:
+        check_tensor("k", k, floating=True)
+        batch_seq = (0, seq_dim % 4)
+        if (
+            k.ndim != 4
+            or [k.shape[i] for i in batch_seq] != [q.shape[i] for i in batch_seq]
+            or k.shape[-1] != q.shape[-1]
+        ):
+            raise PosEncError(
+                f"k must have q's batch size, sequence length and head dim "
+                f"(q has shape {tuple(q.shape)}), got shape {tuple(k.shape)}"
+            )
+        if k.dtype != q.dtype or k.device != q.device:
+            raise PosEncError(
+                f"k must have q's dtype and device ({q.dtype}, {q.device}), "
+                f"got {k.dtype}, {k.device}"
+            )
+    from posenc.rotary.apply import _check_cos_sin
+
+    _check_cos_sin(q, cos, sin, seq_dim)
+    if cos.device != q.device or sin.device != q.device:
+        raise PosEncError(f"cos and sin must be on q's device {q.device}, got {cos.device}")
+    half = cos.shape[-1]
+    if rotary_dim is not None:
+        rotary_dim = check_int("rotary_dim", rotary_dim, min=2)
+        if rotary_dim != 2 * half:
+            raise PosEncError(
+                f"rotary_dim must equal 2 * cos.shape[-1] = {2 * half}, got {rotary_dim}"
+            )
+    if 2 * half > q.shape[-1]:
+        raise PosEncError(
+            f"rotary_dim must be <= q's last dimension {q.shape[-1]}, got {2 * half}"
+        )
+    if not isinstance(inplace, bool):
+        raise PosEncError(f"inplace must be a bool, got {inplace!r}")
+    if inplace and torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k)
+    ):
+        raise PosEncError(
+            "inplace=True cannot be used on tensors that require grad "
+            "(autograd needs the unrotated inputs); use inplace=False"
+        )
+    if backend in ("triton", "cpu") and q.dtype not in _KERNEL_DTYPES:
+        raise PosEncError(
+            f"backend={backend!r} supports float32, bfloat16, float16 and float64, got {q.dtype}"
+        )
+    if backend in ("triton", "cpu") and (cos.requires_grad or sin.requires_grad):
+        if torch.is_grad_enabled():
+            raise PosEncError(
+                f"backend={backend!r} does not differentiate through cos/sin, which "
+                "require grad; use backend='auto' or 'torch'"
+            )
+    if backend == "triton" and importlib.util.find_spec("triton") is None:
+        raise ImportError("backend='triton' needs triton: pip install 'posenc[triton]'")
+    return dispatch_rotary(
+        q, k, cos, sin, layout=layout, seq_dim=seq_dim, inplace=inplace, backend=backend
+    )
