@@ -39,6 +39,7 @@ from posenc._errors import (
     check_int,
     check_tensor,
 )
+from posenc.rotary.kernels import dispatch_rotary
 
 __all__ = [
     "LAYOUTS",
@@ -256,7 +257,7 @@ def _rotate(
     """The one place every rotation goes through (``apply_rotary`` and the modules),
     on already validated arguments. Fused kernels dispatch from here; the plain torch
     path below is the twin they are proven equal to."""
-    return _apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
+    return dispatch_rotary(x, None, cos, sin, layout=layout, seq_dim=seq_dim)[0]
 
 
 def _apply_rotary_torch(

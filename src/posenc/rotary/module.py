@@ -45,6 +45,7 @@ from posenc.rotary.frequencies import (
     parse_scaling,
     rope_frequencies,
 )
+from posenc.rotary.kernels import dispatch_rotary
 
 __all__ = ["RotaryEmbedding"]
 
@@ -370,6 +371,9 @@ class RotaryEmbedding(RotaryEncoding):
                 cos, sin = _cos_sin(k_pos, inv_freq, scale, None, torch.float64)
             zk = xpos_scale(k_pos, self._rotary_dim, -self._xpos_scale_base)
             cos_k, sin_k = (cos * zk).to(dtype), (sin * zk).to(dtype)
+        if cos_k is cos_q:  # the same tokens: q and k in one fused pass (posenc.rotary.kernels)
+            q_out, k_out = dispatch_rotary(q, k, cos_q, sin_q, layout=self._layout, seq_dim=seq_dim)
+            return q_out, k_out
         q_out = _rotate(q, cos_q, sin_q, self._layout, seq_dim)
         k_out = _rotate(k, cos_k, sin_k, self._layout, seq_dim)
         return q_out, k_out

@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import warnings
+from typing import overload
 
 import torch
 
@@ -120,6 +121,34 @@ def select_backend(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str
     return "torch"
 
 
+@overload
+def dispatch_rotary(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = ...,
+    seq_dim: int = ...,
+    inplace: bool = ...,
+    backend: str = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def dispatch_rotary(
+    q: torch.Tensor,
+    k: None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = ...,
+    seq_dim: int = ...,
+    inplace: bool = ...,
+    backend: str = ...,
+) -> tuple[torch.Tensor, None]: ...
+
+
 def dispatch_rotary(
     q: torch.Tensor,
     k: torch.Tensor | None,
@@ -135,19 +164,23 @@ def dispatch_rotary(
     ``posenc.rotary.apply`` and ``RotaryEmbedding``). q and k of different dtypes or
     devices are rotated one after the other."""
     if k is not None and (k.dtype != q.dtype or k.device != q.device):
-        rotate = dispatch_rotary
-        opts = {"layout": layout, "seq_dim": seq_dim, "inplace": inplace, "backend": backend}
-        return rotate(q, None, cos, sin, **opts)[0], rotate(k, None, cos, sin, **opts)[0]
+        q_out, _ = dispatch_rotary(
+            q, None, cos, sin, layout=layout, seq_dim=seq_dim, inplace=inplace, backend=backend
+        )
+        k_out, _ = dispatch_rotary(
+            k, None, cos, sin, layout=layout, seq_dim=seq_dim, inplace=inplace, backend=backend
+        )
+        return q_out, k_out
     if backend == "auto":
         backend = select_backend(q, cos, sin)
     if backend == "torch":
         from posenc.rotary.apply import _apply_rotary_torch
 
-        outs = [_apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim) for x in (q, k)
-                if x is not None]  # fmt: skip
-        if inplace:
-            outs = [x.copy_(o) for x, o in zip((q, k), outs)]
-        return outs[0], outs[1] if k is not None else None
+        def plain(x: torch.Tensor) -> torch.Tensor:
+            out = _apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
+            return x.copy_(out) if inplace else out
+
+        return plain(q), None if k is None else plain(k)
     from posenc.rotary.kernels.ops import rotary_op, rotary_op_, rotate_eager
 
     interleaved = layout == "interleaved"
