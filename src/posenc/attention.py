@@ -71,13 +71,18 @@ def _encoding_class(spec: str | Mapping[str, Any] | Encoding) -> type[Encoding]:
     return type(spec) if isinstance(spec, Encoding) else get(_spec(spec)[0])
 
 
-def _build_encoding(spec: str | Mapping[str, Any] | Encoding, **supplied: Any) -> Encoding:
+def _build_encoding(
+    spec: str | Mapping[str, Any] | Encoding,
+    defaults: Mapping[str, Any] | None = None,
+    **supplied: Any,
+) -> Encoding:
     """Build ``spec`` (name, config or instance), filling constructor arguments it leaves out.
 
     ``supplied`` holds values the caller knows (``num_heads``, ``head_dim``, ``dim``,
     ``max_len``); each is passed only when the class's constructor takes it and the spec
     does not set it. A spec that sets one to a different value raises ``PosEncError``.
-    Instances are returned as they are.
+    ``defaults`` are passed the same way but a spec may override them. Instances are
+    returned as they are.
     """
     from posenc.registry import build
 
@@ -95,6 +100,9 @@ def _build_encoding(spec: str | Mapping[str, Any] | Encoding, **supplied: Any) -
                 f"got {config[key]!r} in its config"
             )
         extra[key] = value
+    for key, value in (defaults or {}).items():
+        if key in accepted and key not in config:
+            extra[key] = value
     return build({"name": name, **config}, **extra)
 
 

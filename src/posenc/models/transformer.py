@@ -122,7 +122,9 @@ class TinyTransformer(nn.Module):
         encoding: a registry name, a config dict or an :class:`~posenc._base.Encoding`.
             Names and configs are built with what the model knows: additive encodings
             get ``dim`` (and ``max_len`` when they take it: ``"learned"``), rotary ones
-            ``head_dim = dim // num_heads``, bias ones ``num_heads`` (and ``head_dim``).
+            ``head_dim = dim // num_heads``, bias ones ``num_heads`` (and ``head_dim``),
+            plus ``causal=causal`` / ``bidirectional=not causal`` where they take those
+            and the config does not set them (ALiBi, T5).
         causal: causal self-attention (a decoder LM) or full (an encoder).
         dropout: dropout on embeddings, attention probabilities and residual branches.
         max_len: table length for encodings that need one (``"learned"``).
@@ -131,6 +133,8 @@ class TinyTransformer(nn.Module):
     Token embeddings are scaled by ``sqrt(dim)`` (initialised with std ``dim**-0.5``,
     so each channel has unit scale like the sinusoidal table); linear layers start at
     std 0.02, residual output projections at ``0.02 / sqrt(2 * num_layers)`` (GPT-2).
+    Tied output logits are ``(h / sqrt(dim)) @ embed.T`` (as T5), so an untrained model
+    predicts near-uniformly rather than echoing its input token.
 
     Shape:
         ``tokens [b, s]`` (int64), ``positions [s]`` or ``[b, s]`` -> logits ``[b, s, vocab]``.
@@ -207,7 +211,10 @@ class TinyTransformer(nn.Module):
                 "rotary": {"head_dim": self.head_dim},
                 "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
             }.get(cls.kind, {})
-            enc = _build_encoding(spec, **supplied)
+            # Direction follows the model unless the config says otherwise: ALiBi's
+            # symmetric -m|i - j| and T5's bidirectional buckets for an encoder.
+            direction = {"causal": self.causal, "bidirectional": not self.causal}
+            enc = _build_encoding(spec, direction if cls.kind == "bias" else None, **supplied)
         else:
             raise PosEncError(
                 "encoding must be a registry name, a config dict or an Encoding "
@@ -342,7 +349,10 @@ class TinyTransformer(nn.Module):
                 layer=i,
             )  # fmt: skip
         x = self.norm(x)
-        logits = x @ self.embed.weight.T if self.head is None else self.head(x)  # [b, s, vocab]
+        if self.head is None:  # tied: rescaled as in T5, so init logits are near uniform
+            logits = (x * self.dim**-0.5) @ self.embed.weight.T  # [b, s, vocab]
+        else:
+            logits = self.head(x)
         if cache is not None:
             cache.positions = k_pos
             cache.mask = mask
