@@ -343,7 +343,7 @@ class LearnedEmbedding(AdditiveEncoding):
                 self.weight, new_len_or_grid, "new_len_or_grid", self.grid,
                 self.num_prefix_tokens, mode, align_corners, antialias,
             )  # fmt: skip
-        new_grid = None if self.grid is None else tuple(new_len_or_grid)
+        new_grid = None if self.grid is None else _check_grid("new_len_or_grid", new_len_or_grid)
         module = LearnedEmbedding.from_table(
             table, grid=new_grid, num_prefix_tokens=self.num_prefix_tokens,
             dropout=self.dropout.p, init_std=self.init_std,

@@ -201,6 +201,7 @@ class SinusoidalEmbedding(AdditiveEncoding):
         dropout = check_float("dropout", dropout, min=0.0, max=1.0)
         scale = check_float("scale", scale)
         self.dropout = nn.Dropout(dropout)
+        self.scale: nn.Parameter | float
         if learnable_scale:
             self.scale = nn.Parameter(torch.tensor(scale))
         else:

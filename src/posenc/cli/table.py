@@ -112,8 +112,8 @@ class _Table:
 
 
 def _sinusoidal(pos: torch.Tensor, dim: int, opts: dict[str, Any]) -> _Table:
-    layout = opts["layout"] or "interleaved"
-    order = opts["order"] or "sin_cos"
+    layout: Any = opts["layout"] or "interleaved"  # validated by sinusoidal_table
+    order: Any = opts["order"] or "sin_cos"
     base = 10000.0 if opts["base"] is None else opts["base"]
     values = sinusoidal_table(pos, dim, base=base, layout=layout, order=order, dtype=torch.float64)
     first, second = ("sin", "cos") if order == "sin_cos" else ("cos", "sin")
@@ -300,12 +300,12 @@ def table(
         if digits is not None:
             digits = check_int("digits", digits, min=0, max=17)
         pos = parse_positions(positions)
-        if channels is None:
-            chans = list(range(dim))
-        else:
-            chans = parse_positions(channels, name="channels")
-            if any(not isinstance(c, int) or not 0 <= c < dim for c in chans):
-                raise PosEncError(f"channels must be integers in [0, dim) = [0, {dim}), got {channels!r}")
+        picked = range(dim) if channels is None else parse_positions(channels, name="channels")
+        if any(not isinstance(c, int) or not 0 <= c < dim for c in picked):
+            raise PosEncError(
+                f"channels must be integers in [0, dim) = [0, {dim}), got {channels!r}"
+            )
+        chans = [int(c) for c in picked]
         dtype = torch.float64 if any(isinstance(p, float) for p in pos) else torch.long
         opts = {k: v for k, v in given.items() if k in takes}
         t = builder(torch.tensor(pos, dtype=dtype), dim, opts)

@@ -15,7 +15,7 @@ def index_table(
     Shape: ``[*P]`` -> ``[*P, dim]`` float64; see posenc.index.index_table.
     """
     p = np.asarray(positions, dtype=np.float64)
-    value = p / length if normalize == "length" else p
+    value = p / length if normalize == "length" and length else p
     out = np.empty((*p.shape, dim), dtype=np.float64)
     for c in range(dim):
         out[..., c] = value
