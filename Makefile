@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/posenc table sinusoidal --dim 4 --positions 0:6
+	$(BIN)/posenc report --out report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests src/posenc --doctest-modules

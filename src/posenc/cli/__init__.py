@@ -45,7 +45,7 @@ def _root() -> None:
 def _register() -> None:
     # Subcommand modules register themselves on `app` when imported.
     import posenc.cli.lengthgen  # noqa: F401
-    from posenc.cli import table  # noqa: F401
+    from posenc.cli import inspect, plot, report, table  # noqa: F401
 
 
 def main(argv: list[str] | None = None) -> None:

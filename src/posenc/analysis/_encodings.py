@@ -1,0 +1,262 @@
+"""What the analysis measures on: an encoding (built with defaults), position ranges, and
+the encoding's per-position vectors, read through each kind's public forward/bias only.
+
+Every kind is reduced to the object its properties are stated about:
+
+- additive: the table row ``PE(p)`` (``forward`` on zero embeddings), ``[n, d]``;
+- rotary: the linear map ``R(p)`` applied to a query at position ``p`` (``forward`` on the
+  identity basis), ``[n, d, d]``; it holds xPos scaling and partial rotary as they are;
+- bias: the bias ``b[h, q, k]`` added to the scaled logits, and its profile against the
+  distance ``q - k`` of a key behind its query, ``[h, m]``;
+- none: a zero table (it adds nothing).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from posenc import registry
+from posenc._base import Encoding
+from posenc._errors import PosEncError, check_int
+
+__all__ = [
+    "DEFAULT_ARGS",
+    "additive_table",
+    "bias_matrix",
+    "bias_profile",
+    "encoding_dim",
+    "resolve_encoding",
+    "resolve_positions",
+    "rotary_matrices",
+]
+
+# Constructor arguments the analysis supplies when an encoding is given by name and the
+# class requires them: a typical head (64 channels), 8 heads, tables covering 2048 positions,
+# and M-RoPE's 32 frequencies split across (time, height, width) as Qwen2-VL splits its 64.
+DEFAULT_ARGS: dict[str, Any] = {
+    "dim": 64,
+    "head_dim": 64,
+    "num_heads": 8,
+    "max_len": 2048,
+    "sections": (8, 12, 12),
+}
+
+# Seed of every random draw of the analysis (learned initialisations, random queries).
+SEED = 0
+
+
+def resolve_encoding(encoding: str | Mapping[str, Any] | Encoding, **kwargs: Any) -> Encoding:
+    """An encoding module in eval mode: an instance as it is, or built from a registry name /
+    config dict, with :data:`DEFAULT_ARGS` filling required arguments the caller left out.
+
+    Learned parameters are initialised from a fixed seed, so results repeat.
+    """
+    if isinstance(encoding, Encoding):
+        if kwargs:
+            encoding = registry.build(encoding, **kwargs)
+        return encoding.eval()
+    if isinstance(encoding, str):
+        name, args = encoding, dict(kwargs)
+    elif isinstance(encoding, Mapping):
+        if "name" not in encoding:
+            raise PosEncError(
+                f"encoding config must hold a 'name' key, got keys {sorted(encoding)}"
+            )
+        name = encoding["name"]
+        args = {k: v for k, v in encoding.items() if k != "name"}
+        args.update(kwargs)
+    else:
+        raise PosEncError(
+            "encoding must be a registry name, a config dict or an encoding module, "
+            f"got {type(encoding).__name__}"
+        )
+    cls = registry.get(name)  # PosEncError listing the names when unknown
+    for param in inspect.signature(cls).parameters.values():
+        required = param.default is inspect.Parameter.empty and param.kind not in (
+            inspect.Parameter.VAR_POSITIONAL,
+            inspect.Parameter.VAR_KEYWORD,
+        )
+        if required and param.name not in args:
+            if param.name not in DEFAULT_ARGS:
+                raise PosEncError(
+                    f"encoding {name!r} needs the argument {param.name!r}, which has no "
+                    f"analysis default (defaults exist for {', '.join(DEFAULT_ARGS)})"
+                )
+            args[param.name] = DEFAULT_ARGS[param.name]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(SEED)
+        module = registry.build({"name": name, **args})
+    return module.eval()
+
+
+def encoding_dim(encoding: Encoding, dim: int | None = None) -> int:
+    """Channels of the analysed vectors: ``dim`` (additive), ``head_dim`` (rotary),
+    ``num_heads`` (bias); ``dim`` or the default for ``none``."""
+    if encoding.kind == "additive":
+        return int(encoding.dim)
+    if encoding.kind == "rotary":
+        return int(encoding.head_dim)
+    if encoding.kind == "bias":
+        return int(encoding.num_heads)
+    return check_int("dim", dim if dim is not None else DEFAULT_ARGS["dim"], min=1)
+
+
+def resolve_positions(
+    positions: int | Sequence[float] | torch.Tensor | None,
+    default: tuple[int, int],
+    *,
+    name: str = "positions",
+    min_len: int = 1,
+    nonnegative: bool = False,
+) -> torch.Tensor:
+    """A 1-D position tensor from ``None`` (``default``), a count ``n`` (``0..n-1``), a
+    ``(start, stop)`` range (``start..stop-1``) or explicit positions (list or tensor).
+
+    Integer ranges give int64, explicit float positions float64. Raises
+    :class:`PosEncError` for empty or inverted ranges and for fewer than ``min_len``
+    positions.
+    """
+    if positions is None:
+        positions = default
+    if isinstance(positions, torch.Tensor):
+        if positions.ndim != 1 or positions.dtype == torch.bool or positions.is_complex():
+            raise PosEncError(
+                f"{name} must be a 1-D tensor of numbers, got shape {tuple(positions.shape)} "
+                f"and dtype {positions.dtype}"
+            )
+        out = positions if not positions.is_floating_point() else positions.to(torch.float64)
+    elif isinstance(positions, (int, tuple)) and not isinstance(positions, bool):
+        start, stop = (0, positions) if isinstance(positions, int) else _pair(name, positions)
+        start, stop = check_int(f"{name} start", start), check_int(f"{name} stop", stop)
+        if stop <= start:
+            raise PosEncError(
+                f"{name} must be a non-empty range with start < stop, got ({start}, {stop})"
+            )
+        out = torch.arange(start, stop)
+    elif isinstance(positions, list):
+        try:
+            out = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise PosEncError(f"{name} must be numbers, got {positions!r}") from e
+        return resolve_positions(out, default, name=name, min_len=min_len, nonnegative=nonnegative)
+    else:
+        raise PosEncError(
+            f"{name} must be a count, a (start, stop) pair or a 1-D tensor, got {positions!r}"
+        )
+    if out.numel() < min_len:
+        raise PosEncError(f"{name} must hold at least {min_len} positions, got {out.numel()}")
+    if out.is_floating_point() and not bool(torch.isfinite(out).all()):
+        raise PosEncError(f"{name} must be finite, got a tensor containing NaN or inf")
+    if nonnegative and bool((out < 0).any()):
+        raise PosEncError(f"{name} must be >= 0, got minimum {out.min().item()}")
+    return out
+
+
+def _pair(name: str, value: tuple) -> tuple[Any, Any]:
+    if len(value) != 2:
+        raise PosEncError(f"{name} must be a (start, stop) pair, got {value!r}")
+    return value[0], value[1]
+
+
+def _round_positions(positions: torch.Tensor, position_dtype: torch.dtype | None) -> torch.Tensor:
+    """Positions as a model holding them in ``position_dtype`` would see them."""
+    if position_dtype is None:
+        return positions
+    return positions.to(position_dtype).to(torch.float64)
+
+
+@torch.no_grad()
+def additive_table(
+    encoding: Encoding,
+    positions: torch.Tensor,
+    *,
+    dtype: torch.dtype = torch.float32,
+    position_dtype: torch.dtype | None = None,
+    dim: int | None = None,
+) -> torch.Tensor:
+    """``PE(p)`` of an additive (or ``none``) encoding: its output on zero embeddings held in
+    ``dtype``, returned as float64 ``[n, d]``."""
+    n = positions.shape[0]
+    if encoding.kind == "none":
+        return torch.zeros(n, encoding_dim(encoding, dim), dtype=torch.float64)
+    x = torch.zeros(1, n, encoding.dim, dtype=dtype)  # [b=1, s, d]
+    out = encoding(x, _round_positions(positions, position_dtype))
+    return out[0].to(torch.float64)
+
+
+@torch.no_grad()
+def rotary_matrices(
+    encoding: Encoding,
+    positions: torch.Tensor,
+    *,
+    dtype: torch.dtype = torch.float32,
+    position_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The maps ``R_q(p)``, ``R_k(p)`` a rotary encoding applies to a query / key at ``p``.
+
+    Head ``j`` of the input holds the basis vector ``e_j`` at every position, so output head
+    ``j`` is column ``j`` of the map. Multi-axis encodings (M-RoPE, axial) are measured along
+    the diagonal ``(p, ..., p)``, the coordinates M-RoPE gives text tokens.
+    Shape: ``[n]`` -> two float64 ``[n, d, d]``.
+    """
+    n, d = positions.shape[0], int(encoding.head_dim)
+    eye = torch.eye(d, dtype=dtype)  # [j, i]
+    basis = eye[None, :, None, :].expand(1, d, n, d).contiguous()  # [b=1, h=j, s, i]
+    pos = _round_positions(positions, position_dtype)
+    sections = getattr(encoding, "sections", None)
+    if sections is not None:
+        pos = pos[:, None].expand(n, len(sections))  # [s, n_axes]
+    q, k = encoding(basis, basis.clone(), pos)
+    # [1, j, p, i] -> [p, i, j]: column j of R(p)
+    return q[0].permute(1, 2, 0).to(torch.float64), k[0].permute(1, 2, 0).to(torch.float64)
+
+
+def _random_queries(encoding: Encoding, q_len: int) -> torch.Tensor:
+    """One fixed random query per head, repeated at every position and multiplied by the
+    attention scale ``head_dim ** -0.5``: ``[1, h, q_len, head_dim]``."""
+    head_dim = int(encoding.head_dim)
+    gen = torch.Generator().manual_seed(SEED)
+    q = torch.randn(1, encoding.num_heads, 1, head_dim, generator=gen)
+    return (q * head_dim**-0.5).expand(1, encoding.num_heads, q_len, head_dim)
+
+
+@torch.no_grad()
+def bias_matrix(
+    encoding: Encoding, q_positions: torch.Tensor, k_positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The bias ``[h, q, k]`` (float64) between the given query and key positions.
+
+    Query-dependent biases (Shaw's relative keys) are evaluated for one fixed random query
+    per head (see :func:`_random_queries`), the same at every position.
+    """
+    k_positions = q_positions if k_positions is None else k_positions
+    q_len, k_len = q_positions.shape[0], k_positions.shape[0]
+    kwargs: dict[str, Any] = {"q_positions": q_positions, "k_positions": k_positions}
+    if getattr(encoding, "query_dependent", False):
+        kwargs["q"] = _random_queries(encoding, q_len)
+    out = encoding.bias(q_len, k_len, **kwargs)
+    if out.ndim == 4:  # [b=1, h, q, k]
+        out = out[0]
+    return out.to(torch.float64)
+
+
+def bias_profile(encoding: Encoding, distances: torch.Tensor) -> torch.Tensor:
+    """The bias against a key ``distance`` positions behind its query: ``[h, m]`` float64.
+
+    The query sits at position ``max(distances)`` and the keys at ``query - distance``,
+    so every distance is seen from one query (what a decoding step sees).
+    """
+    query = int(distances.max())
+    k_positions = query - distances.to(torch.long)
+    bias = bias_matrix(encoding, torch.tensor([query]), k_positions)  # [h, 1, m]
+    return bias[:, 0, :] + 0.0  # + 0.0 turns -0.0 (ALiBi at distance 0) into 0.0
+
+
+def rms(x: torch.Tensor) -> float:
+    """Root mean square row norm of ``x`` ``[n, D]`` (0 for an all-zero ``x``)."""
+    return math.sqrt(float((x * x).sum(-1).mean())) if x.numel() else 0.0

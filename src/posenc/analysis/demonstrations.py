@@ -1,0 +1,252 @@
+"""The classic order-sensitivity demonstrations, computed: why transformers need positions.
+
+Two sentences with the same words in another order ("tom chase jerry", "jerry chase tom")
+go through the simplest models, and the numbers say whether the model can tell them apart:
+
+(a) mean-pooled token embeddings: the two means are equal (a sum does not see order);
+(b) adding the naive index ``p`` first: still equal (the same positions are added to both),
+    and a large position swamps the token: ``E[tom] + PE(100)`` and ``E[jerry] + PE(100)``
+    point almost the same way;
+(c) one self-attention layer without positions: each word's output is the same wherever
+    it stands (the outputs permute with the inputs);
+(d) with sinusoidal positions added to the embeddings, rotary in attention, or ALiBi in
+    causal attention, the outputs differ (so does causal attention alone: the mask itself
+    carries order). A symmetric bias in bidirectional attention cannot tell a sentence from
+    its reverse: every distance ``|i - j|`` is preserved.
+
+Attention runs through :func:`posenc.attention.attention`, the library's own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from posenc._errors import PosEncError, check_int
+from posenc.analysis._encodings import additive_table, resolve_encoding
+from posenc.analysis._results import Result
+
+__all__ = [
+    "ATTENTION_SETTINGS",
+    "AttentionDemo",
+    "OrderSensitivity",
+    "PoolingDemo",
+    "SwampingDemo",
+    "order_sensitivity",
+]
+
+# (label, encoding config without sizes, where it acts, causal). Sizes are filled in.
+ATTENTION_SETTINGS: tuple[tuple[str, str | None, str, bool], ...] = (
+    ("no positions", None, "none", False),
+    ("sinusoidal added to embeddings", "sinusoidal", "embeddings", False),
+    ("RoPE in attention", "rope", "attention", False),
+    ("ALiBi in causal attention", "alibi", "attention", True),
+    ("no positions, causal mask", None, "none", True),
+    ("symmetric ALiBi, bidirectional", "alibi-symmetric", "attention", False),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolingDemo(Result):
+    """Mean pooling of (token + position) embeddings: can it tell the sentences apart?"""
+
+    encoding: str
+    pooled_distance: float
+    scale: float
+    tells_apart: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SwampingDemo(Result):
+    """A large naive index next to two different tokens: the tokens become alike."""
+
+    position: int
+    position_norm: float
+    token_norm: float
+    ratio: float
+    words: tuple[str, str]
+    token_cosine: float
+    encoded_cosine: float
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionDemo(Result):
+    """One self-attention layer on both sentences.
+
+    ``word_distances[w]``: ``||out_a[w] - out_b[w]||``, the output for word ``w`` in the
+    first sentence against its output in the second. ``permutation_equivariant``: every
+    such distance is below ``1e-5`` times the outputs' rms norm.
+    """
+
+    label: str
+    encoding: str
+    where: str
+    causal: bool
+    word_distances: dict[str, float]
+    max_word_distance: float
+    scale: float
+    permutation_equivariant: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class OrderSensitivity(Result):
+    """Demonstrations (a) to (d) on two orderings of the same words."""
+
+    sentences: tuple[str, str]
+    vocabulary: tuple[str, ...]
+    dim: int
+    num_heads: int
+    seed: int
+    mean_pooling: PoolingDemo
+    index_pooling: PoolingDemo
+    index_swamping: SwampingDemo
+    attention: tuple[AttentionDemo, ...]
+
+
+def _words(sentences: Sequence[str]) -> tuple[list[str], list[str]]:
+    if isinstance(sentences, str) or len(sentences) != 2:
+        raise PosEncError(f"sentences must be two strings, got {sentences!r}")
+    a, b = (str(s).split() for s in sentences)
+    if len(a) < 2 or sorted(a) != sorted(b) or len(set(a)) != len(a):
+        raise PosEncError(
+            "sentences must be two orderings of the same >= 2 distinct words, "
+            f"got {sentences[0]!r} and {sentences[1]!r}"
+        )
+    return a, b
+
+
+def _cosine(x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(x, y, dim=0))
+
+
+def _attention_encoding(name: str | None, num_heads: int, head_dim: int) -> Any:
+    if name is None or name == "sinusoidal":
+        return None
+    if name == "rope":
+        return resolve_encoding({"name": "rope", "head_dim": head_dim})
+    if name == "alibi":
+        return resolve_encoding({"name": "alibi", "num_heads": num_heads})
+    return resolve_encoding({"name": "alibi", "num_heads": num_heads, "causal": False})
+
+
+def _self_attention(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    *,
+    num_heads: int,
+    encoding: Any,
+    causal: bool,
+) -> torch.Tensor:
+    """One attention layer with projections ``weights [3, d, d]``: ``[s, d]`` -> ``[s, d]``."""
+    from posenc.attention import attention
+
+    s, d = x.shape
+    q, k, v = (
+        (x @ w).reshape(1, s, num_heads, d // num_heads).transpose(1, 2)  # [1, h, s, d/h]
+        for w in weights
+    )
+    out = attention(q, k, v, encoding=encoding, causal=causal)  # [1, h, s, d/h]
+    return out.transpose(1, 2).reshape(s, d)
+
+
+@torch.no_grad()
+def order_sensitivity(
+    sentences: Sequence[str] = ("tom chase jerry", "jerry chase tom"),
+    *,
+    dim: int = 16,
+    num_heads: int = 2,
+    swamp_position: int = 100,
+    seed: int = 0,
+) -> OrderSensitivity:
+    """Run demonstrations (a) to (d) (see the module docs) and return their numbers.
+
+    Args:
+        sentences: two orderings of the same distinct words (split on whitespace).
+        dim: embedding size (random ``N(0, 1)`` token embeddings).
+        num_heads: attention heads (``dim`` must be divisible by it).
+        swamp_position: the position of demonstration (b)'s swamping.
+        seed: seed of the embeddings and the attention projections.
+
+    Examples:
+        >>> from posenc.analysis import order_sensitivity
+        >>> r = order_sensitivity()
+        >>> r.mean_pooling.tells_apart, r.index_pooling.tells_apart
+        (False, False)
+        >>> [(a.label, a.permutation_equivariant) for a in r.attention][:3]
+        [('no positions', True), ('sinusoidal added to embeddings', False), ('RoPE in attention', False)]
+    """
+    words_a, words_b = _words(sentences)
+    dim = check_int("dim", dim, min=2)
+    num_heads = check_int("num_heads", num_heads, min=1)
+    if dim % (2 * num_heads):
+        raise PosEncError(
+            f"dim must be divisible by 2 * num_heads ({2 * num_heads}) so heads can rotate, "
+            f"got {dim}"
+        )
+    swamp_position = check_int("swamp_position", swamp_position, min=0)
+    seed = check_int("seed", seed)
+    vocab = sorted(words_a)
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randn(len(vocab), dim, generator=gen)  # [V, d] token embeddings
+    weights = torch.randn(3, dim, dim, generator=gen) / math.sqrt(dim)  # q, k, v projections
+    ids_a = torch.tensor([vocab.index(w) for w in words_a])
+    ids_b = torch.tensor([vocab.index(w) for w in words_b])
+    x_a, x_b = table[ids_a], table[ids_b]  # [s, d]
+    s = len(words_a)
+    token_scale = float(table.norm(dim=-1).mean())
+
+    def pooled(encoding: str) -> PoolingDemo:
+        config = {"name": encoding} if encoding == "none" else {"name": encoding, "dim": dim}
+        pe = additive_table(resolve_encoding(config), torch.arange(s), dim=dim)
+        mean_a = (x_a.double() + pe).mean(0)
+        mean_b = (x_b.double() + pe).mean(0)
+        gap = float((mean_a - mean_b).norm())
+        return PoolingDemo(encoding, gap, token_scale, gap > 1e-6 * token_scale)
+
+    index = resolve_encoding({"name": "index", "dim": dim})
+    pe_far = additive_table(index, torch.tensor([swamp_position]))[0].float()  # [d]
+    w1, w2 = words_a[0], words_a[-1]
+    e1, e2 = table[vocab.index(w1)], table[vocab.index(w2)]
+    swamping = SwampingDemo(
+        position=swamp_position, position_norm=float(pe_far.norm()), token_norm=token_scale,
+        ratio=float(pe_far.norm()) / token_scale, words=(w1, w2),
+        token_cosine=_cosine(e1, e2), encoded_cosine=_cosine(e1 + pe_far, e2 + pe_far),
+    )  # fmt: skip
+
+    demos = []
+    for label, name, where, causal in ATTENTION_SETTINGS:
+        enc = _attention_encoding(name, num_heads, dim // num_heads)
+        inputs = (x_a, x_b)
+        if name == "sinusoidal":
+            pe = additive_table(
+                resolve_encoding({"name": "sinusoidal", "dim": dim}), torch.arange(s)
+            )
+            inputs = (x_a + pe.float(), x_b + pe.float())
+        out_a, out_b = (
+            _self_attention(x, weights, num_heads=num_heads, encoding=enc, causal=causal)
+            for x in inputs
+        )
+        gaps = {w: float((out_a[words_a.index(w)] - out_b[words_b.index(w)]).norm()) for w in vocab}
+        scale = float(out_a.norm(dim=-1).pow(2).mean().sqrt())
+        worst = max(gaps.values())
+        demos.append(
+            AttentionDemo(
+                label=label,
+                encoding=name or "none",
+                where=where,
+                causal=causal,
+                word_distances=gaps,
+                max_word_distance=worst,
+                scale=scale,
+                permutation_equivariant=worst <= 1e-5 * scale,
+            )
+        )
+    return OrderSensitivity(
+        sentences=(" ".join(words_a), " ".join(words_b)), vocabulary=tuple(vocab), dim=dim,
+        num_heads=num_heads, seed=seed, mean_pooling=pooled("none"),
+        index_pooling=pooled("index"), index_swamping=swamping, attention=tuple(demos),
+    )  # fmt: skip

@@ -1,0 +1,125 @@
+"""``posenc inspect``: the measured properties of one encoding, as a table in the terminal.
+
+posenc inspect rope
+posenc inspect sinusoidal --param dim=128 --length 1024
+posenc inspect alibi --json
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+
+from posenc._errors import PosEncError
+from posenc.cli import app, fail
+from posenc.cli._analysis import PARAM_HELP, encoding_config
+
+__all__ = ["inspect", "property_rows"]
+
+
+def _g(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _yes(flag: bool | None, yes: str, no: str) -> str:
+    return "n/a" if flag is None else (yes if flag else no)
+
+
+def property_rows(props: Any) -> list[tuple[str, str, str]]:
+    """``(property, verdict, detail)`` rows of a :class:`posenc.analysis.Properties`."""
+    b, u, s, d = props.boundedness, props.uniqueness, props.shift, props.decay
+    unit = b.unit
+    swamp = (
+        f"; exceeds {b.swamp_ratio:g}x at {unit} {b.first_swamping:g}"
+        if b.first_swamping is not None
+        else ""
+    )
+    rows = [
+        (
+            "boundedness",
+            _yes(b.bounded, "bounded", "grows"),
+            f"{b.measure}: max {_g(b.max_norm)} = {_g(b.max_ratio)} x reference "
+            f"{b.reference}{swamp}",
+        ),
+    ]
+    first = (
+        f"; closest: {', '.join(f'({c.a:g}, {c.b:g})' for c in u.collisions[:3])}"
+        if u.collisions
+        else ""
+    )
+    rows.append((
+        "uniqueness",
+        "unique" if u.unique else f"{u.num_collisions} collisions",
+        f"min distance {_g(u.min_distance)} ({_g(u.min_distance / u.scale if u.scale else 0.0)} "
+        f"of the rms norm) between {unit}s {u.closest_pair[0]:g} and {u.closest_pair[1]:g} "
+        f"over {u.num_positions} {unit}s{first}",
+    ))  # fmt: skip
+    if s.linear_map_residuals is not None:
+        rows.append((
+            "shift: PE(p+k) = M_k PE(p)",
+            _yes(s.linear_map_holds, "holds", "fails"),
+            f"max relative residual {_g(max(s.linear_map_residuals))} over k = "
+            f"{', '.join(map(str, s.offsets))}"
+            + ("" if s.linear_map_determined else " (too few positions: any table fits)"),
+        ))  # fmt: skip
+    rows.append((
+        "shift: depends only on k",
+        _yes(s.dot_depends_only_on_offset, "yes", "no"),
+        f"{s.measure}: max relative spread over p {_g(max(s.dot_spreads))}",
+    ))  # fmt: skip
+    picks = [k for k in (1, 4, 16, 64, 256, 1024) if k < len(d.distances)] + [d.distances[-1]]
+    curve = d.normalized if d.normalized is not None else d.similarity
+    values = ", ".join(f"k={k}: {curve[k]:.3g}" for k in dict.fromkeys(picks))
+    what = "normalized" if d.normalized is not None else "mean over heads"
+    bound = ""
+    if d.bound_normalized is not None:
+        bound = "; RoFormer bound " + ", ".join(
+            f"{d.bound_normalized[k]:.3g}" for k in dict.fromkeys(picks)
+        )
+    rows.append(("decay", what, f"{d.measure}: {values}{bound}"))
+    return rows
+
+
+@app.command("inspect")
+def inspect(
+    encoding: Annotated[str, typer.Argument(help="Registry name, e.g. rope.")],
+    param: Annotated[list[str] | None, typer.Option("--param", help=PARAM_HELP)] = None,
+    length: Annotated[
+        int, typer.Option(help="Positions 0..length-1 measured (bias: distances).")
+    ] = 512,
+    max_distance: Annotated[int, typer.Option(help="Largest distance of the decay.")] = 128,
+    as_json: Annotated[bool, typer.Option("--json", help="Print every number as JSON.")] = False,
+) -> None:
+    """Measure an encoding: boundedness, uniqueness, shift structure and decay."""
+    from posenc.analysis import properties
+
+    try:
+        props = properties(
+            encoding_config(encoding, param), length, shift_positions=min(length, 256),
+            max_distance=max_distance,
+        )  # fmt: skip
+    except PosEncError as e:
+        fail(str(e))
+        return
+    if as_json:
+        typer.echo(json.dumps(props.to_dict(), indent=1))
+        return
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(highlight=False)
+    config = ", ".join(f"{k}={v}" for k, v in props.config.items() if k != "name")
+    grid = Table(
+        title=Text(f"{props.encoding} ({props.kind}) {config}"), box=box.SIMPLE_HEAD,
+        title_justify="left", show_lines=False,
+    )  # fmt: skip
+    grid.add_column("property", style="bold", no_wrap=True)
+    grid.add_column("result", no_wrap=True)
+    grid.add_column("detail")
+    for name, verdict, detail in property_rows(props):
+        grid.add_row(name, verdict, Text(detail))  # Text: no markup, "E[q.k]" stays
+    console.print(grid)

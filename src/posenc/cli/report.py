@@ -1,0 +1,70 @@
+"""``posenc report``: measure every encoding and write one self-contained HTML report.
+
+posenc report                  # ./report/index.html, report.json, *.png (a few minutes)
+posenc report --out /tmp/r --quick     # smaller ranges, a tiny study (under a minute)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from posenc._errors import PosEncError
+from posenc.cli import app, fail
+from posenc.cli._analysis import check_out_dir
+
+__all__ = ["report"]
+
+
+@app.command("report")
+def report(
+    out: Annotated[str, typer.Option("--out", "-o", help="Output folder.")] = "report",
+    quick: Annotated[
+        bool, typer.Option("--quick", help="Smaller ranges and a tiny study: under a minute.")
+    ] = False,
+    lengthgen: Annotated[
+        bool,
+        typer.Option("--lengthgen/--no-lengthgen", help="Run the length-generalization study."),
+    ] = True,
+) -> None:
+    """Write DIR/index.html (figures embedded), DIR/report.json and DIR/*.png."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from posenc.report import build_report
+
+    try:
+        path = check_out_dir(out)
+    except PosEncError as e:
+        fail(str(e))
+        return
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.fields[stage]:<10}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.description}"), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=console, transient=False) as bar:
+        tasks: dict[str, Any] = {}
+
+        def on_progress(stage: str, done: int, total: int, description: str) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(description, total=total, stage=stage)
+            bar.update(tasks[stage], completed=done, total=total, description=description)
+
+        try:
+            data = build_report(path, quick=quick, lengthgen=lengthgen, on_progress=on_progress)
+        except PosEncError as e:
+            bar.stop()
+            fail(str(e))
+            return
+        except OSError as e:
+            bar.stop()
+            fail(f"cannot write to --out {out!r}: {e.strerror or e}")
+            return
+    errors = [e["name"] for e in data["encodings"] if e["error"]]
+    typer.echo(f"wrote {path / 'index.html'}, {path / 'report.json'} and "
+               f"{len(data['figures'])} figures in {data['seconds']['total']:.0f} s")  # fmt: skip
+    if errors:
+        typer.echo(f"could not measure: {', '.join(errors)} (see the report)", err=True)
+    if data["lengthgen"]["status"] != "ok":
+        typer.echo(f"length generalization: {data['lengthgen']['status']} "
+                   f"({data['lengthgen']['reason']})", err=True)  # fmt: skip

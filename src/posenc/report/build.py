@@ -1,0 +1,287 @@
+"""Compute everything the report shows, write the figures, ``report.json`` and ``index.html``."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import posenc
+from posenc import registry
+from posenc._errors import PosEncError
+from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve_encoding
+from posenc.analysis._results import jsonable
+from posenc.report.schema import SCHEMA_VERSION, validate_report
+
+__all__ = ["LENGTHGEN_SETTINGS", "Settings", "build_report", "settings_for"]
+
+#: ``on_progress(stage, done, total, description)``: ``stage`` is ``"analysis"`` (encodings,
+#: figures, demonstrations, page) or ``"lengthgen"`` (training steps of the study).
+Progress = Callable[[str, int, int, str], None]
+
+#: How the report runs the length-generalization study (posenc.experiments.lengthgen):
+#: its "quick" preset, shortened further for ``--quick``. Tiny on purpose: the report
+#: shows the pipeline and the shape of the comparison; ``posenc lengthgen`` runs real ones.
+LENGTHGEN_SETTINGS: dict[bool, dict[str, Any]] = {
+    False: {"task": "lm", "encodings": ("none", "sinusoidal", "learned", "rope", "alibi", "t5"),
+            "preset": "quick", "steps": 40, "eval_lens": (32, 64, 128)},
+    True: {"task": "lm", "encodings": ("none", "sinusoidal", "rope", "alibi"),
+           "preset": "quick", "steps": 6, "eval_lens": (32, 64)},
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Sizes of one report run (see :func:`settings_for`)."""
+
+    quick: bool
+    positions: int
+    shift_positions: int
+    max_distance: int
+    figure_positions: int
+    dpi: int
+    similarity_figures: bool
+    bias_heads: int
+
+
+def settings_for(quick: bool) -> Settings:
+    """The report's sizes: the default run, or the ``--quick`` one (under a minute)."""
+    if quick:
+        return Settings(True, positions=128, shift_positions=128, max_distance=64,
+                        figure_positions=64, dpi=72, similarity_figures=False, bias_heads=4)  # fmt: skip
+    return Settings(False, positions=512, shift_positions=256, max_distance=128,
+                    figure_positions=128, dpi=90, similarity_figures=True, bias_heads=8)  # fmt: skip
+
+
+class _Figures:
+    """Draws figures, writes them as ``DIR/<file>.png`` and records them."""
+
+    def __init__(self, out: Path, dpi: int) -> None:
+        self.out, self.dpi = out, dpi
+        self.records: list[dict[str, Any]] = []
+        self.seconds = 0.0
+
+    def add(self, file: str, title: str, section: str, encoding: str | None, draw: Any) -> str:
+        from posenc.plot import figure_bytes
+
+        start = time.perf_counter()
+        fig = draw(self.dpi)
+        width, height = fig.canvas.get_width_height()
+        (self.out / file).write_bytes(figure_bytes(fig))
+        self.records.append({"file": file, "title": title, "section": section,
+                             "encoding": encoding, "width": width, "height": height})  # fmt: skip
+        self.seconds += time.perf_counter() - start
+        return file
+
+
+def _encoding_entry(name: str, s: Settings, figs: _Figures) -> dict[str, Any]:
+    """Properties and figures of one registered encoding; errors are recorded, not raised."""
+    from posenc import plot
+
+    entry: dict[str, Any] = {"name": name, "kind": None, "config": None, "summary": None,
+                             "properties": None, "figures": [], "error": None}  # fmt: skip
+    try:
+        enc = resolve_encoding(name)
+        entry["kind"], entry["config"] = enc.kind, enc.to_config()
+        props = properties(enc, s.positions, shift_positions=s.shift_positions,
+                           max_distance=s.max_distance)  # fmt: skip
+        entry["summary"], entry["properties"] = props.summary(), props.to_dict()
+        n = s.figure_positions
+        if enc.kind == "bias":
+            rows = -(-min(s.bias_heads, enc.num_heads) // 4)  # the plot puts 4 heads a row
+            entry["figures"].append(figs.add(
+                f"bias_{name}.png", f"{name}: bias of each head", "encodings", name,
+                lambda dpi: plot.plot_bias(enc, min(n, 48), max_heads=s.bias_heads,
+                                           figsize=(8, 0.9 + 2.1 * rows), dpi=dpi),
+            ))  # fmt: skip
+        else:
+            entry["figures"].append(figs.add(
+                f"table_{name}.png", f"{name}: table", "encodings", name,
+                lambda dpi: plot.plot_table(enc, n, figsize=(6.5, 3.6), dpi=dpi),
+            ))  # fmt: skip
+            if enc.kind != "none" and s.similarity_figures:
+                entry["figures"].append(figs.add(
+                    f"similarity_{name}.png", f"{name}: similarity of positions", "encodings",
+                    name, lambda dpi: plot.plot_similarity(enc, n, figsize=(4.4, 3.6), dpi=dpi),
+                ))  # fmt: skip
+    except Exception as e:  # a new encoding the defaults cannot build must not sink the report
+        entry["error"] = f"{type(e).__name__}: {e}"
+    return entry
+
+
+def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> dict[str, Any]:
+    settings = dict(LENGTHGEN_SETTINGS[quick])
+    record: dict[str, Any] = {"status": "absent", "reason": None, "settings": None,
+                              "results": None, "figure": None}  # fmt: skip
+    try:
+        from posenc.experiments.lengthgen import run_study
+    except ImportError as e:
+        record["reason"] = f"posenc.experiments.lengthgen is not available here ({e})"
+        return record
+    names = set(registry.names())
+    settings["encodings"] = tuple(n for n in settings["encodings"] if n in names)
+    record["settings"] = {**settings, "encodings": list(settings["encodings"]),
+                          "eval_lens": list(settings["eval_lens"])}  # fmt: skip
+    total = settings["steps"] * len(settings["encodings"])
+    done: dict[str, int] = {}
+
+    def on_event(kind: str, fields: dict[str, Any]) -> None:
+        if kind == "step":
+            done[fields["label"]] = int(fields["info"].step)
+            progress("lengthgen", min(sum(done.values()), total), total,
+                     f"training {fields['label']}")  # fmt: skip
+        elif kind == "eval":
+            progress("lengthgen", min(sum(done.values()), total), total,
+                     f"evaluating {fields['label']}")  # fmt: skip
+
+    progress("lengthgen", 0, total, "length generalization")
+    try:
+        results = run_study(
+            settings["task"], list(settings["encodings"]), preset=settings["preset"],
+            steps=settings["steps"], eval_lens=list(settings["eval_lens"]), plot=False,
+            on_event=on_event,
+        )  # fmt: skip
+    except Exception as e:  # the analysis half of the report is still worth writing
+        record["status"] = "error"
+        record["reason"] = f"{type(e).__name__}: {e}"
+        return record
+    progress("lengthgen", total, total, "length generalization done")
+    record["status"], record["results"] = "ok", jsonable(results)  # inf / NaN -> null
+    try:
+        from posenc.experiments.figure import plot_study
+
+        start = time.perf_counter()
+        path = plot_study(results, out / "lengthgen.png")
+        from PIL import Image
+
+        with Image.open(path) as im:
+            width, height = im.size
+        figs.records.append({"file": "lengthgen.png", "title": "length generalization",
+                             "section": "lengthgen", "encoding": None, "width": width,
+                             "height": height})  # fmt: skip
+        figs.seconds += time.perf_counter() - start
+        record["figure"] = "lengthgen.png"
+    except Exception as e:  # no figure; the table of numbers stays
+        record["reason"] = f"figure failed: {type(e).__name__}: {e}"
+    return record
+
+
+def _quiet(stage: str, done: int, total: int, description: str) -> None:
+    """The default progress callback: nothing."""
+
+
+def build_report(
+    out_dir: str | os.PathLike[str] = "report",
+    *,
+    quick: bool = False,
+    encodings: Sequence[str] | None = None,
+    lengthgen: bool = True,
+    on_progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Measure every registered encoding and write the report to ``out_dir``.
+
+    Writes ``index.html`` (one self-contained page, figures embedded), ``report.json``
+    (every number; schema in :mod:`posenc.report.schema`) and the figures as ``*.png``.
+
+    Args:
+        out_dir: output folder, created if missing.
+        quick: smaller ranges and a shorter study (under a minute on a laptop).
+        encodings: registry names to include (default: all, in registry order).
+        lengthgen: run the length-generalization study (when the experiments are present).
+        on_progress: ``(stage, done, total, description)`` callback.
+
+    Returns:
+        The data written to ``report.json``.
+    """
+    started = time.perf_counter()
+    progress = on_progress or _quiet
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PosEncError(f"out_dir cannot be created: {str(out)!r} ({e.strerror})") from None
+    if not os.access(out, os.W_OK):
+        raise PosEncError(f"out_dir is not writable: {str(out)!r}")
+    names = registry.names() if encodings is None else [registry.get(n).name for n in encodings]
+    if not names:
+        raise PosEncError("encodings must name at least one encoding, got an empty list")
+    s = settings_for(bool(quick))
+    figs = _Figures(out, s.dpi)
+    total = len(names) + 3
+    entries = []
+    t0 = time.perf_counter()
+    for i, name in enumerate(names):
+        progress("analysis", i, total, f"measuring {name}")
+        entries.append(_encoding_entry(name, s, figs))
+    analysis_seconds = time.perf_counter() - t0 - figs.seconds
+
+    progress("analysis", len(names), total, "decay curves")
+    from posenc import plot
+
+    ok = [e["name"] for e in entries if e["error"] is None]
+    if ok:
+        figs.add("decay.png", "similarity and bias against distance", "decay", None,
+                 lambda dpi: plot.plot_decay(ok, s.max_distance, figsize=(12, 4.6), dpi=dpi))  # fmt: skip
+    rotary = [e["name"] for e in entries if e["kind"] == "rotary" and e["error"] is None]
+    if rotary:
+        clock = "rope" if "rope" in rotary else rotary[0]
+        figs.add(f"clock_{clock}.png", f"{clock}: rotation angles as clock hands", "decay",
+                 clock, lambda dpi: plot.plot_clock_hands(clock, figsize=(12, 3.0), dpi=dpi))  # fmt: skip
+
+    progress("analysis", len(names) + 1, total, "demonstrations")
+    t0 = time.perf_counter()
+    demos = order_sensitivity().to_dict()
+    demo_seconds = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if lengthgen:
+        study = _lengthgen(out, bool(quick), figs, progress)
+    else:
+        study = {"status": "skipped", "reason": "turned off (lengthgen=False)", "settings": None,
+                 "results": None, "figure": None}  # fmt: skip
+    lengthgen_seconds = time.perf_counter() - t0  # with its figure
+
+    progress("analysis", len(names) + 2, total, "writing the page")
+    data: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "posenc_version": posenc.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "settings": {
+            "quick": s.quick,
+            "positions": s.positions,
+            "shift_positions": s.shift_positions,
+            "max_distance": s.max_distance,
+            "dtype": str(torch.float32).removeprefix("torch."),
+            "analysis_defaults": {
+                k: list(v) if isinstance(v, tuple) else v for k, v in DEFAULT_ARGS.items()
+            },
+            "dpi": s.dpi,
+        },
+        "encodings": entries,
+        "demonstrations": demos,
+        "lengthgen": study,
+        "figures": figs.records,
+        "seconds": {
+            "analysis": analysis_seconds,
+            "figures": figs.seconds,
+            "demonstrations": demo_seconds,
+            "lengthgen": lengthgen_seconds,
+            "total": 0.0,
+        },
+    }
+    from posenc.report.html import render_html
+
+    html = render_html(data, out)
+    data["seconds"]["total"] = time.perf_counter() - started
+    validate_report(data)
+    (out / "report.json").write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
+    (out / "index.html").write_text(html, encoding="utf-8")
+    progress("analysis", total, total, "done")
+    return data

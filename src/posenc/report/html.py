@@ -1,0 +1,300 @@
+"""The report page: one self-contained HTML file, figures embedded as base64 PNG data URIs."""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from posenc.analysis.summary import SUMMARY_COLUMNS
+
+__all__ = ["render_html"]
+
+_CSS = """
+:root { --fg: #1d2330; --muted: #5b6475; --line: #dde2ea; --bg: #f7f8fb; --card: #fff;
+        --yes: #17803d; --no: #b42318; --accent: #3355cc; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+       color: var(--fg); background: var(--bg); }
+header { background: #182033; color: #fff; padding: 28px 40px 18px; }
+header h1 { margin: 0 0 4px; font-size: 28px; }
+header .meta { color: #c3cbe0; margin: 0 0 12px; }
+header nav a { color: #fff; margin-right: 18px; text-decoration: none; border-bottom: 1px solid #7f8bb0; }
+main { max-width: 1220px; margin: 0 auto; padding: 10px 32px 40px; }
+section { margin-top: 34px; }
+h2 { font-size: 22px; border-bottom: 2px solid var(--line); padding-bottom: 6px; }
+h3 { margin: 0 0 6px; font-size: 17px; }
+p.lead { color: var(--muted); max-width: 900px; }
+table { border-collapse: collapse; background: var(--card); font-size: 13.5px; }
+th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: right; white-space: nowrap; }
+th { background: #eef1f7; white-space: normal; vertical-align: bottom; }
+td:first-child, th:first-child, td.text, th.text { text-align: left; }
+td.yes { color: var(--yes); font-weight: 600; } td.no { color: var(--no); font-weight: 600; }
+tr.error td { color: var(--no); white-space: normal; }
+.scroll { overflow-x: auto; border: 1px solid var(--line); border-radius: 6px; }
+dl.legend { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; font-size: 13px;
+            color: var(--muted); margin-top: 10px; }
+dl.legend dt { font-weight: 600; color: var(--fg); }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px; }
+article.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 14px; }
+.kind { font-size: 12px; font-weight: 600; padding: 1px 8px; border-radius: 10px; background: #e6ebf7;
+        color: var(--accent); margin-left: 6px; vertical-align: middle; }
+code, .config { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; }
+.config { color: var(--muted); word-break: break-all; margin: 0 0 8px; }
+.figs { display: flex; flex-wrap: wrap; gap: 10px; align-items: flex-start; }
+figure { margin: 0; }
+figure img { max-width: 100%; height: auto; display: block; border: 1px solid var(--line); border-radius: 4px; }
+figcaption { font-size: 12px; color: var(--muted); }
+.demo { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 14px 18px;
+        margin-bottom: 14px; }
+.demo h3 span { color: var(--muted); font-weight: 400; }
+.verdict { font-weight: 600; }
+.absent { background: #fff6e5; border: 1px solid #f0c36d; border-radius: 8px; padding: 12px 16px; }
+footer { color: var(--muted); font-size: 13px; margin-top: 40px; }
+"""
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _num(value: Any, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        return f"{value:.{digits}g}"
+    return _e(value)
+
+
+def _img(out: Path, record: dict[str, Any], css: str = "") -> str:
+    data = base64.b64encode((out / record["file"]).read_bytes()).decode("ascii")
+    return (
+        f'<figure class="{css}"><img src="data:image/png;base64,{data}" '
+        f'alt="{_e(record["title"])}" width="{record["width"]}" height="{record["height"]}" '
+        f'data-file="{_e(record["file"])}"><figcaption>{_e(record["title"])} '
+        f"(<code>{_e(record['file'])}</code>)</figcaption></figure>"
+    )
+
+
+def _cell(key: str, value: Any) -> str:
+    if key in ("bounded", "unique", "offset_only"):
+        return f'<td class="{"yes" if value else "no"}">{"yes" if value else "no"}</td>'
+    if key in ("encoding", "kind"):
+        return f'<td class="text">{_e(value)}</td>'
+    if key == "first_swamping":
+        return f"<td>{'never' if value is None else _num(value)}</td>"
+    if key == "shift_residual":
+        return f"<td>{'n/a' if value is None else _num(value, 2)}</td>"
+    return f"<td>{_num(value)}</td>"
+
+
+def _property_table(data: dict[str, Any]) -> str:
+    head = "".join(
+        f'<th class="{"text" if k in ("encoding", "kind") else ""}" title="{_e(desc)}">{_e(h)}</th>'
+        for k, h, desc in SUMMARY_COLUMNS
+    )
+    rows = []
+    for entry in data["encodings"]:
+        name = _e(entry["name"])
+        if entry["error"] is not None:
+            rows.append(
+                f'<tr class="encoding-row error" data-encoding="{name}"><td class="text">{name}</td>'
+                f'<td colspan="{len(SUMMARY_COLUMNS) - 1}" class="text">could not be measured '
+                f"with the analysis defaults: {_e(entry['error'])}</td></tr>"
+            )
+            continue
+        cells = "".join(_cell(k, entry["summary"][k]) for k, _, _ in SUMMARY_COLUMNS)
+        rows.append(f'<tr class="encoding-row" data-encoding="{name}">{cells}</tr>')
+    legend = "".join(f"<dt>{_e(h)}</dt><dd>{_e(desc)}</dd>" for _, h, desc in SUMMARY_COLUMNS)
+    s = data["settings"]
+    return f"""
+<section id="properties">
+<h2>Properties of every encoding</h2>
+<p class="lead">Each row measures one registered encoding, built with the analysis defaults
+(<code>{_e(json.dumps(s["analysis_defaults"]))}</code>), over positions 0..{s["positions"] - 1}
+(bias encodings: distances between query and key). Additive encodings are compared with an
+N(0, 1) token embedding of the same size; rotary encodings with a pure rotation; biases with the
+unit spread of scaled logits. Every number, with the per-position curves, is in
+<code>report.json</code>.</p>
+<div class="scroll"><table id="property-table"><thead><tr>{head}</tr></thead>
+<tbody>{"".join(rows)}</tbody></table></div>
+<dl class="legend">{legend}</dl>
+</section>"""
+
+
+def _encoding_cards(data: dict[str, Any], out: Path) -> str:
+    by_file = {r["file"]: r for r in data["figures"]}
+    cards = []
+    for entry in data["encodings"]:
+        if entry["error"] is not None or not entry["figures"]:
+            continue
+        config = ", ".join(f"{k}={v}" for k, v in (entry["config"] or {}).items() if k != "name")
+        figs = "".join(_img(out, by_file[f]) for f in entry["figures"])
+        cards.append(
+            f'<article class="card" id="enc-{_e(entry["name"])}"><h3>{_e(entry["name"])}'
+            f'<span class="kind">{_e(entry["kind"])}</span></h3>'
+            f'<p class="config">{_e(config) or "(no arguments)"}</p><div class="figs">{figs}</div></article>'
+        )
+    return f"""
+<section id="encodings">
+<h2>What each encoding looks like</h2>
+<p class="lead">Additive encodings: the table PE(p) (position down, channel across) and the
+cosine similarity of every pair of positions. Rotary encodings: cos and sin of every angle
+p&nbsp;&middot;&nbsp;&theta;<sub>i</sub>, and the similarity of the rotations (the expected q&middot;k of a
+random query and key). Bias encodings: the bias each head adds to the attention logits
+(query down, key across).</p>
+<div class="cards">{"".join(cards)}</div>
+</section>"""
+
+
+def _decay_section(data: dict[str, Any], out: Path) -> str:
+    figs = "".join(_img(out, r, "wide") for r in data["figures"] if r["section"] == "decay")
+    return f"""
+<section id="decay">
+<h2>Decay with distance</h2>
+<p class="lead">How much a query at position p&nbsp;+&nbsp;k still resembles a key at p. Sinusoidal
+tables and RoPE give the same curve (both are sums of cos(k&theta;<sub>i</sub>)); the dashed lines
+are the shape of RoFormer's long-term decay bound. Learned tables start random (no decay), the
+naive index grows. Bias encodings act on the logits directly: ALiBi falls linearly, T5 is
+learned per bucket.</p>
+{figs}
+</section>"""
+
+
+def _demo_section(data: dict[str, Any]) -> str:
+    d = data["demonstrations"]
+    a, b, sw = d["mean_pooling"], d["index_pooling"], d["index_swamping"]
+    s1, s2 = (_e(x) for x in d["sentences"])
+
+    def verdict(apart: bool) -> str:
+        return "tells them apart" if apart else "cannot tell them apart"
+
+    rows = []
+    for row in d["attention"]:
+        words = "".join(f"<td>{_num(row['word_distances'][w])}</td>" for w in d["vocabulary"])
+        same = row["permutation_equivariant"]
+        rows.append(
+            f'<tr><td class="text">{_e(row["label"])}</td>{words}<td>{_num(row["scale"])}</td>'
+            f'<td class="{"no" if same else "yes"}">{"same (permuted)" if same else "differ"}</td></tr>'
+        )
+    word_heads = "".join(f"<th>{_e(w)}</th>" for w in d["vocabulary"])
+    return f"""
+<section id="demonstrations">
+<h2>Why attention needs positions: the classic demonstrations</h2>
+<p class="lead">The sentences <b>&ldquo;{s1}&rdquo;</b> and <b>&ldquo;{s2}&rdquo;</b> hold the same
+words. Random N(0, 1) token embeddings of size {d["dim"]} (seed {d["seed"]}); attention has
+{d["num_heads"]} heads with random projections and runs through <code>posenc.attention</code>.</p>
+<div class="demo" id="demo-a"><h3>(a) Mean-pooled embeddings <span>bag of words</span></h3>
+<p>Distance between the two sentences' mean embeddings: <b>{_num(a["pooled_distance"])}</b>
+(token norm {_num(a["scale"])}). The mean <span class="verdict">{verdict(a["tells_apart"])}</span>:
+a sum does not see order.</p></div>
+<div class="demo" id="demo-b"><h3>(b) Adding the naive index p <span>the first idea</span></h3>
+<p>Distance after adding PE(p) = p to every channel: <b>{_num(b["pooled_distance"])}</b>: the pooled
+model still <span class="verdict">{verdict(b["tells_apart"])}</span> (both sentences get the same
+positions). Worse, at position {sw["position"]} the encoding's norm is {_num(sw["position_norm"])},
+<b>{_num(sw["ratio"])}&times;</b> a token's: the cosine between &ldquo;{_e(sw["words"][0])}&rdquo; and
+&ldquo;{_e(sw["words"][1])}&rdquo; goes from {_num(sw["token_cosine"])} to
+<b>{_num(sw["encoded_cosine"], 5)}</b> once the position is added. The position swamps the token.</p></div>
+<div class="demo" id="demo-cd"><h3>(c) and (d) One self-attention layer <span>output of each word,
+first sentence against second</span></h3>
+<p>Without positions, each word's output is the same wherever it stands: the outputs only permute
+with the inputs (c). Sinusoidal positions added to the embeddings, RoPE in attention, ALiBi or
+just the causal mask make them differ (d). A symmetric bias in bidirectional attention cannot
+tell a sentence from its reverse: every distance |i&nbsp;&minus;&nbsp;j| is kept.</p>
+<div class="scroll"><table id="attention-demo"><thead><tr><th class="text">setting</th>{word_heads}
+<th>output rms</th><th>each word's output</th></tr></thead><tbody>{"".join(rows)}</tbody></table></div>
+<p class="lead">Cells: &#8214;out<sub>1</sub>[word] &minus; out<sub>2</sub>[word]&#8214;.</p></div>
+</section>"""
+
+
+def _lengthgen_section(data: dict[str, Any], out: Path) -> str:
+    lg = data["lengthgen"]
+    if lg["status"] != "ok":
+        what = {
+            "absent": "The length-generalization experiments are not part of this build",
+            "error": "The length-generalization study failed",
+            "skipped": "The length-generalization study was not run",
+        }[lg["status"]]
+        return f"""
+<section id="lengthgen">
+<h2>Length generalization</h2>
+<p class="absent" id="lengthgen-absent"><b>{what}.</b> {_e(lg["reason"] or "")}
+The rest of the report is complete. Run <code>posenc lengthgen</code> for a study of its own.</p>
+</section>"""
+    r = lg["results"]
+    lengths = [str(n) for n in r["eval_lens"]]
+    metric = r["metric"]
+    past = metric == "ppl"
+    rows = []
+    for run in r["runs"]:
+        cells = []
+        for n in lengths:
+            cell = run["eval"].get(n, {})
+            if "error" in cell:
+                cells.append(f'<td class="no" title="{_e(cell["error"])}">error</td>')
+            elif past and cell.get("ppl_past") is not None:
+                cells.append(f"<td>{_num(cell.get(metric))} ({_num(cell['ppl_past'])})</td>")
+            else:
+                cells.append(f"<td>{_num(cell.get(metric))}</td>")
+        loss = run["train"].get("final_loss")
+        rows.append(
+            f'<tr><td class="text">{_e(run["encoding"])}</td><td>{_num(loss)}</td>{"".join(cells)}</tr>'
+        )
+    heads = "".join(
+        f"<th>{n}{' (train)' if int(n) == r['train_len'] else ''}</th>" for n in lengths
+    )
+    fig = ""
+    if lg["figure"]:
+        record = next(f for f in data["figures"] if f["file"] == lg["figure"])
+        fig = _img(out, record, "wide")
+    unit = "perplexity (perplexity past the training length)" if past else metric
+    settings = lg["settings"]
+    return f"""
+<section id="lengthgen">
+<h2>Length generalization</h2>
+<p class="lead">TinyTransformers with each encoding, trained on <code>{_e(r["task"])}</code> at
+{r["train_len"]} tokens for {settings["steps"]} steps (the report's deliberately tiny study:
+read the shape, not the values; <code>posenc lengthgen</code> runs full ones), then evaluated at
+longer lengths. Cells: {_e(unit)}.</p>
+<div class="scroll"><table id="lengthgen-table"><thead><tr><th class="text">encoding</th>
+<th>final train loss</th>{heads}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>
+{fig}
+</section>"""
+
+
+def render_html(data: dict[str, Any], out: Path) -> str:
+    """The report page for ``data`` (as written to ``report.json``); figures are read from
+    ``out`` and embedded."""
+    s = data["settings"]
+    mode = "quick run" if s["quick"] else "default run"
+    n = len(data["encodings"])
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>posenc report</title><style>{_CSS}</style></head>
+<body>
+<header><h1>posenc report</h1>
+<p class="meta">posenc {_e(data["posenc_version"])} &middot; {_e(data["created"])} &middot; {mode}
+&middot; {n} encodings &middot; every number in <a href="report.json" style="color:#fff">report.json</a></p>
+<nav><a href="#properties">Properties</a><a href="#encodings">Pictures</a><a href="#decay">Decay</a>
+<a href="#demonstrations">Demonstrations</a><a href="#lengthgen">Length generalization</a></nav>
+</header>
+<main>
+{_property_table(data)}
+{_encoding_cards(data, out)}
+{_decay_section(data, out)}
+{_demo_section(data)}
+{_lengthgen_section(data, out)}
+<footer>Made by <code>posenc report{" --quick" if s["quick"] else ""}</code>. Figures are also in
+this folder as PNG files.</footer>
+</main>
+</body></html>
+"""

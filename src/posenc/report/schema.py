@@ -1,0 +1,257 @@
+"""The schema of ``report.json`` and a small validator for it.
+
+``report.json`` holds every number of the report (version :data:`SCHEMA_VERSION`)::
+
+    {
+      "schema_version": 1,
+      "posenc_version": "0.1.0",
+      "created": "2026-01-01T12:00:00+00:00",          # UTC, ISO 8601
+      "settings": {"quick", "positions", "shift_positions", "max_distance", "dtype",
+                   "analysis_defaults", "dpi"},
+      "encodings": [                                    # one per registered encoding,
+        {"name", "kind", "config",                      #   registry order
+         "summary": {encoding, kind, bounded, max_ratio, first_swamping, unique,
+                     min_distance, collisions, shift_residual, offset_only,
+                     decay_mid, decay_far},             #   the property-table row
+         "properties": {"encoding", "kind", "config",   #   posenc.analysis.Properties
+                        "boundedness", "uniqueness", "shift", "decay"},
+         "figures": ["table_rope.png", ...],
+         "error": null}                                 #   or the message if it failed
+      ],
+      "demonstrations": {...},                          # posenc.analysis.OrderSensitivity
+      "lengthgen": {"status": "ok" | "absent" | "error", "reason", "settings",
+                    "results", "figure"},               # results: run_study's dict
+      "figures": [{"file", "title", "section", "encoding", "width", "height"}],
+      "seconds": {"analysis", "figures", "demonstrations", "lengthgen", "total"}
+    }
+
+Numbers that would be infinite or NaN are written as ``null``. :func:`validate_report`
+checks a loaded report against :data:`REPORT_SCHEMA` (a JSON Schema subset: ``type``,
+``required``, ``properties``, ``additionalProperties``, ``items``, ``enum``, ``minimum``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from posenc._errors import PosEncError
+from posenc.analysis.demonstrations import OrderSensitivity
+from posenc.analysis.properties import Boundedness, Decay, ShiftStructure, Uniqueness
+from posenc.analysis.summary import SUMMARY_COLUMNS, Properties
+
+__all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION", "validate_report"]
+
+SCHEMA_VERSION = 1
+
+_STR = {"type": "string"}
+_NUM = {"type": "number"}
+_NUM_NULL = {"type": ["number", "null"]}
+_BOOL = {"type": "boolean"}
+_OBJ = {"type": "object"}
+_NUMBERS = {"type": "array", "items": _NUM_NULL}
+
+
+def _fields(cls: type, **types: dict[str, Any]) -> dict[str, Any]:
+    """An object schema requiring every field of the dataclass ``cls``."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    return {"type": "object", "required": names, "properties": types}
+
+
+_SUMMARY = {
+    "type": "object",
+    "required": [key for key, _, _ in SUMMARY_COLUMNS],
+    "additionalProperties": False,
+    "properties": {
+        "encoding": _STR,
+        "kind": {"enum": ["additive", "rotary", "bias", "none"]},
+        "bounded": _BOOL,
+        "max_ratio": _NUM,
+        "first_swamping": _NUM_NULL,
+        "unique": _BOOL,
+        "min_distance": _NUM,
+        "collisions": {"type": "integer", "minimum": 0},
+        "shift_residual": _NUM_NULL,
+        "offset_only": _BOOL,
+        "decay_mid": _NUM,
+        "decay_far": _NUM,
+    },
+}
+
+_PROPERTIES = _fields(
+    Properties,
+    encoding=_STR,
+    kind=_STR,
+    config=_OBJ,
+    boundedness=_fields(Boundedness, norms=_NUMBERS, positions=_NUMBERS, bounded=_BOOL),
+    uniqueness=_fields(
+        Uniqueness,
+        min_distance=_NUM,
+        num_collisions={"type": "integer", "minimum": 0},
+        collisions={
+            "type": "array",
+            "items": {"type": "object", "required": ["a", "b", "distance"]},
+        },
+        unique=_BOOL,
+    ),
+    shift=_fields(
+        ShiftStructure,
+        offsets={"type": "array", "items": {"type": "integer"}},
+        dot_spreads=_NUMBERS,
+        dot_depends_only_on_offset=_BOOL,
+    ),
+    decay=_fields(Decay, distances=_NUMBERS, similarity=_NUMBERS),
+)
+
+_ENCODING = {
+    "type": "object",
+    "required": ["name", "kind", "config", "summary", "properties", "figures", "error"],
+    "additionalProperties": False,
+    "properties": {
+        "name": _STR,
+        "kind": {"enum": ["additive", "rotary", "bias", "none", None]},
+        "config": {"type": ["object", "null"]},
+        "summary": {
+            "type": ["object", "null"],
+            **{k: v for k, v in _SUMMARY.items() if k != "type"},
+        },
+        "properties": {
+            "type": ["object", "null"],
+            **{k: v for k, v in _PROPERTIES.items() if k != "type"},
+        },
+        "figures": {"type": "array", "items": _STR},
+        "error": {"type": ["string", "null"]},
+    },
+}
+
+_FIGURE = {
+    "type": "object",
+    "required": ["file", "title", "section", "encoding", "width", "height"],
+    "properties": {
+        "file": _STR,
+        "title": _STR,
+        "section": {"enum": ["encodings", "decay", "lengthgen"]},
+        "encoding": {"type": ["string", "null"]},
+        "width": {"type": "integer", "minimum": 1},
+        "height": {"type": "integer", "minimum": 1},
+    },
+}
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": [
+        "schema_version",
+        "posenc_version",
+        "created",
+        "settings",
+        "encodings",
+        "demonstrations",
+        "lengthgen",
+        "figures",
+        "seconds",
+    ],
+    "additionalProperties": False,
+    "properties": {
+        "schema_version": {"enum": [SCHEMA_VERSION]},
+        "posenc_version": _STR,
+        "created": _STR,
+        "settings": {
+            "type": "object",
+            "required": [
+                "quick",
+                "positions",
+                "shift_positions",
+                "max_distance",
+                "dtype",
+                "analysis_defaults",
+                "dpi",
+            ],
+            "properties": {
+                "quick": _BOOL,
+                "positions": {"type": "integer", "minimum": 2},
+                "shift_positions": {"type": "integer", "minimum": 2},
+                "max_distance": {"type": "integer", "minimum": 1},
+                "dtype": _STR,
+                "analysis_defaults": _OBJ,
+                "dpi": {"type": "integer", "minimum": 10},
+            },
+        },
+        "encodings": {"type": "array", "items": _ENCODING},
+        "demonstrations": _fields(OrderSensitivity, sentences={"type": "array", "items": _STR}),
+        "lengthgen": {
+            "type": "object",
+            "required": ["status", "reason", "settings", "results", "figure"],
+            "properties": {
+                "status": {"enum": ["ok", "absent", "error", "skipped"]},
+                "reason": {"type": ["string", "null"]},
+                "settings": {"type": ["object", "null"]},
+                "results": {"type": ["object", "null"]},
+                "figure": {"type": ["string", "null"]},
+            },
+        },
+        "figures": {"type": "array", "items": _FIGURE},
+        "seconds": {
+            "type": "object",
+            "required": ["analysis", "figures", "demonstrations", "lengthgen", "total"],
+            "properties": {
+                k: _NUM for k in ("analysis", "figures", "demonstrations", "lengthgen", "total")
+            },
+        },
+    },
+}
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "null": (type(None),),
+}
+
+
+def _is(value: Any, type_name: str) -> bool:
+    if type_name in ("integer", "number") and isinstance(value, bool):
+        return False
+    return isinstance(value, _TYPES[type_name])
+
+
+def _check(value: Any, schema: dict[str, Any], path: str) -> None:
+    types = schema.get("type")
+    if types is not None:
+        names = [types] if isinstance(types, str) else list(types)
+        if not any(_is(value, t) for t in names):
+            raise PosEncError(f"report{path} must be {' or '.join(names)}, got {value!r:.80}")
+    if "enum" in schema and value not in schema["enum"]:
+        raise PosEncError(f"report{path} must be one of {schema['enum']!r}, got {value!r:.80}")
+    if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
+        raise PosEncError(f"report{path} must be >= {schema['minimum']}, got {value!r}")
+    if isinstance(value, dict):
+        for key in schema.get("required", ()):
+            if key not in value:
+                raise PosEncError(f"report{path} must hold the key {key!r}")
+        props = schema.get("properties", {})
+        if schema.get("additionalProperties") is False:
+            extra = sorted(set(value) - set(props))
+            if extra:
+                raise PosEncError(f"report{path} has unknown keys {extra}")
+        for key, sub in props.items():
+            if key in value:
+                _check(value[key], sub, f"{path}[{key!r}]")
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            _check(item, schema["items"], f"{path}[{i}]")
+
+
+def validate_report(data: Any) -> None:
+    """Raise :class:`PosEncError` naming the first place ``data`` breaks :data:`REPORT_SCHEMA`.
+
+    Examples:
+        >>> from posenc.report import validate_report
+        >>> validate_report({"schema_version": 1})
+        Traceback (most recent call last):
+        ...
+        posenc._errors.PosEncError: report must hold the key 'posenc_version'
+    """
+    _check(data, REPORT_SCHEMA, "")

@@ -1,0 +1,67 @@
+"""``posenc plot``: every kind writes the image it says; bad input is one line and exit 2."""
+
+from __future__ import annotations
+
+import pytest
+from PIL import Image
+
+from posenc.cli import main
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+KINDS = [
+    ("table", ["-e", "sinusoidal", "--positions", "0:32"]),
+    ("table", ["-e", "rope", "--param", "head_dim=16"]),
+    ("similarity", ["-e", "rope", "--positions", "0:24"]),
+    ("decay", ["-e", "sinusoidal", "-e", "alibi", "--max-distance", "16"]),
+    ("bias", ["-e", "t5", "--param", "num_heads=2", "--positions", "0:12"]),
+    ("clock", ["-e", "xpos", "--positions", "0:4"]),
+]
+
+
+@pytest.mark.parametrize(("kind", "args"), KINDS, ids=[f"{k}-{a[1]}" for k, a in KINDS])
+def test_plot_writes_a_png_of_the_requested_size(capsys, tmp_path, kind, args):
+    out = tmp_path / f"{kind}.png"
+    code, stdout, err = run(capsys, "plot", kind, *args, "--out", str(out),
+                            "--width", "5", "--height", "3", "--dpi", "40")  # fmt: skip
+    assert (code, err) == (0, "")
+    assert stdout.strip() == f"wrote {out}"
+    with Image.open(out) as im:
+        assert im.format == "PNG" and im.size == (200, 120)
+
+
+def test_plot_writes_svg(capsys, tmp_path):
+    out = tmp_path / "t.svg"
+    code, _, _ = run(capsys, "plot", "table", "-e", "index", "--out", str(out))
+    assert code == 0 and "<svg" in out.read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["table", "-e", "nosuch", "-o", "{tmp}/x.png"], "name must be one of"),
+        (["table", "-e", "sinusoidal", "-o", "{tmp}/x.jpg"], "--out must end in .png or .svg"),
+        (["table", "-e", "sinusoidal", "-o", "{tmp}/missing/x.png"], "--out folder does not exist"),
+        (["table", "-e", "sinusoidal", "-o", "{tmp}"], "--out must end in"),
+        (["table", "-e", "sinusoidal", "-o", "/proc/posenc-test.png"], "cannot write --out"),
+        (["table", "-e", "sinusoidal", "-p", "5:5", "-o", "{tmp}/x.png"], "is empty"),
+        (["similarity", "-e", "alibi", "-o", "{tmp}/x.png"], "similarity needs an additive"),
+        (["bias", "-e", "rope", "-o", "{tmp}/x.png"], "must be a bias encoding"),
+        (["table", "-e", "rope", "--param", "head_dim", "-o", "{tmp}/x.png"], "KEY=VALUE"),
+        (["table", "-e", "rope", "--param", "nope=1", "-o", "{tmp}/x.png"], "cannot build 'rope'"),
+        (["decay", "-e", "sinusoidal", "--max-distance", "0", "-o", "{tmp}/x.png"],
+         "max_distance must be >= 1"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):
+    code, out, err = run(capsys, "plot", *(a.format(tmp=tmp_path) for a in args))
+    assert code == 2 and out == ""
+    assert err.startswith("posenc: error: ") and err.count("\n") == 1, err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "x.png").exists()

@@ -1,0 +1,144 @@
+"""``posenc report --quick``: the files it says it writes, report.json against its schema, the
+page's rows and embedded figures, and one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+import sys
+
+import pytest
+from PIL import Image
+
+from posenc import PosEncError, registry
+from posenc.cli import main
+from posenc.report import LENGTHGEN_SETTINGS, build_report, validate_report
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """One ``posenc report --quick`` run shared by the tests of this file."""
+    out = tmp_path_factory.mktemp("report")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--out", str(out), "--quick"])
+    assert exit_info.value.code == 0
+    return out, json.loads((out / "report.json").read_text())
+
+
+def test_report_writes_what_it_says(quick):
+    out, data = quick
+    assert (out / "index.html").is_file() and (out / "report.json").is_file()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == sorted(f["file"] for f in data["figures"])
+    for record in data["figures"]:
+        with Image.open(out / record["file"]) as im:
+            assert im.format == "PNG" and im.size == (record["width"], record["height"])
+
+
+def test_report_json_follows_its_schema(quick):
+    _, data = quick
+    validate_report(data)
+    assert data["settings"]["quick"] is True
+    assert [e["name"] for e in data["encodings"]] == registry.names()
+    assert [e["error"] for e in data["encodings"]] == [None] * len(registry.names())
+    for entry in data["encodings"]:
+        assert entry["kind"] == registry.get(entry["name"]).kind
+        assert entry["figures"], entry["name"]
+        props = entry["properties"]
+        assert len(props["boundedness"]["norms"]) == data["settings"]["positions"]
+        assert len(props["decay"]["distances"]) == data["settings"]["max_distance"] + 1
+    assert data["seconds"]["total"] > 0
+
+
+def test_report_numbers_are_the_known_answers(quick):
+    _, data = quick
+    rows = {e["name"]: e["summary"] for e in data["encodings"]}
+    assert rows["sinusoidal"]["bounded"] and rows["sinusoidal"]["offset_only"]
+    assert rows["rope"]["unique"] and rows["rope"]["shift_residual"] < 1e-5
+    assert not rows["index"]["bounded"] and rows["index"]["first_swamping"] == 2.0
+    assert not rows["none"]["unique"] and rows["alibi"]["shift_residual"] is None
+    demos = data["demonstrations"]
+    assert demos["mean_pooling"]["tells_apart"] is False
+    assert demos["attention"][0]["permutation_equivariant"] is True
+
+
+def test_report_runs_the_length_generalization_study(quick):
+    _, data = quick
+    lg = data["lengthgen"]
+    assert lg["status"] == "ok", lg["reason"]
+    settings = LENGTHGEN_SETTINGS[True]
+    names = [n for n in settings["encodings"] if n in registry.names()]
+    assert [run["encoding"] for run in lg["results"]["runs"]] == names
+    assert lg["results"]["eval_lens"] == list(settings["eval_lens"])
+    assert lg["figure"] == "lengthgen.png"
+
+
+def test_page_has_a_row_per_encoding_and_embeds_every_figure(quick):
+    out, data = quick
+    page = (out / "index.html").read_text()
+    rows = re.findall(r'<tr class="encoding-row[^"]*" data-encoding="([^"]+)"', page)
+    assert rows == registry.names()
+    embedded = dict(re.findall(r'<img src="data:image/png;base64,([^"]+)"[^>]*data-file="([^"]+)"',
+                               page)[i][::-1] for i in range(len(data["figures"])))  # fmt: skip
+    assert sorted(embedded) == sorted(f["file"] for f in data["figures"])
+    for file, b64 in embedded.items():
+        assert base64.b64decode(b64) == (out / file).read_bytes()
+    assert 'src="http' not in page and "<script" not in page  # self-contained
+    assert 'id="demo-a"' in page and 'id="lengthgen-table"' in page
+
+
+def test_validate_report_names_the_first_problem(quick):
+    _, data = quick
+    broken = copy.deepcopy(data)
+    del broken["encodings"][0]["summary"]["bounded"]
+    with pytest.raises(PosEncError, match=r"report\['encodings'\]\[0\]\['summary'\] must hold the key 'bounded'"):
+        validate_report(broken)
+    broken = copy.deepcopy(data)
+    broken["settings"]["positions"] = "many"
+    with pytest.raises(PosEncError, match=r"report\['settings'\]\['positions'\] must be integer"):
+        validate_report(broken)
+    broken = copy.deepcopy(data)
+    broken["extra"] = 1
+    with pytest.raises(PosEncError, match=r"report has unknown keys \['extra'\]"):
+        validate_report(broken)
+
+
+def test_report_says_when_the_experiments_are_absent(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "posenc.experiments.lengthgen", None)  # import fails
+    data = build_report(tmp_path, quick=True, encodings=["sinusoidal", "alibi"])
+    assert data["lengthgen"]["status"] == "absent"
+    assert "not available" in data["lengthgen"]["reason"]
+    page = (tmp_path / "index.html").read_text()
+    assert 'id="lengthgen-absent"' in page and "not part of this build" in page
+    validate_report(json.loads((tmp_path / "report.json").read_text()))
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("{tmp}/file.txt", "--out must be a directory"),
+        ("{tmp}/file.txt/sub", "--out cannot be created"),
+        ("/proc/posenc-report", "--out cannot be created"),
+    ],
+)
+def test_bad_out_is_one_line_and_exit_2(capsys, tmp_path, out, message):
+    (tmp_path / "file.txt").write_text("x")
+    code, stdout, err = run(capsys, "report", "--out", out.format(tmp=tmp_path), "--quick")
+    assert code == 2 and stdout == "" and err.count("\n") == 1
+    assert err.startswith("posenc: error: ") and message in err
+
+
+def test_build_report_rejects_bad_encodings(tmp_path):
+    with pytest.raises(PosEncError, match="name must be one of"):
+        build_report(tmp_path, encodings=["nosuch"])
+    with pytest.raises(PosEncError, match="at least one encoding"):
+        build_report(tmp_path, encodings=[])
