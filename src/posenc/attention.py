@@ -245,7 +245,8 @@ def _bias_tensor(
 ) -> torch.Tensor:
     """The encoding's bias, checked to fit ``[b|1, h, q, k]`` (or ``[h, q, k]``)."""
     if enc.query_dependent:
-        bias = enc.bias(q_len, k_len, q_positions=qpos, k_positions=kpos, q=q * scale)
+        bias_fn: Any = enc.bias  # query-dependent encodings take q (see BiasEncoding)
+        bias = bias_fn(q_len, k_len, q_positions=qpos, k_positions=kpos, q=q * scale)
     else:
         bias = enc.bias(q_len, k_len, q_positions=qpos, k_positions=kpos)
     h = q.shape[1]

@@ -206,11 +206,12 @@ class TinyTransformer(nn.Module):
                 raise PosEncError(
                     f"max_len is needed by encoding {cls.name!r} (its table length), got None"
                 )
-            supplied = {
+            by_kind: dict[str, dict[str, Any]] = {
                 "additive": {"dim": self.dim, "max_len": self.max_len},
                 "rotary": {"head_dim": self.head_dim},
                 "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
-            }.get(cls.kind, {})
+            }
+            supplied = by_kind.get(cls.kind, {})
             # Direction follows the model unless the config says otherwise: ALiBi's
             # symmetric -m|i - j| and T5's bidirectional buckets for an encoder.
             direction = {"causal": self.causal, "bidirectional": not self.causal}
@@ -235,7 +236,8 @@ class TinyTransformer(nn.Module):
     def _init_weights(self) -> None:
         nn.init.normal_(self.embed.weight, std=self.dim**-0.5)
         residual_std = 0.02 / math.sqrt(2 * self.num_layers)
-        for block in self.blocks:
+        blocks: list[_Block] = list(self.blocks)  # type: ignore[arg-type]
+        for block in blocks:
             nn.init.normal_(block.attn.qkv.weight, std=0.02)
             nn.init.normal_(block.attn.proj.weight, std=residual_std)
             nn.init.normal_(block.fc.weight, std=0.02)
