@@ -30,11 +30,13 @@ from posenc._errors import PosEncError, check_int
 from posenc.analysis._encodings import (
     additive_table,
     bias_matrix,
+    inv_freq,
     resolve_encoding,
     resolve_positions,
     rotary_matrices,
 )
-from posenc.analysis.properties import EncodingSpec, Positions, decay
+from posenc.analysis.properties import EncodingSpec, Positions
+from posenc.analysis.relative import decay
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -106,7 +108,7 @@ def plot_table(
     fig = _figure(figsize, dpi)
     top_row, bottom_row = float(pos[0]) - 0.5, float(pos[-1]) + 0.5  # imshow extent, y down
     if enc.kind == "rotary":
-        angles = reduced_angles(pos, enc.inv_freq)  # [n, r/2]
+        angles = reduced_angles(pos, inv_freq(enc))  # [n, r/2]
         axes = fig.subplots(1, 2, sharey=True)
         for ax, values, name in zip(axes, (angles.cos(), angles.sin()), ("cos", "sin")):
             im = ax.imshow(
@@ -117,7 +119,7 @@ def plot_table(
             ax.set_xlabel("frequency i")
         axes[0].set_ylabel("position p")
         fig.colorbar(im, ax=list(axes))
-        fig.suptitle(f"{_label(enc)}: rotation angles of {len(enc.inv_freq)} frequencies")
+        fig.suptitle(f"{_label(enc)}: rotation angles of {angles.shape[-1]} frequencies")
         return fig
     table = additive_table(enc, pos)  # [n, d]
     ax = fig.subplots()
@@ -202,8 +204,9 @@ def plot_decay(
         >>> len(fig.axes)
         2
     """
-    single = isinstance(encodings, (str, Mapping, Encoding))
-    specs = [encodings] if single else list(encodings)  # type: ignore[arg-type]
+    specs: list[EncodingSpec] = (
+        [encodings] if isinstance(encodings, (str, Mapping, Encoding)) else list(encodings)
+    )
     if not specs:
         raise PosEncError("encodings must name at least one encoding, got an empty list")
     curves = [decay(spec, max_distance) for spec in specs]
@@ -290,7 +293,7 @@ def plot_bias(
     fig = _figure(figsize, dpi)
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
     first, last = float(pos[0]) - 0.5, float(pos[-1]) + 0.5
-    im = None
+    im: Any = None
     for i, ax in enumerate(axes.flat):
         if i >= h:
             ax.set_visible(False)
@@ -333,14 +336,14 @@ def plot_clock_hands(
             f"encoding must be rotary for clock hands, got {enc.name!r} of kind {enc.kind!r}"
         )
     pos = resolve_positions(positions, (0, 8))
-    inv_freq = enc.inv_freq.to(torch.float64)
-    r = inv_freq.shape[0]
+    theta = inv_freq(enc)
+    r = theta.shape[0]
     if frequencies is None:
         frequencies = sorted({round(i * (r - 1) / 4) for i in range(5)})
     if isinstance(frequencies, (str, bytes)) or not frequencies:
         raise PosEncError(f"frequencies must be a non-empty list of indices, got {frequencies!r}")
     idx = [check_int("frequencies", i, min=0, max=r - 1) for i in frequencies]
-    angles = reduced_angles(pos, inv_freq[idx])  # [n, f]
+    angles = reduced_angles(pos, theta[idx])  # [n, f]
     fig = _figure(figsize, dpi)
     axes = fig.subplots(1, len(idx), squeeze=False)[0]
     import matplotlib
@@ -359,7 +362,7 @@ def plot_clock_hands(
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_title(
-            f"i = {idx[j]}\n{float(inv_freq[idx[j]]):.3g} rad / position", fontsize="small"
+            f"i = {idx[j]}\n{float(theta[idx[j]]):.3g} rad / position", fontsize="small"
         )
     fig.suptitle(
         f"{_label(enc)}: one hand per position {int(pos[0])}..{int(pos[-1])} (dark to light)"

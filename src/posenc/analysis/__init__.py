@@ -11,17 +11,8 @@ True
 
 from posenc.analysis._encodings import DEFAULT_ARGS, resolve_encoding
 from posenc.analysis.demonstrations import OrderSensitivity, order_sensitivity
-from posenc.analysis.properties import (
-    Boundedness,
-    Decay,
-    ShiftStructure,
-    Uniqueness,
-    boundedness,
-    decay,
-    roformer_bound,
-    shift_structure,
-    uniqueness,
-)
+from posenc.analysis.properties import Boundedness, Uniqueness, boundedness, uniqueness
+from posenc.analysis.relative import Decay, ShiftStructure, decay, roformer_bound, shift_structure
 from posenc.analysis.summary import SUMMARY_COLUMNS, Properties, properties
 
 __all__ = [

@@ -16,12 +16,12 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from posenc import registry
-from posenc._base import Encoding
+from posenc._base import BiasEncoding, Encoding
 from posenc._errors import PosEncError, check_int
 
 __all__ = [
@@ -30,9 +30,11 @@ __all__ = [
     "bias_matrix",
     "bias_profile",
     "encoding_dim",
+    "inv_freq",
     "resolve_encoding",
     "resolve_positions",
     "rotary_matrices",
+    "size",
 ]
 
 # Constructor arguments the analysis supplies when an encoding is given by name and the
@@ -94,15 +96,26 @@ def resolve_encoding(encoding: str | Mapping[str, Any] | Encoding, **kwargs: Any
     return module.eval()
 
 
+def size(encoding: Encoding, name: str) -> int:
+    """An integer attribute of an encoding of the kind that defines it: ``dim`` (additive),
+    ``head_dim`` (rotary, Shaw), ``num_heads`` (bias)."""
+    return int(getattr(encoding, name))
+
+
+def inv_freq(encoding: Encoding) -> torch.Tensor:
+    """A rotary encoding's frequencies ``[r/2]`` (its ``inv_freq`` contract attribute), float64."""
+    return torch.as_tensor(cast(Any, encoding).inv_freq, dtype=torch.float64)
+
+
 def encoding_dim(encoding: Encoding, dim: int | None = None) -> int:
     """Channels of the analysed vectors: ``dim`` (additive), ``head_dim`` (rotary),
     ``num_heads`` (bias); ``dim`` or the default for ``none``."""
     if encoding.kind == "additive":
-        return int(encoding.dim)
+        return size(encoding, "dim")
     if encoding.kind == "rotary":
-        return int(encoding.head_dim)
+        return size(encoding, "head_dim")
     if encoding.kind == "bias":
-        return int(encoding.num_heads)
+        return size(encoding, "num_heads")
     return check_int("dim", dim if dim is not None else DEFAULT_ARGS["dim"], min=1)
 
 
@@ -184,7 +197,7 @@ def additive_table(
     n = positions.shape[0]
     if encoding.kind == "none":
         return torch.zeros(n, encoding_dim(encoding, dim), dtype=torch.float64)
-    x = torch.zeros(1, n, encoding.dim, dtype=dtype)  # [b=1, s, d]
+    x = torch.zeros(1, n, size(encoding, "dim"), dtype=dtype)  # [b=1, s, d]
     out = encoding(x, _round_positions(positions, position_dtype))
     return out[0].to(torch.float64)
 
@@ -204,7 +217,7 @@ def rotary_matrices(
     the diagonal ``(p, ..., p)``, the coordinates M-RoPE gives text tokens.
     Shape: ``[n]`` -> two float64 ``[n, d, d]``.
     """
-    n, d = positions.shape[0], int(encoding.head_dim)
+    n, d = positions.shape[0], size(encoding, "head_dim")
     eye = torch.eye(d, dtype=dtype)  # [j, i]
     basis = eye[None, :, None, :].expand(1, d, n, d).contiguous()  # [b=1, h=j, s, i]
     pos = _round_positions(positions, position_dtype)
@@ -219,10 +232,10 @@ def rotary_matrices(
 def _random_queries(encoding: Encoding, q_len: int) -> torch.Tensor:
     """One fixed random query per head, repeated at every position and multiplied by the
     attention scale ``head_dim ** -0.5``: ``[1, h, q_len, head_dim]``."""
-    head_dim = int(encoding.head_dim)
+    head_dim, heads = size(encoding, "head_dim"), size(encoding, "num_heads")
     gen = torch.Generator().manual_seed(SEED)
-    q = torch.randn(1, encoding.num_heads, 1, head_dim, generator=gen)
-    return (q * head_dim**-0.5).expand(1, encoding.num_heads, q_len, head_dim)
+    q = torch.randn(1, heads, 1, head_dim, generator=gen)
+    return (q * head_dim**-0.5).expand(1, heads, q_len, head_dim)
 
 
 @torch.no_grad()
@@ -239,7 +252,7 @@ def bias_matrix(
     kwargs: dict[str, Any] = {"q_positions": q_positions, "k_positions": k_positions}
     if getattr(encoding, "query_dependent", False):
         kwargs["q"] = _random_queries(encoding, q_len)
-    out = encoding.bias(q_len, k_len, **kwargs)
+    out = cast(BiasEncoding, encoding).bias(q_len, k_len, **kwargs)
     if out.ndim == 4:  # [b=1, h, q, k]
         out = out[0]
     return out.to(torch.float64)

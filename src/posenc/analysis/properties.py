@@ -1,4 +1,5 @@
-"""Measured properties of an encoding: boundedness, uniqueness, shift structure and decay.
+"""Measured properties of an encoding: boundedness and uniqueness here, shift structure and
+decay in :mod:`posenc.analysis.relative`.
 
 Each function takes an encoding (an instance, a registry name or a config dict; names are
 built with :data:`posenc.analysis.DEFAULT_ARGS` for required arguments) and returns a
@@ -26,10 +27,9 @@ from typing import Any
 import torch
 
 from posenc._base import Encoding
-from posenc._errors import PosEncError, check_float, check_int
+from posenc._errors import check_float, check_int
 from posenc.analysis._encodings import (
     additive_table,
-    bias_matrix,
     bias_profile,
     encoding_dim,
     resolve_encoding,
@@ -39,17 +39,7 @@ from posenc.analysis._encodings import (
 )
 from posenc.analysis._results import Result
 
-__all__ = [
-    "Boundedness",
-    "Decay",
-    "ShiftStructure",
-    "Uniqueness",
-    "boundedness",
-    "decay",
-    "roformer_bound",
-    "shift_structure",
-    "uniqueness",
-]
+__all__ = ["Boundedness", "Collision", "Uniqueness", "boundedness", "uniqueness"]
 
 EncodingSpec = str | Mapping[str, Any] | Encoding
 Positions = int | tuple[int, int] | Sequence[float] | torch.Tensor | None
@@ -65,16 +55,14 @@ def _vectors(
     *,
     dtype: torch.dtype,
     position_dtype: torch.dtype | None = None,
-) -> tuple[str, torch.Tensor, torch.Tensor | None]:
-    """``(unit, vectors [n, D], maps [n, d, c] or None)`` of ``enc`` at ``positions``."""
+) -> tuple[str, torch.Tensor]:
+    """``(unit, vectors [n, D])`` of ``enc`` at ``positions`` (see the table above)."""
     if enc.kind == "rotary":
         rq, _ = rotary_matrices(enc, positions, dtype=dtype, position_dtype=position_dtype)
-        return "position", rq.reshape(rq.shape[0], -1), rq  # [n, d*d], [n, d, d]
+        return "position", rq.reshape(rq.shape[0], -1)  # [n, d*d]
     if enc.kind == "bias":
-        profile = bias_profile(enc, positions)  # [h, m]
-        return "distance", profile.T.contiguous(), None
-    table = additive_table(enc, positions, dtype=dtype, position_dtype=position_dtype)
-    return "position", table, table[:, :, None]  # [n, d], [n, d, 1]
+        return "distance", bias_profile(enc, positions).T.contiguous()  # [m, h]
+    return "position", additive_table(enc, positions, dtype=dtype, position_dtype=position_dtype)
 
 
 def _values(positions: torch.Tensor) -> tuple[float, ...]:
@@ -153,7 +141,7 @@ def boundedness(
     """
     enc = resolve_encoding(encoding)
     pos = resolve_positions(positions, (0, 1024), min_len=2, nonnegative=enc.kind == "bias")
-    unit, vectors, _ = _vectors(enc, pos, dtype=dtype)
+    unit, vectors = _vectors(enc, pos, dtype=dtype)
     d = encoding_dim(enc)
     if enc.kind == "rotary":
         norms = vectors.norm(dim=-1) / math.sqrt(d)
@@ -261,7 +249,7 @@ def uniqueness(
     pos = resolve_positions(positions, (0, 512), min_len=2, nonnegative=enc.kind == "bias")
     rtol = check_float("rtol", rtol, min=0.0)
     max_examples = check_int("max_examples", max_examples, min=0)
-    unit, vectors, _ = _vectors(enc, pos, dtype=dtype, position_dtype=position_dtype)
+    unit, vectors = _vectors(enc, pos, dtype=dtype, position_dtype=position_dtype)
     keep = vectors.abs().amax(dim=0) > 0  # coordinates zero everywhere change no distance
     vectors = vectors[:, keep] if bool(keep.any()) else vectors[:, :1]
     scale = rms(vectors)
@@ -286,235 +274,4 @@ def uniqueness(
         min_distance=float(dist[i, j]), closest_pair=(float(pos[i]), float(pos[j])),
         scale=scale, rtol=rtol, atol=atol, num_collisions=int(close.shape[0]),
         collisions=examples, unique=close.shape[0] == 0,
-    )  # fmt: skip
-
-
-# --- shift structure -----------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ShiftStructure(Result):
-    """Is a shift by ``k`` one linear map, and does similarity depend only on ``k``?
-
-    ``linear_map_residuals[i]``: relative residual ``||PE(p+k) - M_k PE(p)|| / ||PE(p+k)||``
-    of the least-squares ``M_k`` over the range, for ``k = offsets[i]`` (``None`` for bias
-    encodings, which have no per-position vector). ``linear_map_determined`` is False when
-    there were no more samples than unknowns (any table then fits exactly).
-    ``dot_spreads[i]``: ``max - min`` over ``p`` of the similarity of a query at ``p + k``
-    and a key at ``p`` (and of the query at ``p``, the key at ``p + k``), relative to the
-    mean similarity magnitude at offset 0 (bias encodings: of the bias itself, relative to
-    its largest magnitude). Rotary maps ``R(p)`` are ``d x d`` and ``M_k`` acts on them
-    from the left.
-    """
-
-    encoding: str
-    kind: str
-    measure: str
-    offsets: tuple[int, ...]
-    linear_map_residuals: tuple[float, ...] | None
-    linear_map_determined: bool | None
-    linear_map_holds: bool | None
-    dot_spreads: tuple[float, ...]
-    dot_depends_only_on_offset: bool
-    tol: float
-
-
-def _fit_shift(columns: torch.Tensor, k: int) -> tuple[float, bool]:
-    """Relative residual of the least-squares ``M`` with ``PE(p + k) ~ M PE(p)``.
-
-    ``columns`` ``[d, n, c]`` holds the ``c`` columns of each position's ``[d, c]`` map.
-    """
-    d, n, _ = columns.shape
-    a = columns[:, : n - k].reshape(d, -1)  # [d, m*c] columns of PE(p) (a view)
-    b = columns[:, k:].reshape(d, -1)  # [d, m*c] columns of PE(p + k)
-    gram = a @ a.T  # [d, d]
-    eig = torch.linalg.eigvalsh(gram)
-    if a.shape[1] >= 4 * d and eig[0] > 1e-8 * eig[-1]:
-        # Well conditioned and tall (rotary maps: a sum of rotations): the normal equations
-        # lose at most cond**2 * eps <= 1e-8 * eps and cost one [d, d] solve.
-        m_t = torch.linalg.solve(gram, a @ b.T)  # [d, d] = M^T
-    else:
-        m_t = torch.linalg.lstsq(a.T, b.T, driver="gelsy").solution
-    residual = b - m_t.T @ a
-    denom = float(b.norm())
-    return (float(residual.norm()) / denom if denom > 0 else 0.0), a.shape[1] > d
-
-
-def shift_structure(
-    encoding: EncodingSpec,
-    positions: Positions = None,
-    *,
-    offsets: Sequence[int] | None = None,
-    dtype: torch.dtype = torch.float32,
-    tol: float = 1e-4,
-) -> ShiftStructure:
-    """Fit ``PE(p + k) = M_k PE(p)`` by least squares and test whether the similarity of
-    ``p`` and ``p + k`` depends on ``k`` alone.
-
-    Args:
-        encoding: an encoding module, registry name or config dict.
-        positions: the range of ``p`` (default ``0..255``).
-        offsets: the shifts ``k`` (``1 <= k < n``; default powers of two up to ``n / 4``).
-        dtype: dtype the encoding is evaluated in.
-        tol: residual / spread under which a property holds.
-
-    Examples:
-        >>> from posenc.analysis import shift_structure
-        >>> s = shift_structure("sinusoidal")
-        >>> s.linear_map_holds, s.dot_depends_only_on_offset
-        (True, True)
-        >>> shift_structure("index").linear_map_holds
-        False
-    """
-    enc = resolve_encoding(encoding)
-    pos = resolve_positions(positions, (0, 256), min_len=2)
-    tol = check_float("tol", tol, min=0.0)
-    n = pos.shape[0]
-    if offsets is None:  # powers of two up to n / 4, so each fit has >= 3n/4 samples
-        offsets = [2**i for i in range(n.bit_length()) if 2**i <= max(1, n // 4)]
-    if isinstance(offsets, (str, bytes)) or not offsets:
-        raise PosEncError(f"offsets must be a non-empty sequence of integers, got {offsets!r}")
-    ks = tuple(check_int("offsets", k, min=1, max=n - 1) for k in offsets)
-    if enc.kind == "bias":
-        bias = bias_matrix(enc, pos)  # [h, n, n]
-        finite = bias[torch.isfinite(bias)]
-        top = float(finite.abs().max()) if finite.numel() else 0.0
-        spreads = []
-        for k in ks:
-            worst = 0.0
-            for diag in (bias.diagonal(-k, 1, 2), bias.diagonal(k, 1, 2)):  # [h, n-k]
-                for row in diag:
-                    row = row[torch.isfinite(row)]
-                    if row.numel():
-                        worst = max(worst, float(row.max() - row.min()))
-            spreads.append(worst / top if top > 0 else 0.0)
-        return ShiftStructure(
-            encoding=enc.name, kind=enc.kind,
-            measure="bias(p + k, p) and bias(p, p + k) over p (per head)", offsets=ks,
-            linear_map_residuals=None, linear_map_determined=None, linear_map_holds=None,
-            dot_spreads=tuple(spreads), dot_depends_only_on_offset=max(spreads) <= tol, tol=tol,
-        )  # fmt: skip
-    if enc.kind == "rotary":
-        rq, rk = rotary_matrices(enc, pos, dtype=dtype)  # [n, d, d]
-        maps, keys = rq, rk.reshape(n, -1)
-        measure = "<R_q(p + k), R_k(p)>_F = E[q.k] for q = k ~ N(0, I), both directions"
-    else:
-        maps = additive_table(enc, pos, dtype=dtype)[:, :, None]  # [n, d, 1]
-        keys = maps[:, :, 0]
-        measure = "PE(p) . PE(p + k)"
-    queries = maps.reshape(n, -1)
-    gram = queries @ keys.T  # [n, n]: query p against key p'
-    scale2 = float((queries * keys).sum(-1).abs().mean())
-    columns = maps.permute(1, 0, 2).contiguous()  # [d, n, c]
-    spreads, residuals, determined = [], [], True
-    for k in ks:
-        worst = 0.0
-        for diag in (gram.diagonal(-k), gram.diagonal(k)):  # query k after / before the key
-            worst = max(worst, float(diag.max() - diag.min()))
-        spreads.append(worst / scale2 if scale2 > 0 else 0.0)
-        residual, enough = _fit_shift(columns, k)
-        residuals.append(residual)
-        determined = determined and enough
-    return ShiftStructure(
-        encoding=enc.name, kind=enc.kind, measure=measure, offsets=ks,
-        linear_map_residuals=tuple(residuals), linear_map_determined=determined,
-        linear_map_holds=determined and max(residuals) <= tol,
-        dot_spreads=tuple(spreads), dot_depends_only_on_offset=max(spreads) <= tol, tol=tol,
-    )  # fmt: skip
-
-
-# --- decay ---------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Decay(Result):
-    """Similarity against distance ``k`` (the query ``k`` positions after the key).
-
-    ``similarity``: additive, ``PE(p + k) . PE(p)``; rotary, ``E[q.k]`` for one random
-    ``q = k ~ N(0, I)`` rotated to ``p + k`` and ``p``; both averaged over ``anchors``
-    values of ``p``. Bias: the mean over heads of the bias, ``per_head`` each head.
-    ``normalized``: ``similarity / similarity[0]`` (``None`` for bias or a zero start).
-    ``bound``: rotary only, RoFormer's relative upper bound ``(1/(r/2)) sum_j |S_j(k)|``,
-    ``S_j(k) = sum_{i<j} exp(i k theta_i)`` (Su et al., 2021, section 3.4.3).
-    """
-
-    encoding: str
-    kind: str
-    measure: str
-    distances: tuple[int, ...]
-    similarity: tuple[float, ...]
-    normalized: tuple[float, ...] | None
-    per_head: tuple[tuple[float, ...], ...] | None
-    bound: tuple[float, ...] | None
-    bound_normalized: tuple[float, ...] | None
-
-
-def roformer_bound(inv_freq: torch.Tensor, distances: torch.Tensor) -> torch.Tensor:
-    """RoFormer's long-term decay bound ``(1/(r/2)) sum_{j=1}^{r/2} |sum_{i<j} e^{i k theta_i}|``.
-
-    Shape: ``inv_freq [r/2]``, ``distances [m]`` -> ``[m]`` float64.
-
-    Examples:
-        >>> import torch
-        >>> from posenc.analysis import roformer_bound
-        >>> roformer_bound(torch.tensor([1.0, 0.5]), torch.tensor([0])).item()  # (1 + 2) / 2
-        1.5
-    """
-    theta = distances.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
-    s = torch.cumsum(torch.polar(torch.ones_like(theta), theta), dim=-1)  # [m, r/2]: S_1..S_r/2
-    return s.abs().mean(dim=-1)
-
-
-def decay(
-    encoding: EncodingSpec,
-    max_distance: int = 256,
-    *,
-    anchors: int = 8,
-    dtype: torch.dtype = torch.float32,
-) -> Decay:
-    """How similarity (or the bias) falls with the distance between query and key.
-
-    Args:
-        encoding: an encoding module, registry name or config dict.
-        max_distance: distances ``0..max_distance``.
-        anchors: the similarity is averaged over key positions ``0..anchors-1``.
-        dtype: dtype the encoding is evaluated in.
-
-    Examples:
-        >>> from posenc.analysis import decay
-        >>> d = decay("sinusoidal", 4, anchors=1)  # sum_i cos(k w_i) / (dim / 2)
-        >>> [round(v, 3) for v in d.normalized]
-        [1.0, 0.966, 0.884, 0.8, 0.748]
-    """
-    enc = resolve_encoding(encoding)
-    max_distance = check_int("max_distance", max_distance, min=1)
-    anchors = check_int("anchors", anchors, min=1)
-    dist = torch.arange(max_distance + 1)
-    per_head = bound = bound_normalized = normalized = None
-    if enc.kind == "bias":
-        profile = bias_profile(enc, dist)  # [h, m]
-        sim = profile.mean(dim=0)
-        per_head = tuple(tuple(row) for row in profile.tolist())
-        measure = "bias added to the logit of a key k positions behind the query"
-    else:
-        pos = torch.arange(anchors + max_distance)
-        key = torch.arange(anchors)  # [a] key positions p
-        query = key[None, :] + dist[:, None]  # [m, a] query positions p + k
-        if enc.kind == "rotary":
-            rq, rk = rotary_matrices(enc, pos, dtype=dtype)  # [n, d, d]
-            # E[(R_q x) . (R_k x)] = trace(R_q^T R_k) for x ~ N(0, I)
-            sim = (rq[query] * rk[key][None]).sum(dim=(-1, -2)).mean(dim=-1)
-            b = roformer_bound(enc.inv_freq, dist)
-            bound, bound_normalized = tuple(b.tolist()), tuple((b / b[0]).tolist())
-            measure = "E[q.k] for q = k ~ N(0, I): query at p + k, key at p"
-        else:
-            table = additive_table(enc, pos, dtype=dtype)  # [n, d]
-            sim = (table[query] * table[key][None]).sum(dim=-1).mean(dim=-1)
-            measure = "PE(p + k) . PE(p)"
-        if float(sim[0]) != 0.0:
-            normalized = tuple((sim / sim[0]).tolist())
-    return Decay(
-        encoding=enc.name, kind=enc.kind, measure=measure, distances=tuple(dist.tolist()),
-        similarity=tuple(sim.tolist()), normalized=normalized, per_head=per_head,
-        bound=bound, bound_normalized=bound_normalized,
     )  # fmt: skip

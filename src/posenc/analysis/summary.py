@@ -13,15 +13,12 @@ from posenc.analysis._encodings import resolve_encoding
 from posenc.analysis._results import Result
 from posenc.analysis.properties import (
     Boundedness,
-    Decay,
     EncodingSpec,
-    ShiftStructure,
     Uniqueness,
     boundedness,
-    decay,
-    shift_structure,
     uniqueness,
 )
+from posenc.analysis.relative import Decay, ShiftStructure, decay, shift_structure
 
 __all__ = ["SUMMARY_COLUMNS", "Properties", "properties"]
 

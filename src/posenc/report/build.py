@@ -17,6 +17,7 @@ import posenc
 from posenc import registry
 from posenc._errors import PosEncError
 from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve_encoding
+from posenc.analysis._encodings import size
 from posenc.analysis._results import jsonable
 from posenc.report.schema import SCHEMA_VERSION, validate_report
 
@@ -95,7 +96,7 @@ def _encoding_entry(name: str, s: Settings, figs: _Figures) -> dict[str, Any]:
         entry["summary"], entry["properties"] = props.summary(), props.to_dict()
         n = s.figure_positions
         if enc.kind == "bias":
-            rows = -(-min(s.bias_heads, enc.num_heads) // 4)  # the plot puts 4 heads a row
+            rows = -(-min(s.bias_heads, size(enc, "num_heads")) // 4)  # 4 heads a row
             entry["figures"].append(figs.add(
                 f"bias_{name}.png", f"{name}: bias of each head", "encodings", name,
                 lambda dpi: plot.plot_bias(enc, min(n, 48), max_heads=s.bias_heads,

@@ -37,7 +37,8 @@ from typing import Any
 
 from posenc._errors import PosEncError
 from posenc.analysis.demonstrations import OrderSensitivity
-from posenc.analysis.properties import Boundedness, Decay, ShiftStructure, Uniqueness
+from posenc.analysis.properties import Boundedness, Uniqueness
+from posenc.analysis.relative import Decay, ShiftStructure
 from posenc.analysis.summary import SUMMARY_COLUMNS, Properties
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION", "validate_report"]
