@@ -49,7 +49,8 @@ def test_inspect_json_holds_every_number(capsys):
     ("args", "message"),
     [
         (["inspect", "nosuch"], "name must be one of"),
-        (["inspect", "rope", "--length", "1"], "positions must be >= 2"),
+        (["inspect", "rope", "--length", "1"], "--length must be >= 2, got 1"),
+        (["inspect", "rope", "--max-distance", "0"], "--max-distance must be >= 1, got 0"),
         (["inspect", "rope", "--param", "head_dim=7"], "head_dim"),
     ],
 )

@@ -8,11 +8,13 @@ import copy
 import json
 import re
 import sys
+import types
 
 import pytest
 from PIL import Image
 
 from posenc import PosEncError, registry
+from posenc._base import AdditiveEncoding
 from posenc.cli import main
 from posenc.report import LENGTHGEN_SETTINGS, build_report, validate_report
 
@@ -135,6 +137,31 @@ def test_bad_out_is_one_line_and_exit_2(capsys, tmp_path, out, message):
     code, stdout, err = run(capsys, "report", "--out", out.format(tmp=tmp_path), "--quick")
     assert code == 2 and stdout == "" and err.count("\n") == 1
     assert err.startswith("posenc: error: ") and message in err
+
+
+class _NeedsFoo(AdditiveEncoding):
+    """A registered encoding the analysis defaults cannot build (it requires ``foo``)."""
+
+    name = "needs_foo"
+
+    def __init__(self, foo: int) -> None:
+        super().__init__()
+        self.dim = foo
+
+
+def test_an_encoding_that_cannot_be_measured_gets_an_error_row(tmp_path, monkeypatch):
+    module = types.ModuleType("posenc_test_needs_foo")
+    module.NeedsFoo = _NeedsFoo  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry._ENTRIES, "needs_foo", f"{module.__name__}:NeedsFoo")
+    data = build_report(tmp_path, quick=True, encodings=["needs_foo", "index"], lengthgen=False)
+    validate_report(json.loads((tmp_path / "report.json").read_text()))
+    bad, good = data["encodings"]
+    assert "needs the argument 'foo'" in bad["error"] and bad["summary"] is None
+    assert good["error"] is None and data["lengthgen"]["status"] == "skipped"
+    page = (tmp_path / "index.html").read_text()
+    assert '<tr class="encoding-row error" data-encoding="needs_foo">' in page
+    assert page.count('class="encoding-row') == 2
 
 
 def test_build_report_rejects_bad_encodings(tmp_path):

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from posenc._errors import PosEncError
+from posenc._errors import PosEncError, check_int
 from posenc.cli import app, fail
 from posenc.cli._analysis import PARAM_HELP, encoding_config
 
@@ -96,6 +96,8 @@ def inspect(
     from posenc.analysis import properties
 
     try:
+        check_int("--length", length, min=2)
+        check_int("--max-distance", max_distance, min=1)
         props = properties(
             encoding_config(encoding, param), length, shift_positions=min(length, 256),
             max_distance=max_distance,
