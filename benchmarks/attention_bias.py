@@ -14,9 +14,10 @@ Peak memory:
 - CUDA: ``torch.cuda.max_memory_allocated()`` during the call, minus the memory held
   before it (inputs excluded);
 - CPU: the peak resident set size during the call (``/proc/self/statm``, sampled by a
-  thread every 0.5 ms) minus the size before it. This is approximate: glibc gives large
-  blocks back to the OS on free, so it tracks the big tensors (bias, logits), but small
-  allocations may reuse memory already held. ``bias_MiB`` is exact: the ``[h, L, L]``
+  thread every 0.5 ms) minus the size before it, after ``malloc_trim(0)`` has given freed
+  heap memory back to the OS. This is approximate (allocations may still reuse memory the
+  process holds, and the sampler can miss short peaks), but it tracks the big tensors
+  (bias, logits, probabilities). ``bias_MiB`` is exact: the ``[h, L, L]``
   float32 bias the path materialises (0 for Flex, which computes it from indices).
 
 Ratios are against the SDPA path of the same encoding and length. Every path's output is
@@ -26,6 +27,7 @@ checked against SDPA's (``max_diff``).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import json
 import os
@@ -47,6 +49,15 @@ CUDA_LENGTHS = [1024, 2048, 4096, 8192, 16384]
 PATHS = ["sdpa", "flex", "eager"]
 
 
+def _malloc_trim() -> None:
+    """Give freed heap memory back to the OS (glibc), so the next peak is measured from a
+    low baseline instead of reusing memory the process already holds."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 class _RssPeak:
     """Peak resident set size above the baseline, sampled by a thread (Linux)."""
 
@@ -59,6 +70,7 @@ class _RssPeak:
             return int(f.read().split()[1]) * self.page
 
     def __enter__(self) -> _RssPeak:
+        _malloc_trim()
         self.base = self.peak = self._rss()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
