@@ -23,15 +23,15 @@ and Flex can run here (CUDA, or CPU without gradients, no dropout), and SDPA oth
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from posenc import _flex as _flexattn
 from posenc import positions as _positions
 from posenc._base import BiasEncoding, Encoding, RotaryEncoding
 from posenc._errors import PosEncError, check_choice, check_float, check_positions, check_tensor
@@ -43,9 +43,6 @@ BACKENDS = ("auto", "sdpa", "flex", "eager")
 #: ``backend="auto"`` moves to FlexAttention when the bias SDPA would materialise
 #: (``b * h * q * k`` float32 values) reaches this many bytes.
 FLEX_MIN_BIAS_BYTES = 64 * 2**20
-
-_FLEX_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
 
 # --- encodings ----------------------------------------------------------------
 
@@ -314,173 +311,23 @@ def _sdpa(q, k, v, *, enc, keep, causal, scale, dropout_p, qpos, kpos):
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
-@functools.cache
-def _flex_module() -> Any:
-    """``torch.nn.attention.flex_attention``, or None where this torch lacks it."""
-    try:
-        from torch.nn.attention import flex_attention
-    except ImportError:
-        return None
-    return flex_attention
-
-
-#: Tests set this to False to run the uncompiled FlexAttention (the same score_mods and
-#: block masks, no C++ compile) for most cases, and keep a few compiled ones.
-_FLEX_COMPILED = True
-
-
-@functools.cache
-def _compiled_flex(device_type: str) -> Callable[..., torch.Tensor]:
-    """flex_attention compiled once per device type, cached for the process.
-
-    Dynamo keeps one graph per score_mod / mask_mod code and shape; captured tensors
-    (positions, slopes, masks) are graph inputs, so new values do not recompile. On CPU
-    shapes are static: torch 2.13's CPU Flex template fails to build (C++ error) once
-    dynamo turns to dynamic shapes after a shape change.
-    """
-    flex_attention = _flex_module().flex_attention
-
-    if device_type == "cpu":
-
-        def flex_cpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
-            return flex_attention(
-                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                enable_gqa=enable_gqa,
-            )  # fmt: skip
-
-        return torch.compile(flex_cpu, dynamic=False)
-
-    def flex_gpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
-        return flex_attention(
-            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-            enable_gqa=enable_gqa,
-        )  # fmt: skip
-
-    return torch.compile(flex_gpu)
-
-
-def _create_block_mask(mask_mod, b, h, q_len: int, k_len: int, device) -> Any:
-    return _flex_module().create_block_mask(mask_mod, b, h, q_len, k_len, device=device)
-
-
-# mask_mods and score_mods index only real (non-expanded) tensors: compiled Flex
-# bounds-checks captured tensors against their storage. Each distinct function
-# below is one compiled graph; their captured tensors are inputs, not constants.
-
-
-def _causal_mod(shift: torch.Tensor) -> Callable[..., torch.Tensor]:
-    def mask_mod(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + shift
-
-    return mask_mod
-
-
-def _padding_mod(keep: torch.Tensor, shift: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """``keep [b|1, k]`` key padding, and causal when ``shift < k``."""
-    per_b = keep.shape[0] > 1  # a broadcast block mask still calls mask_mod with every b
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx + shift) & keep[b if per_b else 0, kv_idx]
-
-    return mask_mod
-
-
-def _full_mod(keep: torch.Tensor, shift: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """``keep [b|1, h|1, q, k]``, and causal when ``shift < k``."""
-    per_b, per_h = keep.shape[0] > 1, keep.shape[1] > 1
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_idx + shift) & keep[b if per_b else 0, h if per_h else 0, q_idx, kv_idx]
-
-    return mask_mod
-
-
-@functools.lru_cache(maxsize=16)
-def _causal_block_mask(q_len: int, k_len: int, device: torch.device):
-    """Causal (aligned to the end) block mask, cached by lengths and device."""
-    shift = torch.tensor(k_len - q_len, device=device)
-    return _create_block_mask(_causal_mod(shift), None, None, q_len, k_len, device=device)
-
-
-def _block_mask(
-    keep: torch.Tensor | None, causal: bool, b: int, h: int, q_len: int, k_len: int, device
-):
-    """The block mask of ``causal`` and ``keep [b|1, h|1, q|1, k]``, or None for neither."""
-    if keep is None:
-        return _causal_block_mask(q_len, k_len, device) if causal else None
-    shift = torch.tensor(k_len - q_len if causal else k_len, device=device)
-    if keep.shape[1] == 1 and keep.shape[2] == 1:  # key padding [b, 1, 1, k]
-        mb = keep.shape[0]
-        mod = _padding_mod(keep.reshape(mb, k_len).contiguous(), shift)
-        return _create_block_mask(mod, None if mb == 1 else mb, None, q_len, k_len, device=device)
-    mb, mh = keep.shape[0], keep.shape[1]
-    full = keep.expand(mb, mh, q_len, k_len).contiguous()  # [b|1, h|1, q, k]
-    return _create_block_mask(
-        _full_mod(full, shift), None if mb == 1 else mb, None if mh == 1 else mh,
-        q_len, k_len, device=device,
-    )  # fmt: skip
-
-
-def _bias_score_mod(bias: torch.Tensor) -> Callable[..., torch.Tensor]:
-    """score_mod adding a materialised bias ``[h, q, k]`` or ``[b, h, q, k]``."""
-    bias = bias.contiguous()
-    if bias.ndim == 3:
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + bias[h, q_idx, kv_idx]
-
-    else:
-
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + bias[b, h, q_idx, kv_idx]
-
-    return score_mod
-
-
 def _flex(q, k, v, *, enc, keep, causal, scale, qpos, kpos):
-    b, h, q_len, _ = q.shape
-    k_len = k.shape[2]
+    """FlexAttention with the encoding's score_mod (or, without one, its materialised bias)."""
     score_mod = None
     if enc is not None:
         if not enc.query_dependent:
             score_mod = enc.score_mod(qpos, kpos)
         if score_mod is None:  # no index formula: fall back to the materialised bias
-            bias = _bias_tensor(enc, q.float(), scale, qpos, kpos, q_len, k_len)
+            bias = _bias_tensor(enc, q.float(), scale, qpos, kpos, q.shape[2], k.shape[2])
             if bias.ndim == 4 and bias.shape[0] == 1:
                 bias = bias[0]
-            score_mod = _bias_score_mod(bias.float())
-    block_mask = _block_mask(keep, causal, b, h, q_len, k_len, q.device)
-    gqa = q.shape[1] != k.shape[1]
-    if not _FLEX_COMPILED:
-        fn = _flex_module().flex_attention
-        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
-    fn = _compiled_flex(q.device.type)
-    return fn(q, k, v, score_mod, block_mask, scale, gqa)
-
-
-def _flex_refusal(q, enc, needs_grad: bool, dropout_p: float) -> str | None:
-    """Why the Flex path cannot run this call, or None when it can."""
-    if enc is not None and enc.value_dependent:
-        return f"encoding {enc.name!r} is value-dependent and needs backend='eager'"
-    if _flex_module() is None:
-        return "this torch has no torch.nn.attention.flex_attention"
-    if q.device.type not in ("cuda", "cpu"):
-        return f"FlexAttention runs on CUDA and CPU, got device {q.device}"
-    if q.device.type == "cpu" and needs_grad:
-        return (
-            "FlexAttention has no backward on CPU; use backend='sdpa' or 'eager', "
-            "or call under torch.no_grad()"
-        )
-    if q.dtype not in _FLEX_DTYPES:
-        return f"FlexAttention takes float32, bfloat16 or float16, got {q.dtype}"
-    if dropout_p:
-        return f"FlexAttention has no dropout, got dropout_p={dropout_p}"
-    return None
+            score_mod = _flexattn.bias_score_mod(bias.float())
+    return _flexattn.run(q, k, v, score_mod=score_mod, keep=keep, causal=causal, scale=scale)
 
 
 def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: int) -> str:
     if backend == "flex":
-        why = _flex_refusal(q, enc, needs_grad, dropout_p)
+        why = _flexattn.refusal(q, enc, needs_grad, dropout_p)
         if why is not None:
             raise PosEncError(f"backend='flex' cannot run here: {why}")
         return "flex"
@@ -497,7 +344,7 @@ def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: 
         bias_bytes = 4 * b * q.shape[1] * q.shape[2] * k_len
         if (
             bias_bytes >= FLEX_MIN_BIAS_BYTES
-            and _flex_refusal(q, enc, needs_grad, dropout_p) is None
+            and _flexattn.refusal(q, enc, needs_grad, dropout_p) is None
         ):
             if type(enc).score_mod is not BiasEncoding.score_mod:  # it has an index formula
                 return "flex"
