@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from PIL import Image
 
@@ -65,3 +67,10 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):
     assert err.startswith("posenc: error: ") and err.count("\n") == 1, err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_missing_matplotlib_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if absent
+    code, out, err = run(capsys, "plot", "table", "-e", "sinusoidal", "-o", str(tmp_path / "x.png"))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "pip install 'posenc[plot]'" in err

@@ -164,6 +164,13 @@ def test_an_encoding_that_cannot_be_measured_gets_an_error_row(tmp_path, monkeyp
     assert page.count('class="encoding-row') == 2
 
 
+def test_report_without_matplotlib_names_the_extra(capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if absent
+    code, out, err = run(capsys, "report", "--out", str(tmp_path), "--quick")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "pip install 'posenc[plot]'" in err
+
+
 def test_build_report_rejects_bad_encodings(tmp_path):
     with pytest.raises(PosEncError, match="name must be one of"):
         build_report(tmp_path, encodings=["nosuch"])

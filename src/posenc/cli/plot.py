@@ -51,7 +51,7 @@ def _draw(out: str, draw: Any, default_size: tuple[float, float], width: Any, he
         figsize = (width or default_size[0], height or default_size[1])
         fig = draw(plot, figsize)
         plot.save_figure(fig, path)
-    except PosEncError as e:
+    except (PosEncError, ImportError) as e:  # ImportError: the plot extra is missing
         fail(str(e))
         return
     except OSError as e:

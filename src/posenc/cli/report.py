@@ -32,11 +32,12 @@ def report(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from posenc.report import build_report
+    from posenc.report.build import build_report, check_plot_extra
 
     try:
+        check_plot_extra()
         path = check_out_dir(out)
-    except PosEncError as e:
+    except (PosEncError, ImportError) as e:
         fail(str(e))
         return
     console = Console(stderr=True)
@@ -52,7 +53,7 @@ def report(
 
         try:
             data = build_report(path, quick=quick, lengthgen=lengthgen, on_progress=on_progress)
-        except PosEncError as e:
+        except (PosEncError, ImportError) as e:
             bar.stop()
             fail(str(e))
             return

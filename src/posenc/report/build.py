@@ -21,7 +21,7 @@ from posenc.analysis._encodings import size
 from posenc.analysis._results import jsonable
 from posenc.report.schema import SCHEMA_VERSION, validate_report
 
-__all__ = ["LENGTHGEN_SETTINGS", "Settings", "build_report", "settings_for"]
+__all__ = ["LENGTHGEN_SETTINGS", "Settings", "build_report", "check_plot_extra", "settings_for"]
 
 #: ``on_progress(stage, done, total, description)``: ``stage`` is ``"analysis"`` (encodings,
 #: figures, demonstrations, page) or ``"lengthgen"`` (training steps of the study).
@@ -174,6 +174,14 @@ def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> di
     return record
 
 
+def check_plot_extra() -> None:
+    """Raise an ImportError naming the extra when matplotlib (``posenc[plot]``) is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as e:
+        raise ImportError("posenc report needs matplotlib: pip install 'posenc[plot]'") from e
+
+
 def _quiet(stage: str, done: int, total: int, description: str) -> None:
     """The default progress callback: nothing."""
 
@@ -200,9 +208,14 @@ def build_report(
 
     Returns:
         The data written to ``report.json``.
+
+    Raises:
+        PosEncError: an unknown encoding name or an ``out_dir`` that cannot be written.
+        ImportError: matplotlib (the ``plot`` extra) is missing.
     """
     started = time.perf_counter()
     progress = on_progress or _quiet
+    check_plot_extra()
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
