@@ -8,7 +8,12 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Under pytest-xdist every worker gets one thread: workers already fill the cores, and
+# oversubscribed intra-op threads make small ops many times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 settings.register_profile(
     "posenc",
