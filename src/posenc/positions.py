@@ -51,8 +51,11 @@ def arange(
 
 
 def _lengths(name: str, values: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    t = values if isinstance(values, torch.Tensor) else torch.as_tensor(list(values))
-    if t.ndim != 1 or t.is_floating_point() or t.dtype == torch.bool:
+    try:
+        t = values if isinstance(values, torch.Tensor) else torch.as_tensor(list(values))
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise PosEncError(f"{name} must be a 1-D sequence of integers, got {values!r}") from e
+    if t.ndim != 1 or t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise PosEncError(f"{name} must be a 1-D sequence of integers, got {values!r}")
     return t.to(torch.long)
 
@@ -96,7 +99,7 @@ def from_attention_mask(mask: torch.Tensor) -> torch.Tensor:
     check_tensor("mask", mask)
     if mask.ndim != 2:
         raise PosEncError(f"mask must be [b, s], got shape {tuple(mask.shape)}")
-    if mask.is_floating_point() and not bool(((mask == 0) | (mask == 1)).all()):
+    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
         raise PosEncError("mask must hold only 0 and 1 (or booleans)")
     m = mask.to(torch.long)
     return ((torch.cumsum(m, dim=-1) - 1) * m).clamp_min(0)
@@ -154,6 +157,7 @@ def resolve(
     Given positions are moved to ``device`` (when given) and shifted by ``offset``.
     Shape: ``[s]`` or ``[b, s]`` (``b`` equal to ``batch``, or 1).
     """
+    offset = check_int("offset", offset)
     if positions is None:
         return arange(seq_len, offset, device=device)
     check_positions(name, positions, seq_len=seq_len, batch=batch)
