@@ -118,9 +118,10 @@ def check_positions(
     *,
     seq_len: int | None = None,
     batch: int | None = None,
-    ndims: Sequence[int] = (1, 2),
+    ndims: Sequence[int] | None = (1, 2),
 ) -> torch.Tensor:
-    """Validate a position tensor of shape ``[s]`` or ``[b, s]`` (``ndims`` allowed ranks).
+    """Validate a position tensor of shape ``[s]`` or ``[b, s]`` (``ndims`` allowed ranks;
+    ``None``: any shape, as for tables at arbitrary positions).
 
     ``seq_len`` and ``batch``, when given, must match the last and (for 2-D)
     first dimension. Integer and floating positions are accepted; floating
@@ -130,7 +131,7 @@ def check_positions(
         raise PosEncError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
     if positions.dtype == torch.bool or positions.is_complex():
         raise PosEncError(f"{name} must be an integer or floating tensor, got {positions.dtype}")
-    if positions.ndim not in tuple(ndims):
+    if ndims is not None and positions.ndim not in tuple(ndims):
         shapes = " or ".join({1: "[s]", 2: "[b, s]"}.get(n, f"{n}-D") for n in ndims)
         raise PosEncError(f"{name} must be {shapes}, got shape {tuple(positions.shape)}")
     if seq_len is not None and positions.shape[-1] != seq_len:

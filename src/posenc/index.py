@@ -33,7 +33,6 @@ from posenc._errors import (
     check_choice,
     check_dtype,
     check_embeddings,
-    check_finite,
     check_int,
 )
 
@@ -86,15 +85,7 @@ def index_table(
     elif length is not None:
         raise PosEncError(f"length applies only with normalize='length', got length={length!r}")
     dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
-    if not isinstance(positions, torch.Tensor):
-        try:
-            positions = torch.as_tensor(positions)
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise PosEncError(f"positions must be a tensor of numbers, got {positions!r}") from e
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
-    check_finite("positions", positions)
-    p = positions.to(device=device, dtype=torch.float64)
+    p = _positions.as_tensor(positions, device=device).to(torch.float64)
     if length is not None:
         p = p / length
     return p.unsqueeze(-1).expand(*p.shape, dim).to(dtype)

@@ -25,6 +25,7 @@ from posenc._errors import PosEncError, check_int, check_positions, check_tensor
 
 __all__ = [
     "arange",
+    "as_tensor",
     "from_attention_mask",
     "from_cu_seqlens",
     "from_seq_lens",
@@ -48,6 +49,29 @@ def arange(
     seq_len = check_int("seq_len", seq_len, min=0)
     offset = check_int("offset", offset)
     return torch.arange(offset, offset + seq_len, device=device, dtype=dtype)
+
+
+def as_tensor(
+    positions: torch.Tensor | Sequence[float],
+    *,
+    device: torch.device | str | None = None,
+    name: str = "positions",
+) -> torch.Tensor:
+    """Positions of any shape, from a tensor or a (nested) sequence of numbers, validated:
+    integer or floating, finite. Moved to ``device`` when given.
+
+    Shape: ``[*P]`` -> ``[*P]``.
+
+    >>> as_tensor([0, 1.5])
+    tensor([0.0000, 1.5000])
+    """
+    if not isinstance(positions, torch.Tensor):
+        try:
+            positions = torch.as_tensor(positions)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise PosEncError(f"{name} must be a tensor of numbers, got {positions!r}") from e
+    check_positions(name, positions, ndims=None)
+    return positions if device is None else positions.to(device)
 
 
 def _lengths(name: str, values: Sequence[int] | torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,6 @@ from posenc._errors import (
     check_choice,
     check_dtype,
     check_embeddings,
-    check_finite,
     check_float,
     check_int,
 )
@@ -33,18 +32,6 @@ Layout = Literal["interleaved", "half"]
 Order = Literal["sin_cos", "cos_sin"]
 LAYOUTS = ("interleaved", "half")
 ORDERS = ("sin_cos", "cos_sin")
-
-
-def _as_positions(positions: torch.Tensor | Sequence[float], device) -> torch.Tensor:
-    if not isinstance(positions, torch.Tensor):
-        try:
-            positions = torch.as_tensor(positions)
-        except (TypeError, ValueError, RuntimeError) as e:
-            raise PosEncError(f"positions must be a tensor of numbers, got {positions!r}") from e
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
-    check_finite("positions", positions)
-    return positions if device is None else positions.to(device)
 
 
 def _check_options(dim: int, base: float, layout: str, order: str) -> int:
@@ -91,7 +78,7 @@ def sinusoidal_table(
                 [ 0.9093, -0.4161,  0.0200,  0.9998]])
     """
     dim = _check_options(dim, base, layout, order)
-    pos = _as_positions(positions, device)
+    pos = _positions.as_tensor(positions, device=device)
     dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
     n_first = (dim + 1) // 2  # channels of the first member of each pair (sin for sin_cos)
     n_second = dim // 2
@@ -142,7 +129,7 @@ def sinusoidal_table_nd(
     if isinstance(grid, torch.Tensor):
         if grid.ndim < 1 or grid.shape[-1] < 1:
             raise PosEncError(f"grid coordinates must be [..., n_axes], got shape {tuple(grid.shape)}")
-        coords = _as_positions(grid, device)
+        coords = _positions.as_tensor(grid, device=device)
     else:
         coords = _positions.grid(grid, device=device)
     n_axes = coords.shape[-1]

@@ -199,6 +199,8 @@ def _bad_apply(**change):
         (lambda: posenc.rotary_cos_sin(torch.tensor([True]), torch.ones(2)),
          "positions must be an integer or floating tensor"),
         (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.ones(2, 2)), "inv_freq must be 1-D"),
+        (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.tensor([1.0, float("nan")])),
+         "inv_freq must be finite"),
         (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.ones(2), dtype=torch.int32),
          "dtype must be a floating-point dtype, got torch.int32"),
         (lambda: posenc.rotary_cos_sin(torch.zeros(3, 2), torch.ones(4), sections=(1, 2)),

@@ -37,6 +37,7 @@ from posenc._errors import (
     check_finite,
     check_float,
     check_int,
+    check_positions,
     check_tensor,
 )
 from posenc.rotary.kernels import dispatch_rotary
@@ -101,13 +102,11 @@ def rotary_cos_sin(
                 [1.0000, 0.5403],
                 [0.5403, 1.0000]])
     """
-    check_tensor("positions", positions)
-    if positions.dtype == torch.bool or positions.is_complex():
-        raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
-    check_finite("positions", positions)
+    check_positions("positions", positions, ndims=None)
     check_tensor("inv_freq", inv_freq, floating=True)
     if inv_freq.ndim != 1:
         raise PosEncError(f"inv_freq must be 1-D [r/2], got shape {tuple(inv_freq.shape)}")
+    check_finite("inv_freq", inv_freq)
     attention_scale = check_float("attention_scale", attention_scale)
     check_dtype("dtype", dtype)
     if sections is not None:

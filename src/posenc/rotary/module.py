@@ -22,7 +22,6 @@ from posenc._base import RotaryEncoding
 from posenc._errors import (
     PosEncError,
     check_choice,
-    check_finite,
     check_float,
     check_int,
     check_last_dim,
@@ -269,9 +268,7 @@ class RotaryEmbedding(RotaryEncoding):
         if self._sections is None:
             return check_positions(name, p, seq_len=seq_len, batch=batch)
         n_axes = len(self._sections)
-        check_tensor(name, p)
-        if p.dtype == torch.bool or p.is_complex():
-            raise PosEncError(f"{name} must be an integer or floating tensor, got {p.dtype}")
+        check_positions(name, p, ndims=None)  # a tensor of finite numbers; the shape below
         if p.ndim not in (2, 3) or p.shape[-1] != n_axes or p.shape[-2] != seq_len:
             raise PosEncError(
                 f"{name} must be [s, {n_axes}] or [b, s, {n_axes}] (one coordinate per section) "
@@ -280,7 +277,6 @@ class RotaryEmbedding(RotaryEncoding):
         if p.ndim == 3 and p.shape[0] not in (1, batch):
             raise PosEncError(f"{name} of shape [b, s, {n_axes}] must have b == {batch} (the batch "
                               f"size) or 1, got shape {tuple(p.shape)}")  # fmt: skip
-        check_finite(name, p)
         return p
 
     def _default_positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
@@ -331,10 +327,7 @@ class RotaryEmbedding(RotaryEncoding):
 
         Shape: ``[*P]`` (with sections ``[*P, n_axes]``) -> ``[*P, rotary_dim / 2]`` each.
         """
-        check_tensor("positions", positions)
-        if positions.dtype == torch.bool or positions.is_complex():
-            raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
-        check_finite("positions", positions)
+        check_positions("positions", positions, ndims=None)
         inv_freq, scale = self._call_frequencies([positions], positions.device)
         return _cos_sin(positions, inv_freq, scale, self._sections, dtype)
 
