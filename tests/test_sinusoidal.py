@@ -345,6 +345,10 @@ T = posenc.sinusoidal_table
         (lambda: posenc.SinusoidalEmbedding(8, layout="x"), "layout must be one of"),
         (lambda: posenc.SinusoidalEmbedding(8, dropout=1.5), "dropout must be <= 1.0, got 1.5"),
         (lambda: posenc.SinusoidalEmbedding(8, scale=float("nan")), "scale must be finite"),
+        (lambda: posenc.SinusoidalEmbedding(8, learnable_scale="yes"),
+         "learnable_scale must be one of True, False, got 'yes'"),
+        (lambda: posenc.SinusoidalEmbedding(8)(torch.zeros(1, 3, 8), torch.arange(3), offset=0.5),
+         "offset must be an integer, got 0.5"),
     ],
 )  # fmt: skip
 def test_bad_input(call, match):

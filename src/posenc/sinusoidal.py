@@ -187,6 +187,7 @@ class SinusoidalEmbedding(AdditiveEncoding):
         self.base, self.layout, self.order = float(base), layout, order
         dropout = check_float("dropout", dropout, min=0.0, max=1.0)
         scale = check_float("scale", scale)
+        learnable_scale = check_choice("learnable_scale", learnable_scale, (True, False))
         self.dropout = nn.Dropout(dropout)
         self.scale: nn.Parameter | float
         if learnable_scale:
