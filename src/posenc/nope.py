@@ -21,6 +21,9 @@ class NoPositionalEncoding(Encoding):
     Accepts and ignores the positions arguments of the other kinds, so it can stand
     wherever an encoding is expected.
 
+    Shape:
+        ``x: [*]`` -> ``[*]`` (the same tensor).
+
     Examples:
         >>> import torch, posenc
         >>> x = torch.randn(2, 3, 4)

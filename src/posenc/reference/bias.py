@@ -73,7 +73,11 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 
 def alibi_bias(q_positions, k_positions, slopes, *, causal: bool = True) -> np.ndarray:
-    """``-m_h (i - j)`` (causal) or ``-m_h |i - j|``."""
+    """``-m_h (i - j)`` (causal) or ``-m_h |i - j|``.
+
+    Shape: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> ``[h, q, k]`` (or
+    ``[b, h, q, k]``) float64.
+    """
     slopes = np.asarray(slopes, dtype=np.float64)
 
     def value(h, i, j):
@@ -96,6 +100,8 @@ def t5_relative_bucket(
 
     T5 itself takes the logarithm in float32; for a few ``(num_buckets, max_distance)``
     that puts a distance lying exactly on a bucket boundary one bucket lower than here.
+
+    Shape: one integer -> one integer bucket in ``[0, num_buckets)``.
     """
     n = relative_position
     bucket = 0
@@ -118,7 +124,11 @@ def t5_relative_bucket(
 def t5_relative_bias(
     q_positions, k_positions, table, *, bidirectional: bool = True, max_distance: int = 128
 ) -> np.ndarray:
-    """``table[bucket(j - i), h]`` with ``table`` ``[num_buckets, h]``."""
+    """``table[bucket(j - i), h]`` with ``table`` ``[num_buckets, h]``.
+
+    Shape: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> ``[h, q, k]`` (or
+    ``[b, h, q, k]``) float64.
+    """
     table = np.asarray(table, dtype=np.float64)
     num_buckets, num_heads = table.shape
 
@@ -211,7 +221,11 @@ def fire_bias(
 ) -> np.ndarray:
     """``f(x)[h] = b2[h] + sum_u w2[h, u] * max(0, w1[u] * x + b1[u])`` of the normalised
     distance ``x``: FIRE's MLP with one hidden ReLU layer (``w1`` ``[width]`` or
-    ``[width, 1]``, ``w2`` ``[h, width]``)."""
+    ``[width, 1]``, ``w2`` ``[h, width]``).
+
+    Shape: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> ``[h, q, k]`` (or
+    ``[b, h, q, k]``) float64.
+    """
     w1 = np.asarray(w1, dtype=np.float64).reshape(-1)
     b1, w2, b2 = (np.asarray(a, dtype=np.float64) for a in (b1, w2, b2))
     c, threshold = abs(c), abs(threshold)
@@ -230,7 +244,11 @@ def fire_bias(
 
 
 def kerple_bias(q_positions, k_positions, r1, r2) -> np.ndarray:
-    """The logarithmic variant ``-r1_h * log(1 + r2_h * |i - j|)``."""
+    """The logarithmic variant ``-r1_h * log(1 + r2_h * |i - j|)``.
+
+    Shape: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> ``[h, q, k]`` (or
+    ``[b, h, q, k]``) float64.
+    """
     r1 = np.asarray(r1, dtype=np.float64)
     r2 = np.asarray(r2, dtype=np.float64)
 

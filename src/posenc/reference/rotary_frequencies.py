@@ -28,7 +28,10 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def rope_frequencies(dim: int, *, base: float = 10000.0, scaling=None, seq_len=None):
-    """``(inv_freq [dim // 2] float64, attention_scale)``; see posenc.rope_frequencies."""
+    """``(inv_freq [dim // 2] float64, attention_scale)``; see posenc.rope_frequencies.
+
+    Shape: ``inv_freq`` ``[dim // 2]``; ``attention_scale`` a float.
+    """
     s = {k: v for k, v in (scaling or {}).items() if v is not None}
     kind = s.get("type", "default")
     half = dim // 2

@@ -35,7 +35,10 @@ def sinusoidal_table(
 
 
 def sinusoidal_table_nd(grid, dim: int, **options) -> np.ndarray:
-    """Channels split evenly across axes, axis 0 first; ``grid`` is a shape or coordinates ``[..., k]``."""
+    """Channels split evenly across axes, axis 0 first; ``grid`` is a shape or coordinates ``[..., k]``.
+
+    Shape: ``(n_0, ..., n_{k-1})`` -> ``[n_0, ..., n_{k-1}, dim]``; ``[..., k]`` -> ``[..., dim]``.
+    """
     if isinstance(grid, (tuple, list)) and all(isinstance(n, (int, np.integer)) for n in grid):
         coords = np.stack(np.meshgrid(*[np.arange(n) for n in grid], indexing="ij"), axis=-1)
     else:
