@@ -283,16 +283,18 @@ class LearnedEmbedding(AdditiveEncoding):
         """Validated long indices into ``weight`` (one host sync, like nn.Embedding's check)."""
         if positions.dtype == torch.bool or positions.is_complex():
             raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
-        if positions.is_floating_point():
-            frac = positions != torch.round(positions)
-            if bool(frac.any()):
-                bad = positions[frac].flatten()[0].item()
+        if positions.numel():
+            # min, max and "any fractional" come to the host together: one synchronisation
+            stats = [positions.min(), positions.max()]
+            if positions.is_floating_point():
+                stats.append((positions != torch.round(positions)).any())
+            lo, hi, *fractional = torch.stack([t.to(torch.float64) for t in stats]).tolist()
+            if fractional and fractional[0]:
+                bad = positions[positions != torch.round(positions)].flatten()[0].item()
                 raise PosEncError(
                     f"positions must be integers for a learned table (integral-valued floats "
                     f"are accepted), got {bad}"
                 )
-        if positions.numel():
-            lo, hi = positions.min().item(), positions.max().item()
             if lo < 0 or hi >= self.max_len:
                 raise PosEncError(
                     f"positions must be in [0, max_len) with max_len={self.max_len}, "
