@@ -120,7 +120,7 @@ def test_presets() -> None:
     for preset in PRESETS.values():
         assert preset["eval_lens"][0] == preset["train_len"]
     quick = PRESETS["quick"]
-    assert quick["steps"] <= 60 and not quick["extend"]
+    assert quick["steps"] <= 200 and not quick["extend"] and not quick["finetune_steps"]
 
 
 def _corrupt(path: Path) -> None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import positions as _positions
-from posenc._errors import PosEncError
+from posenc._errors import PosEncError, check_int
 from posenc.experiments.distributed import Dist
 from posenc.experiments.seeding import generator
 from posenc.experiments.tasks import IGNORE, Task
@@ -132,6 +132,7 @@ def evaluate(
     dist: Dist | None = None,
     random_positions: int | None = None,
     max_tokens: int = 16384,
+    max_scores: int = 2**22,
 ) -> dict[str, dict[str, Any]]:
     """Metrics of ``model`` on ``task`` at each of ``lengths``.
 
@@ -146,11 +147,17 @@ def evaluate(
             ``L_max`` are then evaluated on randomized positions as in training (one draw
             per row); longer ones on ``0 .. E - 1``.
         max_tokens: tokens per forward pass (rows per batch = ``max_tokens // E``, at least 1).
+        max_scores: attention scores per pass and layer, ``rows * heads * E * E`` (rows are
+            cut to fit, at least 1): keeps the ``[b, h, E, E]`` bias of a bias encoding
+            small (16 MiB in float32 by default), so long windows stay on SDPA.
 
     Returns:
         ``{str(E): metrics}``; metrics as in the module docstring, or ``{"error": message}``.
     """
     dist = Dist() if dist is None else dist
+    check_int("max_tokens", max_tokens, min=1)
+    check_int("max_scores", max_scores, min=1)
+    heads = int(getattr(model, "num_heads", 1))
     results: dict[str, dict[str, Any]] = {}
     was_training = model.training
     model.eval()
@@ -159,9 +166,10 @@ def evaluate(
             error = None
             try:
                 with torch.no_grad():
+                    rows = max(1, min(max_tokens // length, max_scores // (heads * length**2)))
                     sums = _sums(
                         model, task, length, train_len=train_len, seed=seed, dist=dist,
-                        random_positions=random_positions, max_tokens=max_tokens,
+                        random_positions=random_positions, max_tokens=rows * length,
                     )  # fmt: skip
             except (PosEncError, IndexError) as e:
                 error, sums = str(e).splitlines()[0] if str(e) else type(e).__name__, None

@@ -1,9 +1,14 @@
-"""The figure of a length-generalization study: metric vs eval length, one line per run."""
+"""The figure of a length-generalization study: metric vs eval length, one line per run.
+
+Panels: the trained encodings (``lm``: perplexity over the whole window and over the
+positions past the training length; synthetic tasks: exact-match accuracy), then, when
+the study extended RoPE, the extension runs beside the plain ``rope`` model.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +16,25 @@ from posenc._errors import PosEncError
 
 __all__ = ["plot_study"]
 
-
-def _style(label: str) -> dict[str, Any]:
-    if label.endswith("+ft"):
-        return {"linestyle": ":", "marker": "s"}
-    if "+" in label:
-        return {"linestyle": "--", "marker": "^"}
-    return {"linestyle": "-", "marker": "o"}
+_METHOD_COLORS = {"pi": "tab:green", "ntk": "tab:red", "yarn": "tab:purple"}
 
 
-def _panel(
-    ax: Any, results: Mapping[str, Any], key: str, ylabel: str, log_y: bool, colors: list[Any]
-) -> None:
+def _style(label: str, base_colors: Mapping[str, Any], extension_panel: bool) -> dict[str, Any]:
+    parts = label.split("+")
+    if len(parts) == 1:
+        color = "black" if extension_panel else base_colors[label]
+        return {"color": color, "linestyle": "-", "marker": "o"}
+    color = _METHOD_COLORS.get(parts[1], "tab:gray")
+    if parts[-1] == "ft":
+        return {"color": color, "linestyle": ":", "marker": "s"}
+    return {"color": color, "linestyle": "--", "marker": "^"}
+
+
+def _panel(ax: Any, results: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], key: str,
+           ylabel: str, base_colors: Mapping[str, Any], extension_panel: bool) -> None:  # fmt: skip
     lengths = [int(e) for e in results["eval_lens"]]
-    for run, color in zip(results["runs"], colors):
+    values = []
+    for run in runs:
         xs, ys = [], []
         for length in lengths:
             cell = run["eval"].get(str(length), {})
@@ -32,30 +42,29 @@ def _panel(
                 xs.append(length)
                 ys.append(cell[key])
         if xs:
-            ax.plot(xs, ys, color=color, **_style(run["encoding"]))
+            style = _style(run["encoding"], base_colors, extension_panel)
+            ax.plot(xs, ys, label=run["encoding"], **style)
+            values.extend(ys)
     ax.axvline(results["train_len"], color="0.6", linewidth=1, linestyle="-.")
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
     ax.set_xticklabels([str(n) for n in lengths])
-    if log_y:
-        from matplotlib.ticker import ScalarFormatter
-
-        ax.set_yscale("log")
-        for axis in (ax.yaxis,):
-            axis.set_major_formatter(ScalarFormatter())
-            axis.set_minor_formatter(ScalarFormatter())
+    ax.minorticks_off()
+    if key.startswith("ppl") and values and max(values) > 10 * min(values):
+        ax.set_yscale("log")  # perplexities that blow up: ratios read as distances
     ax.set_xlabel("eval length (tokens)")
     ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, alpha=0.3)
+    if values:
+        ax.legend(fontsize=7, loc="best")
 
 
 def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     """Draw ``results`` (what :func:`~posenc.experiments.lengthgen.run_study` returns)
     to a PNG at ``path``; returns the path.
 
-    ``lm``: perplexity over the whole window and over the positions past the training
-    length (log scale). Synthetic tasks: exact-match accuracy. The training length is
-    the vertical line; cells that errored are left out of their line.
+    The training length is the dash-dotted vertical line; a cell that errored (a learned
+    table too short for the length) is left out of its line.
     """
     try:
         import matplotlib
@@ -64,30 +73,30 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise ImportError("plotting needs the 'plot' extra: pip install 'posenc[plot]'") from e
-    if "runs" not in results or "eval_lens" not in results:
+    if not isinstance(results, Mapping) or "runs" not in results or "eval_lens" not in results:
         raise PosEncError("results must be a run_study result (with 'runs' and 'eval_lens')")
-    from matplotlib.lines import Line2D
-
     lm = results["metric"] == "ppl"
-    runs = results["runs"]
-    cmap = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
-    colors = [cmap(i % cmap.N) for i in range(len(runs))]  # one color per run, every panel
-    fig, axes = plt.subplots(1, 2 if lm else 1, figsize=(12 if lm else 7, 4.4), squeeze=False)
-    title = f"{results['task']}: trained at {results['train_len']} tokens"
+    runs = list(results["runs"])
+    base = [r for r in runs if "+" not in r["encoding"]]
+    extended = [r for r in runs if r["encoding"] == "rope" or "+" in r["encoding"]]
+    if len(extended) <= 1:
+        extended = []
+    cmap = plt.get_cmap("tab10")
+    base_colors = {r["encoding"]: cmap(i % 10) for i, r in enumerate(base)}
+    base_colors.setdefault("rope", "black")
+    metric = ("ppl", "perplexity") if lm else ("accuracy", "exact-match accuracy")
+    panels = [(base, metric[0], f"{metric[1]} (whole window)" if lm else metric[1])]
     if lm:
-        _panel(axes[0, 0], results, "ppl", "perplexity (whole window)", True, colors)
-        _panel(axes[0, 1], results, "ppl_past", "perplexity (positions past train length)",
-               True, colors)  # fmt: skip
-    else:
-        _panel(axes[0, 0], results, "accuracy", "exact-match accuracy", False, colors)
-        axes[0, 0].set_ylim(-0.02, 1.02)
-    handles = [
-        Line2D([], [], color=c, label=r["encoding"], **_style(r["encoding"]))
-        for r, c in zip(runs, colors)
-    ]
-    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 0.86 if lm else 0.78, 1))
+        panels.append((base, "ppl_past", "perplexity (positions past train length)"))
+    if extended:
+        panels.append((extended, metric[0], f"RoPE extended: {metric[1]}"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    for ax, (subset, key, ylabel) in zip(axes[0], panels):
+        _panel(ax, results, subset, key, ylabel, base_colors, subset is extended)
+        if not lm:
+            ax.set_ylim(-0.02, 1.02)
+    fig.suptitle(f"{results['task']}: trained at {results['train_len']} tokens")
+    fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
