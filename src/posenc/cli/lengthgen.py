@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -124,7 +124,7 @@ def lengthgen(
             raise PosEncError(f"--threads must be >= 1, got {threads}")
         lens = None if eval_lens is None else _lengths(eval_lens, train_len)
         methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
-        options = dict(
+        options: dict[str, Any] = dict(
             train_len=train_len, eval_lens=lens, steps=steps, out_dir=out, device=device,
             seed=seed, preset=preset, batch_size=batch_size, dim=dim, num_layers=layers,
             num_heads=heads, lr=lr, warmup=warmup, random_positions=random_positions,

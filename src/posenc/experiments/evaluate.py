@@ -80,7 +80,8 @@ def _sums(
     )
     for batch in batches:
         tokens = batch.tokens.to(dist.device)
-        positions = _eval_positions(task, length, batch.index, seed, random_positions)
+        index = torch.arange(tokens.shape[0]) if batch.index is None else batch.index
+        positions = _eval_positions(task, length, index, seed, random_positions)
         if positions is not None:
             positions = positions.to(dist.device)
         logits = model(tokens, positions).float().cpu()  # [b, E, vocab]
@@ -163,7 +164,8 @@ def evaluate(
     model.eval()
     try:
         for length in lengths:
-            error = None
+            error: str | None = None
+            sums = torch.zeros(7, dtype=torch.float64)
             try:
                 with torch.no_grad():
                     rows = max(1, min(max_tokens // length, max_scores // (heads * length**2)))
@@ -172,7 +174,7 @@ def evaluate(
                         random_positions=random_positions, max_tokens=rows * length,
                     )  # fmt: skip
             except (PosEncError, IndexError) as e:
-                error, sums = str(e).splitlines()[0] if str(e) else type(e).__name__, None
+                error = str(e).splitlines()[0] if str(e) else type(e).__name__
             # Every rank must take part in the reduction, and agree on errors.
             errors = [m for m in dist.gather_objects(error) if m is not None]
             if errors:

@@ -82,7 +82,7 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
     if len(extended) <= 1:
         extended = []
     cmap = plt.get_cmap("tab10")
-    base_colors = {r["encoding"]: cmap(i % 10) for i, r in enumerate(base)}
+    base_colors: dict[str, Any] = {r["encoding"]: cmap(i % 10) for i, r in enumerate(base)}
     base_colors.setdefault("rope", "black")
     metric = ("ppl", "perplexity") if lm else ("accuracy", "exact-match accuracy")
     panels = [(base, metric[0], f"{metric[1]} (whole window)" if lm else metric[1])]

@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,9 @@ from posenc.experiments.models import (
 from posenc.experiments.seeding import derive_seed
 from posenc.experiments.tasks import TASKS, LMTask, Task, make_task
 from posenc.experiments.train import TrainResult, TrainSettings, run_config, train
+
+if TYPE_CHECKING:
+    from posenc.models import TinyTransformer
 
 __all__ = ["DEFAULT_ENCODINGS", "PRESETS", "Event", "run_study", "write_results"]
 
@@ -230,7 +233,7 @@ class _Runner:
     def _ckpt(self, label: str) -> Path | None:
         return None if self.ckpt_dir is None else self.ckpt_dir / f"{label}.pt"
 
-    def _config(self, label: str, model: torch.nn.Module, **extra: Any) -> dict[str, Any]:
+    def _config(self, label: str, model: TinyTransformer, **extra: Any) -> dict[str, Any]:
         return {
             "task": self.s.task,
             "label": label,
@@ -239,20 +242,20 @@ class _Runner:
             **extra,
         }
 
-    def build(self, spec: Mapping[str, Any]) -> torch.nn.Module:
+    def build(self, spec: Mapping[str, Any]) -> TinyTransformer:
         return build_model(
             self.task.vocab_size, spec, self.s.model, max_len=self.max_len,
             seed=derive_seed(self.s.train.seed, "init"),
         )  # fmt: skip
 
-    def check_resumable(self, label: str, model: torch.nn.Module, settings: TrainSettings,
+    def check_resumable(self, label: str, model: TinyTransformer, settings: TrainSettings,
                         **extra: Any) -> None:  # fmt: skip
         path = self._ckpt(label)
         if self.resume and path is not None and path.exists():
             config = run_config(self._config(label, model, **extra), settings, self.dist.world_size)
             load_checkpoint(path, config=config)
 
-    def fit(self, label: str, model: torch.nn.Module, settings: TrainSettings,
+    def fit(self, label: str, model: TinyTransformer, settings: TrainSettings,
             **extra: Any) -> TrainResult:  # fmt: skip
         self._emit("run", label=label, steps=settings.steps)
         result = train(
@@ -262,7 +265,7 @@ class _Runner:
         )  # fmt: skip
         return result
 
-    def evaluate(self, label: str, model: torch.nn.Module) -> dict[str, Any]:
+    def evaluate(self, label: str, model: TinyTransformer) -> dict[str, Any]:
         self._emit("eval", label=label)
         out = evaluate(
             model, self.task, self.s.eval_lens, train_len=self.s.train_len,
@@ -288,7 +291,7 @@ class _Runner:
         )
 
 
-def _extension_runs(runner: _Runner, base: torch.nn.Module, base_train: dict[str, Any],
+def _extension_runs(runner: _Runner, base: TinyTransformer, base_train: dict[str, Any],
                     validate_only: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     s = runner.s
     runs = []

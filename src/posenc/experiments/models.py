@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from posenc._errors import PosEncError, check_int
 from posenc.registry import ALIASES, names
+
+if TYPE_CHECKING:
+    from posenc.models import TinyTransformer
 
 __all__ = ["ModelSettings", "build_model", "encoding_label", "encoding_spec"]
 
@@ -100,7 +103,7 @@ def build_model(
     *,
     max_len: int,
     seed: int,
-) -> torch.nn.Module:
+) -> TinyTransformer:
     """A causal TinyTransformer with ``encoding``, initialised from ``seed``.
 
     ``max_len`` sizes learned tables (the longest position trained on).
