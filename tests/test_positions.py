@@ -52,6 +52,70 @@ def test_resolve():
     assert torch.equal(positions.resolve(p, 3, batch=4), p)
 
 
+PAIRS = {
+    # (q_len, k_len, q_positions, k_positions) -> (expected q, expected k)
+    "self": ((4, None, None, None), ([0, 1, 2, 3], [0, 1, 2, 3])),
+    "decode": ((2, 5, None, None), ([3, 4], [0, 1, 2, 3, 4])),
+    "decode-given-keys": ((2, 4, None, [[5, 6, 7, 8]]), ([[7, 8]], [[5, 6, 7, 8]])),
+    "cross": ((4, 2, None, None), ([0, 1, 2, 3], [0, 1])),
+    "given-queries": ((2, 3, [10, 11], None), ([10, 11], [0, 1, 2])),
+}
+
+
+@pytest.mark.parametrize("case", list(PAIRS))
+def test_resolve_pair(case):
+    (q_len, k_len, qp, kp), (want_q, want_k) = PAIRS[case]
+    qp = None if qp is None else torch.tensor(qp)
+    kp = None if kp is None else torch.tensor(kp)
+    q, k = positions.resolve_pair(q_len, k_len, qp, kp, batch=1)
+    assert torch.equal(q, torch.tensor(want_q)) and torch.equal(k, torch.tensor(want_k))
+
+
+def test_resolve_pair_shares_one_tensor():
+    q, k = positions.resolve_pair(3)
+    assert q is k  # self-attention: the keys' positions are the queries'
+    p = torch.tensor([[4.0, 5.5, 7.0]])
+    q, k = positions.resolve_pair(3, 3, p, p)
+    assert q is p and k is p
+
+
+def test_resolve_pair_coords():
+    q, k = positions.resolve_pair(2, 3, coords=3)
+    assert torch.equal(k, torch.arange(3)[:, None].expand(3, 3))
+    assert torch.equal(q, k[1:])
+    grid = positions.grid((2, 2)).reshape(4, 2)
+    q, k = positions.resolve_pair(1, 4, None, grid, coords=2)
+    assert torch.equal(q, grid[3:]) and torch.equal(k, grid)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: positions.resolve_pair(0), "q_len must be >= 1, got 0"),
+        (lambda: positions.resolve_pair(2, 0), "k_len must be >= 1, got 0"),
+        (lambda: positions.resolve_pair(2, 3, torch.arange(3)), "q_positions must have length 2"),
+        (lambda: positions.resolve_pair(2, 3, None, torch.arange(2)),
+         "k_positions must have length 3"),
+        (lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2), None, batch=2), "b == 2"),
+        (lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2), torch.zeros(2, 2)),
+         r"same batch size \(or 1\), got shapes \(3, 2\) and \(2, 2\)"),
+        (lambda: positions.resolve_pair(2, 2, None, torch.tensor([0.0, float("nan")])),
+         "k_positions must be finite"),
+        (lambda: positions.resolve_pair(2, 2, None, torch.zeros(2, 3), coords=2),
+         r"k_positions must be \[s, 2\] or \[b, s, 2\]"),
+        (lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2, 2), None, batch=2, coords=2),
+         "must have b == 2"),
+        (lambda: positions.resolve_pair(2, 3, torch.arange(2), torch.arange(2)),
+         "k_positions must have length 3"),
+        (lambda: positions.resolve_pair(3, 3, torch.arange(2), names=("positions", "k")),
+         "^positions must have length 3"),
+    ],
+)  # fmt: skip
+def test_resolve_pair_bad_input(call, match):
+    with pytest.raises(posenc.PosEncError, match=match):
+        call()
+
+
 @pytest.mark.parametrize(
     ("call", "match"),
     [

@@ -16,6 +16,11 @@ Three paths compute the same function, ``softmax(q k^T * scale + bias + mask) v`
 - ``"eager"``: plain matrix products and ``softmax``, in float32 or wider: the readable twin
   the others are tested against (and the only path for value-dependent encodings).
 
+The encoding and its positions are first turned into a
+:class:`~posenc._prepared.PreparedEncoding` (see :mod:`posenc._prepared`): rotary cos/sin,
+the bias and its merged SDPA mask are computed once there. A model prepares one per forward
+pass with :func:`prepare_encoding` and passes it as ``encoding=`` to every layer.
+
 ``backend="auto"`` takes eager for value-dependent encodings, Flex when the encoding has a
 ``score_mod``, the bias it would otherwise materialise reaches :data:`FLEX_MIN_BIAS_BYTES`,
 and Flex can run here (CUDA, or CPU without gradients, no dropout), and SDPA otherwise.
@@ -23,7 +28,6 @@ and Flex can run here (CUDA, or CPU without gradients, no dropout), and SDPA oth
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -32,96 +36,22 @@ import torch
 import torch.nn.functional as F
 
 from posenc import _flex as _flexattn
-from posenc import positions as _positions
 from posenc._base import BiasEncoding, Encoding, RotaryEncoding
-from posenc._errors import PosEncError, check_choice, check_float, check_positions, check_tensor
+from posenc._errors import PosEncError, check_choice, check_float, check_tensor
+from posenc._prepared import (  # noqa: F401  (_build_encoding, _encoding_class: used by models)
+    PreparedEncoding,
+    _build_encoding,
+    _encoding_class,
+    prepare_encoding,
+)
 
-__all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
+__all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "PreparedEncoding", "attention", "prepare_encoding"]
 
 BACKENDS = ("auto", "sdpa", "flex", "eager")
 
 #: ``backend="auto"`` moves to FlexAttention when the bias SDPA would materialise
 #: (``b * h * q * k`` float32 values) reaches this many bytes.
 FLEX_MIN_BIAS_BYTES = 64 * 2**20
-
-# --- encodings ----------------------------------------------------------------
-
-
-def _spec(spec: Any) -> tuple[str, dict[str, Any]]:
-    """``(name, constructor arguments)`` of a registry name or config dict."""
-    if isinstance(spec, str):
-        return spec, {}
-    if isinstance(spec, Mapping):
-        if not isinstance(spec.get("name"), str):
-            raise PosEncError(f"encoding config must hold a 'name' string, got keys {sorted(spec)}")
-        return spec["name"], {k: v for k, v in spec.items() if k != "name"}
-    raise PosEncError(
-        "encoding must be None, a registry name, a config dict or an Encoding, "
-        f"got {type(spec).__name__}"
-    )
-
-
-def _encoding_class(spec: str | Mapping[str, Any] | Encoding) -> type[Encoding]:
-    """The class ``spec`` builds (its ``kind`` is known before building)."""
-    from posenc.registry import get
-
-    return type(spec) if isinstance(spec, Encoding) else get(_spec(spec)[0])
-
-
-def _build_encoding(
-    spec: str | Mapping[str, Any] | Encoding,
-    defaults: Mapping[str, Any] | None = None,
-    **supplied: Any,
-) -> Encoding:
-    """Build ``spec`` (name, config or instance), filling constructor arguments it leaves out.
-
-    ``supplied`` holds values the caller knows (``num_heads``, ``head_dim``, ``dim``,
-    ``max_len``); each is passed only when the class's constructor takes it and the spec
-    does not set it. A spec that sets one to a different value raises ``PosEncError``.
-    ``defaults`` are passed the same way but a spec may override them. Instances are
-    returned as they are.
-    """
-    from posenc.registry import build
-
-    if isinstance(spec, Encoding):
-        return spec
-    name, config = _spec(spec)
-    accepted = inspect.signature(_encoding_class(spec).__init__).parameters
-    extra = {}
-    for key, value in supplied.items():
-        if value is None or key not in accepted:
-            continue
-        if key in config and config[key] != value:
-            raise PosEncError(
-                f"encoding {name!r}: {key} must be {value} here (set by the caller), "
-                f"got {config[key]!r} in its config"
-            )
-        extra[key] = value
-    for key, value in (defaults or {}).items():
-        if key in accepted and key not in config:
-            extra[key] = value
-    return build({"name": name, **config}, **extra)
-
-
-def _attention_encoding(encoding: Any, *, num_heads: int, head_dim: int) -> Encoding | None:
-    """The encoding attention acts with: rotary, bias, or None for ``none``."""
-    if encoding is None:
-        return None
-    cls = _encoding_class(encoding)
-    if cls.kind == "additive":
-        raise PosEncError(
-            f"encoding {cls.name!r} is additive: add it to the token embeddings before the "
-            "first layer; attention takes rotary, bias or 'none' encodings"
-        )
-    if cls.kind == "none":
-        return None
-    enc = _build_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
-    if not isinstance(enc, (RotaryEncoding, BiasEncoding)):
-        raise PosEncError(
-            f"encoding must be rotary, bias or 'none', got kind {enc.kind!r} ({enc.name!r})"
-        )
-    return enc
-
 
 # --- validation ----------------------------------------------------------------
 
@@ -161,27 +91,6 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
             f"q and k must be non-empty, got shapes {tuple(q.shape)}, {tuple(k.shape)}"
         )
     return b, hq, hkv, q_len, k_len
-
-
-def _resolve_positions(
-    q_positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
-    *,
-    b: int,
-    q_len: int,
-    k_len: int,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions of the keys (default ``arange(k_len)``) and queries (default: the last
-    ``q_len`` key positions when ``q_len <= k_len``, else ``arange(q_len)``)."""
-    kpos = _positions.resolve(k_positions, k_len, batch=b, device=device, name="k_positions")
-    if q_positions is not None:
-        qpos = check_positions("q_positions", q_positions, seq_len=q_len, batch=b)
-    elif q_len <= k_len:
-        qpos = kpos[..., k_len - q_len :]
-    else:
-        qpos = _positions.arange(q_len, device=device)
-    return qpos, kpos
 
 
 def _check_mask(
@@ -237,28 +146,10 @@ def _allowed(
     return allowed
 
 
-def _bias_tensor(
-    enc: BiasEncoding, q: torch.Tensor, scale: float, qpos, kpos, q_len: int, k_len: int
-) -> torch.Tensor:
-    """The encoding's bias, checked to fit ``[b|1, h, q, k]`` (or ``[h, q, k]``)."""
-    if enc.query_dependent:
-        bias_fn: Any = enc.bias  # query-dependent encodings take q (see BiasEncoding)
-        bias = bias_fn(q_len, k_len, q_positions=qpos, k_positions=kpos, q=q * scale)
-    else:
-        bias = enc.bias(q_len, k_len, q_positions=qpos, k_positions=kpos)
-    h = q.shape[1]
-    if bias.ndim not in (3, 4) or tuple(bias.shape[-3:]) != (h, q_len, k_len):
-        raise PosEncError(
-            f"encoding {enc.name!r} returned a bias of shape {tuple(bias.shape)}, "
-            f"expected [b, {h}, {q_len}, {k_len}] or [{h}, {q_len}, {k_len}]"
-        )
-    return bias
-
-
 # --- paths ----------------------------------------------------------------------
 
 
-def _eager(q, k, v, *, enc, keep, causal, scale, dropout_p, qpos, kpos):
+def _eager(q, k, v, *, prep, keep, causal, scale, dropout_p):
     """softmax(q k^T * scale + bias + mask) v with plain tensor operations, float32 or wider."""
     compute = torch.promote_types(q.dtype, torch.float32)
     rep = q.shape[1] // k.shape[1]
@@ -266,9 +157,8 @@ def _eager(q, k, v, *, enc, keep, causal, scale, dropout_p, qpos, kpos):
     kf = k.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d]
     vf = v.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d_v]
     logits = (qf * scale) @ kf.transpose(-1, -2)  # [b, h, q, k]
-    if enc is not None:
-        bias = _bias_tensor(enc, qf, scale, qpos, kpos, q.shape[2], k.shape[2])
-        logits = logits + bias.to(compute)
+    if prep is not None:
+        logits = logits + prep.bias(qf, scale).to(compute)
     allowed = _allowed(keep, causal, q.shape[2], k.shape[2], q.device)
     empty = None
     if allowed is not None:
@@ -278,50 +168,47 @@ def _eager(q, k, v, *, enc, keep, causal, scale, dropout_p, qpos, kpos):
     if dropout_p:
         probs = F.dropout(probs, p=dropout_p)
     out = probs @ vf  # [b, h, q, d_v]
-    if enc is not None and enc.value_dependent:
-        out = out + enc.value_bias(probs, q_positions=qpos, k_positions=kpos).to(compute)
+    if prep is not None and prep.encoding.value_dependent:
+        value = prep.encoding.value_bias(
+            probs, q_positions=prep.q_positions, k_positions=prep.k_positions
+        )
+        out = out + value.to(compute)
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
     return out.to(q.dtype)
 
 
-def _sdpa(q, k, v, *, enc, keep, causal, scale, dropout_p, qpos, kpos):
+def _sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask):
     """SDPA: is_causal / a bool mask without a bias, one merged float mask with one."""
     q_len, k_len = q.shape[2], k.shape[2]
     gqa = q.shape[1] != k.shape[1]
-    if enc is None and keep is None and (not causal or q_len == k_len):
+    if prep is None and keep is None and (not causal or q_len == k_len):
         # No bias and at most plain causal self-attention: SDPA's fused kernels.
         return F.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
         )
-    allowed = _allowed(keep, causal, q_len, k_len, q.device)
-    empty = None
-    if keep is not None:
-        empty = ~allowed.any(dim=-1, keepdim=True)  # rows with no key: output 0, not NaN
-        allowed = allowed | empty
-    if enc is None:
-        mask = allowed
-    else:
-        mask = _bias_tensor(enc, q, scale, qpos, kpos, q_len, k_len).to(q.dtype)
-        if allowed is not None:
-            mask = mask.masked_fill(~allowed, float("-inf"))
+
+    def allowed() -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The pairs that may attend (rows with none opened up) and those empty rows."""
+        pairs = _allowed(keep, causal, q_len, k_len, q.device)
+        if pairs is None or keep is None:
+            return pairs, None
+        empty = ~pairs.any(dim=-1, keepdim=True)  # rows with no key: output 0, not NaN
+        return pairs | empty, empty
+
+    if prep is None:
+        mask, empty = allowed()
+    else:  # the merged float mask: once per forward pass when the bias depends on no q
+        mask, empty = prep.sdpa_mask(q, scale, allowed, causal=causal, attn_mask=attn_mask)
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
     )
     return out if empty is None else out.masked_fill(empty, 0.0)
 
 
-def _flex(q, k, v, *, enc, keep, causal, scale, qpos, kpos):
+def _flex(q, k, v, *, prep, keep, causal, scale):
     """FlexAttention with the encoding's score_mod (or, without one, its materialised bias)."""
-    score_mod = None
-    if enc is not None:
-        if not enc.query_dependent:
-            score_mod = enc.score_mod(qpos, kpos)
-        if score_mod is None:  # no index formula: fall back to the materialised bias
-            bias = _bias_tensor(enc, q.float(), scale, qpos, kpos, q.shape[2], k.shape[2])
-            if bias.ndim == 4 and bias.shape[0] == 1:
-                bias = bias[0]
-            score_mod = _flexattn.bias_score_mod(bias.float())
+    score_mod = None if prep is None else prep.score_mod(q, scale)
     return _flexattn.run(q, k, v, score_mod=score_mod, keep=keep, causal=causal, scale=scale)
 
 
@@ -359,7 +246,7 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    encoding: str | Mapping[str, Any] | Encoding | None = None,
+    encoding: str | Mapping[str, Any] | Encoding | PreparedEncoding | None = None,
     causal: bool = False,
     q_positions: torch.Tensor | None = None,
     k_positions: torch.Tensor | None = None,
@@ -383,12 +270,15 @@ def attention(
             encodings rotate ``q`` and ``k`` at their positions; bias encodings add
             ``encoding.bias(...)`` (query-dependent ones get ``q * scale``;
             value-dependent ones add ``value_bias(probs)`` to ``probs @ v``). Additive
-            encodings raise ``PosEncError``.
+            encodings raise ``PosEncError``. A :class:`PreparedEncoding` from
+            :func:`prepare_encoding` (then without positions: they are in it) reuses the
+            cos/sin, bias and mask it computed for earlier calls.
         causal: query ``i`` sees key ``j`` iff ``j <= i + (k - q)``: the queries are the last
             ``q`` of the ``k`` keys (decoding with a KV cache). Needs ``q <= k``.
-        q_positions, k_positions: ``[s]`` or ``[b, s]`` positions used by the encoding.
-            ``k_positions=None`` is ``arange(k)``; ``q_positions=None`` is the last ``q`` key
-            positions (``k_positions[..., k - q:]``), or ``arange(q)`` when ``q > k``.
+        q_positions, k_positions: ``[s]`` or ``[b, s]`` positions used by the encoding,
+            resolved by :func:`posenc.positions.resolve_pair`: ``k_positions=None`` is
+            ``arange(k)``; ``q_positions=None`` is the last ``q`` key positions
+            (``k_positions[..., k - q:]``), or ``arange(q)`` when ``q > k``.
         attn_mask: bool, True where a query may attend: either ``[b, k]`` (key padding:
             True = real token) or ``[b|1, h|1, q|1, k]``. Combined with ``causal``. Float
             (additive) masks are refused. A query row that may attend to no key returns 0.
@@ -428,28 +318,38 @@ def attention(
     dropout_p = check_float("dropout_p", dropout_p, min=0.0, max=1.0)
     if dropout_p == 1.0:
         raise PosEncError("dropout_p must be < 1, got 1.0")
-    enc = _attention_encoding(encoding, num_heads=hq, head_dim=d)
-    if isinstance(enc, BiasEncoding) and enc.num_heads != hq:
-        raise PosEncError(
-            f"encoding {enc.name!r} has num_heads={enc.num_heads}; it must equal the number "
-            f"of query heads, {hq}"
-        )
-    qpos, kpos = _resolve_positions(
-        q_positions, k_positions, b=b, q_len=q_len, k_len=k_len, device=q.device
-    )
+    if isinstance(encoding, PreparedEncoding):
+        if q_positions is not None or k_positions is not None:
+            raise PosEncError(
+                "q_positions and k_positions must be None with a PreparedEncoding (its "
+                "positions are part of it)"
+            )
+        prep: PreparedEncoding | None = encoding
+        encoding.check(b, q_len, k_len)
+        if isinstance(encoding.encoding, BiasEncoding) and encoding.encoding.num_heads != hq:
+            raise PosEncError(
+                f"encoding {encoding.encoding.name!r} has num_heads="
+                f"{encoding.encoding.num_heads}; it must equal the number of query heads, {hq}"
+            )
+    else:
+        prep = prepare_encoding(
+            encoding, q_len=q_len, k_len=k_len, num_heads=hq, head_dim=d, batch=b,
+            q_positions=q_positions, k_positions=k_positions, device=q.device,
+        )  # fmt: skip
     keep = _check_mask(attn_mask, b=b, h=hq, q_len=q_len, k_len=k_len, device=q.device)
 
-    if isinstance(enc, RotaryEncoding):
-        q, k = enc(q, k, qpos, k_positions=kpos)  # [b, h, q, d], [b, h_kv, k, d]
-        enc = None
+    if prep is not None and isinstance(prep.encoding, RotaryEncoding):
+        q, k = prep.rotate(q, k)  # [b, h, q, d], [b, h_kv, k, d]
+        prep = None
+    enc = None if prep is None else prep.encoding
     params_need_grad = enc is not None and any(p.requires_grad for p in enc.parameters())
     needs_grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or params_need_grad
     )
     path = _choose(backend, q, enc, needs_grad, dropout_p, b, k_len)
-    kwargs = dict(enc=enc, keep=keep, causal=causal, scale=scale, qpos=qpos, kpos=kpos)
+    kwargs = dict(prep=prep, keep=keep, causal=causal, scale=scale)
     if path == "flex":
         return _flex(q, k, v, **kwargs)
     if path == "sdpa":
-        return _sdpa(q, k, v, dropout_p=dropout_p, **kwargs)
+        return _sdpa(q, k, v, dropout_p=dropout_p, attn_mask=attn_mask, **kwargs)
     return _eager(q, k, v, dropout_p=dropout_p, **kwargs)

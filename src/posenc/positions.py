@@ -32,6 +32,7 @@ __all__ = [
     "grid",
     "randomized",
     "resolve",
+    "resolve_pair",
 ]
 
 
@@ -190,3 +191,94 @@ def resolve(
     if offset:
         positions = positions + offset
     return positions
+
+
+def resolve_pair(
+    q_len: int,
+    k_len: int | None = None,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    *,
+    batch: int | None = None,
+    device: torch.device | str | None = None,
+    coords: int | None = None,
+    names: tuple[str, str] = ("q_positions", "k_positions"),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query and key positions of an attention call: the one rule every encoding follows
+    (rotary modules, bias encodings and :func:`posenc.attention`).
+
+    Keys default to ``arange(k_len)`` (``k_len`` defaults to ``q_len``). Queries default to
+    the last ``q_len`` key positions (decoding with a KV cache; the keys' tensor itself when
+    ``q_len == k_len``), or to ``arange(q_len)`` when there are more queries than keys
+    (cross-attention). Given positions must match the lengths (and ``batch``, and each
+    other's batch size, unless 1); they are validated once (a tensor given as both is one
+    object in the result) and moved to ``device``.
+
+    Args:
+        q_len, k_len: numbers of queries and keys.
+        q_positions, k_positions: ``[s]`` or ``[b, s]``, or None for the default.
+        batch: the batch size ``[b, s]`` positions must have (or 1); None: any.
+        device: where the result lives (None: where the given positions are; the CPU).
+        coords: N-D positions (M-RoPE, axial RoPE): ``[s, coords]`` or ``[b, s, coords]``;
+            defaults then give every coordinate the 1-D position.
+        names: the names of the two position arguments in error messages.
+
+    Shape:
+        ``[q]`` or ``[b, q]``, ``[k]`` or ``[b, k]`` (with ``coords``: a trailing
+        ``coords`` axis).
+
+    Examples:
+        >>> q_pos, k_pos = resolve_pair(2, 5)  # decoding: queries at the end
+        >>> q_pos, k_pos
+        (tensor([3, 4]), tensor([0, 1, 2, 3, 4]))
+    """
+    q_len = check_int("q_len", q_len, min=1)
+    k_len = q_len if k_len is None else check_int("k_len", k_len, min=1)
+    q_name, k_name = names
+    if k_positions is not None:
+        kpos = _check_sequence(k_name, k_positions, k_len, batch, coords).to(device)
+        if q_positions is k_positions and q_len == k_len:  # one tensor: checked once
+            return kpos, kpos
+    else:
+        kpos = _default(k_len, coords, device)
+    if q_positions is not None:
+        qpos = _check_sequence(q_name, q_positions, q_len, batch, coords).to(device)
+    elif q_len == k_len:
+        qpos = kpos
+    elif q_len < k_len:
+        qpos = kpos.narrow(-1 if coords is None else -2, k_len - q_len, q_len)
+    else:
+        qpos = _default(q_len, coords, device)
+    lead = 2 if coords is None else 3  # rank of batched positions
+    if qpos.ndim == kpos.ndim == lead and 1 not in (qpos.shape[0], kpos.shape[0]):
+        if qpos.shape[0] != kpos.shape[0]:
+            raise PosEncError(
+                f"{q_name} and {k_name} must have the same batch size (or 1), got shapes "
+                f"{tuple(qpos.shape)} and {tuple(kpos.shape)}"
+            )
+    return qpos, kpos
+
+
+def _default(seq_len: int, coords: int | None, device) -> torch.Tensor:
+    p = arange(seq_len, device=device)  # [s]
+    return p if coords is None else p[:, None].expand(seq_len, coords)  # [s, coords]
+
+
+def _check_sequence(
+    name: str, p: torch.Tensor, seq_len: int, batch: int | None, coords: int | None
+) -> torch.Tensor:
+    """Validate ``[s] | [b, s]`` positions (``coords``: ``[s, c] | [b, s, c]``)."""
+    if coords is None:
+        return check_positions(name, p, seq_len=seq_len, batch=batch)
+    check_positions(name, p, ndims=None)  # a tensor of finite numbers; the shape below
+    if p.ndim not in (2, 3) or p.shape[-1] != coords or p.shape[-2] != seq_len:
+        raise PosEncError(
+            f"{name} must be [s, {coords}] or [b, s, {coords}] (one coordinate per axis) "
+            f"with s == {seq_len}, got shape {tuple(p.shape)}"
+        )
+    if batch is not None and p.ndim == 3 and p.shape[0] not in (1, batch):
+        raise PosEncError(
+            f"{name} of shape [b, s, {coords}] must have b == {batch} (the batch size) or 1, "
+            f"got shape {tuple(p.shape)}"
+        )
+    return p

@@ -46,7 +46,8 @@ def test_contract(name):
     assert step.shape == (*lead, 4, 2, 6)
     explicit = call_bias(enc, 2, 6, q_positions=torch.arange(4, 6), k_positions=torch.arange(6))
     assert torch.equal(step, explicit)
-    # More queries than keys and no positions: queries at arange(q_len) (cross-attention).
+    # More queries than keys and no positions: queries at arange(q_len) (cross-attention),
+    # the rule of posenc.positions.resolve_pair (also RotaryEmbedding's and attention's).
     cross = call_bias(enc, 5, 3)
     assert torch.equal(cross, call_bias(enc, 5, 3, q_positions=torch.arange(5)))
 

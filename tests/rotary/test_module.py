@@ -235,6 +235,46 @@ def test_cos_sin_method():
     torch.testing.assert_close(sin, want[1], atol=0, rtol=0)
 
 
+def test_more_queries_than_keys_default_to_arange():
+    """No positions and q longer than k: queries at arange(sq) (posenc.positions.resolve_pair)."""
+    rope = RotaryEmbedding(8)
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8)
+    got = rope(q, k)
+    want = rope(q, k, torch.arange(5), k_positions=torch.arange(3))
+    torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+    torch.testing.assert_close(got[1], want[1], atol=0, rtol=0)
+
+
+ROTATION_CASES = {
+    "rope": ({}, None, None),
+    "batched": ({}, torch.randint(0, 50, (2, 4)), None),
+    "decode": ({}, torch.tensor([7, 8]), torch.arange(4) + 5),
+    "xpos": ({"xpos_scale_base": 64.0}, torch.arange(4) + 3, None),
+    "xpos-decode": ({"xpos_scale_base": 64.0}, None, torch.arange(4) + 2),
+    "dynamic": ({"scaling": {"type": "dynamic", "factor": 2.0, "max_position": 8}},
+                torch.arange(4) + 20, None),
+    "partial-interleaved": ({"rotary_dim": 4, "layout": "interleaved"}, None, None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("case", list(ROTATION_CASES))
+def test_rotation_then_rotate_equals_forward(case, dtype):
+    """rotation() once + rotate() per (q, k) is forward() exactly, for every variant."""
+    kwargs, positions, k_positions = ROTATION_CASES[case]
+    rope = RotaryEmbedding(8, **kwargs)
+    sk = 4 if k_positions is None else k_positions.shape[-1]
+    sq = sk if positions is None else positions.shape[-1]
+    q, k = torch.randn(2, 4, sq, 8, dtype=dtype), torch.randn(2, 2, sk, 8, dtype=dtype)
+    rot = rope.rotation(sq, sk, positions=positions, k_positions=k_positions, batch=2,
+                        dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    for _ in range(2):  # reusable
+        got = rope.rotate(q, k, rot)
+        want = rope(q, k, positions, k_positions=k_positions)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        q, k = torch.randn_like(q), torch.randn_like(k)
+
+
 _Q = torch.randn(1, 2, 3, 8)
 
 
@@ -265,7 +305,13 @@ _Q = torch.randn(1, 2, 3, 8)
          "k_positions must be finite"),
         (lambda: RotaryEmbedding(8)(_Q, torch.randn(1, 2, 5, 8), torch.arange(3)),
          "k_positions must be given when q and k lengths differ"),
-        (lambda: RotaryEmbedding(8)(torch.randn(1, 2, 5, 8), _Q), "positions must be given when q is longer"),
+        (lambda: RotaryEmbedding(8).rotate(_Q, _Q, RotaryEmbedding(8).rotation(4)),
+         r"cos must be \[s, r/2\] or \[b, s, r/2\] with s == 3"),
+        (lambda: RotaryEmbedding(8).rotate(_Q, _Q, RotaryEmbedding(4).rotation(3)),
+         r"rotation.cos_q must have 4 frequencies"),
+        (lambda: RotaryEmbedding(8).rotate(_Q, _Q, (1, 2, 3, 4)), "rotation must be a Rotation"),
+        (lambda: RotaryEmbedding(8).rotation(3, dtype=torch.bfloat16), "dtype must be torch.float32"),
+        (lambda: RotaryEmbedding(8).rotation(0), "q_len must be >= 1"),
         (lambda: RotaryEmbedding(8)(_Q, _Q, seq_dim=-1), "seq_dim must be one of -2, -3, got -1"),
         (lambda: RotaryEmbedding(8, sections=(2, 2))(_Q, _Q, torch.zeros(3, 3)),
          r"positions must be \[s, 2\] or \[b, s, 2\]"),

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from posenc import positions as _positions
-from posenc._errors import PosEncError, check_int, check_positions
+from posenc._errors import PosEncError, check_positions
 
 __all__ = [
     "ExactConstants",
@@ -55,26 +55,10 @@ def resolve_pair(
     *,
     device: torch.device | str | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query and key positions a ``bias(q_len, k_len, ...)`` call means.
-
-    Keys default to ``arange(k_len)`` (``k_len`` defaults to ``q_len``). Queries default to
-    the last ``q_len`` key positions when ``q_len <= k_len`` (decoding with a KV cache), else
-    to ``arange(q_len)``. Given positions must match the lengths. The result is on
-    ``device``: int64 for integer positions, float64 for floating ones.
-    """
-    q_len = check_int("q_len", q_len, min=1)
-    k_len = q_len if k_len is None else check_int("k_len", k_len, min=1)
-    if k_positions is None:
-        kpos = _positions.arange(k_len, device=device)
-    else:
-        kpos = check_positions("k_positions", k_positions, seq_len=k_len)
-    if q_positions is not None:
-        qpos = check_positions("q_positions", q_positions, seq_len=q_len)
-    elif q_len <= k_len:
-        qpos = kpos[..., k_len - q_len :]
-    else:
-        qpos = _positions.arange(q_len, device=device)
-    qpos, kpos = check_pair(qpos, kpos)
+    """The query and key positions a ``bias(q_len, k_len, ...)`` call means: the defaults of
+    :func:`posenc.positions.resolve_pair` (keys ``arange(k_len)``, queries the last ``q_len``
+    of them), on ``device``, int64 for integer positions and float64 for floating ones."""
+    qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions)
     return canonical(qpos).to(device), canonical(kpos).to(device)
 
 

@@ -3,7 +3,9 @@
 The encoding's kind decides where it plugs in: additive encodings are added to the
 (scaled) token embeddings, rotary encodings rotate each layer's queries and keys, bias
 encodings add their term to each layer's logits, and ``none`` adds nothing (NoPE). One
-encoding module serves every layer.
+encoding module serves every layer, and each forward pass prepares it once
+(:func:`posenc.attention.prepare_encoding`): positions, rotary cos/sin and the bias (or
+FlexAttention score_mod) are computed once and shared by the layers.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import nn
 
 from posenc._base import Encoding
 from posenc._errors import PosEncError, check_float, check_int, check_positions, check_tensor
-from posenc.attention import _build_encoding, _encoding_class, attention
+from posenc.attention import _build_encoding, _encoding_class, attention, prepare_encoding
 
 __all__ = ["KVCache", "TinyTransformer"]
 
@@ -79,20 +81,22 @@ class _Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x, encoding, *, causal, q_pos, k_pos, mask, cache, layer):
+    def forward(self, x, encoding, *, causal, mask, cache, layer):
+        """``encoding``: the forward pass's PreparedEncoding (rotary: the new tokens' positions;
+        bias: the queries' and all keys'), or None."""
         b, s, dim = x.shape
         qkv = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [b, h, s, d]
         bias = None
-        if encoding is not None and encoding.kind == "rotary":
-            q, k = encoding(q, k, q_pos, k_positions=q_pos)  # keys cached after rotation
-        elif encoding is not None and encoding.kind == "bias":
+        if encoding is not None and encoding.encoding.kind == "rotary":
+            q, k = encoding.rotate(q, k)  # keys cached after rotation
+        else:
             bias = encoding
         if cache is not None:
             k, v = cache._update(layer, k, v)  # [b, h, t + s, d]
         out = attention(
-            q, k, v, encoding=bias, causal=causal, q_positions=q_pos, k_positions=k_pos,
-            attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+            q, k, v, encoding=bias, causal=causal, attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
         )  # fmt: skip
         return self.proj(out.transpose(1, 2).reshape(b, s, dim))  # [b, s, dim]
 
@@ -344,12 +348,21 @@ class TinyTransformer(nn.Module):
         if self.encoding.kind == "additive":
             x = self.encoding(x, q_pos)
         x = self.drop(x)
-        inner = self.encoding if self.encoding.kind in ("rotary", "bias") else None
-        for i, block in enumerate(self.blocks):
-            x = block(
-                x, inner, causal=self.causal, q_pos=q_pos, k_pos=k_pos, mask=mask, cache=cache,
-                layer=i,
+        # Positions, rotary cos/sin and the bias are computed once here for every layer.
+        inner = None
+        if self.encoding.kind == "rotary":  # the new tokens, queries and keys alike
+            inner = prepare_encoding(
+                self.encoding, q_len=s, num_heads=self.num_heads, head_dim=self.head_dim,
+                batch=b, q_positions=q_pos, k_positions=q_pos, device=device,
             )  # fmt: skip
+        elif self.encoding.kind == "bias":  # the new queries against every key
+            inner = prepare_encoding(
+                self.encoding, q_len=s, k_len=k_pos.shape[-1], num_heads=self.num_heads,
+                head_dim=self.head_dim, batch=b, q_positions=q_pos, k_positions=k_pos,
+                device=device,
+            )  # fmt: skip
+        for i, block in enumerate(self.blocks):
+            x = block(x, inner, causal=self.causal, mask=mask, cache=cache, layer=i)
         x = self.norm(x)
         if self.head is None:  # tied: rescaled as in T5, so init logits are near uniform
             logits = (x * self.dim**-0.5) @ self.embed.weight.T  # [b, s, vocab]

@@ -14,10 +14,11 @@ Shapes: ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (``seq_dim=-2``), or
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
+from posenc import positions as _positions
 from posenc._base import RotaryEncoding
 from posenc._errors import (
     PosEncError,
@@ -32,6 +33,7 @@ from posenc.rotary.apply import (
     LAYOUTS,
     SEQ_DIMS,
     Layout,
+    _check_cos_sin,
     _cos_sin,
     _rotate,
     check_sections,
@@ -46,7 +48,20 @@ from posenc.rotary.frequencies import (
 )
 from posenc.rotary.kernels import dispatch_rotary
 
-__all__ = ["RotaryEmbedding"]
+__all__ = ["RotaryEmbedding", "Rotation"]
+
+
+
+class Rotation(NamedTuple):
+    """cos/sin of the queries' and the keys' positions, one value per frequency
+    (``[.., s, rotary_dim / 2]``), xPos scales included; ``cos_k is cos_q`` when the
+    queries and keys are the same tokens (then rotated in one fused pass)."""
+
+    cos_q: torch.Tensor
+    sin_q: torch.Tensor
+    cos_k: torch.Tensor
+    sin_k: torch.Tensor
+
 
 _CACHE_SIZE = 16  # (device, seq_len) frequency copies kept for dynamic scaling
 
@@ -110,7 +125,10 @@ class RotaryEmbedding(RotaryEncoding):
         ``seq_dim=-3``; ``hq != hk`` for GQA); ``positions: [sq]`` or ``[b, sq]``,
         ``k_positions: [sk]`` or ``[b, sk]`` -> ``(q, k)`` rotated, same shapes and dtypes.
         Positions ``None``: ``arange(sk)`` for keys and the last ``sq`` of them for queries
-        (decoding); ``k_positions`` ``None``: the query positions (``sq == sk`` needed).
+        (decoding; ``arange(sq)`` when ``sq > sk``), as :func:`posenc.positions.resolve_pair`;
+        ``k_positions`` ``None`` with ``positions`` given: the query positions (``sq == sk``
+        needed). :meth:`rotation` and :meth:`rotate` split this call in two, to compute the
+        cos/sin once for many layers.
 
     Examples:
         >>> import torch, posenc
@@ -264,59 +282,30 @@ class RotaryEmbedding(RotaryEncoding):
         check_last_dim(name, x, self._head_dim)
         return x
 
-    def _check_positions(self, name: str, p: Any, seq_len: int, batch: int) -> torch.Tensor:
-        if self._sections is None:
-            return check_positions(name, p, seq_len=seq_len, batch=batch)
-        n_axes = len(self._sections)
-        check_positions(name, p, ndims=None)  # a tensor of finite numbers; the shape below
-        if p.ndim not in (2, 3) or p.shape[-1] != n_axes or p.shape[-2] != seq_len:
-            raise PosEncError(
-                f"{name} must be [s, {n_axes}] or [b, s, {n_axes}] (one coordinate per section) "
-                f"with s == {seq_len}, got shape {tuple(p.shape)}"
-            )
-        if p.ndim == 3 and p.shape[0] not in (1, batch):
-            raise PosEncError(f"{name} of shape [b, s, {n_axes}] must have b == {batch} (the batch "
-                              f"size) or 1, got shape {tuple(p.shape)}")  # fmt: skip
-        return p
-
-    def _default_positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        p = torch.arange(seq_len, device=device)  # [s]
-        if self._sections is not None:
-            p = p[:, None].expand(seq_len, len(self._sections))  # text tokens: all axes equal
-        return p
-
     def _resolve(
         self,
         positions: Any,
         k_positions: Any,
         sq: int,
         sk: int,
-        batch: int,
+        batch: int | None,
         device: torch.device,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(q_positions, k_positions)`` on ``device`` (the same object when shared)."""
-        seq_axis = -1 if self._sections is None else -2
-        if k_positions is not None:
-            k_pos = self._check_positions("k_positions", k_positions, sk, batch).to(device)
-        if positions is not None:
-            q_pos = self._check_positions("positions", positions, sq, batch).to(device)
-            if k_positions is None:
-                if sq != sk:
-                    raise PosEncError(
-                        f"k_positions must be given when q and k lengths differ and positions "
-                        f"is given, got q length {sq} and k length {sk}"
-                    )
-                k_pos = q_pos
-            return q_pos, k_pos
-        if sq > sk:
-            raise PosEncError(
-                f"positions must be given when q is longer than k (queries default to the last "
-                f"positions of the keys), got q length {sq} and k length {sk}"
-            )
-        if k_positions is None:
-            k_pos = self._default_positions(sk, device)
-        q_pos = k_pos if sq == sk else k_pos.narrow(seq_axis, sk - sq, sq)
-        return q_pos, k_pos
+        """``(q_positions, k_positions)`` on ``device`` (the same object when shared):
+        :func:`posenc.positions.resolve_pair`, except that ``positions`` alone are those of
+        the keys too (``forward(q, k, positions)`` rotates the same tokens)."""
+        if positions is not None and k_positions is None:
+            if sq != sk:
+                raise PosEncError(
+                    f"k_positions must be given when q and k lengths differ and positions "
+                    f"is given, got q length {sq} and k length {sk}"
+                )
+            k_positions = positions
+        coords = None if self._sections is None else len(self._sections)
+        return _positions.resolve_pair(
+            sq, sk, positions, k_positions, batch=batch, device=device, coords=coords,
+            names=("positions", "k_positions"),
+        )  # fmt: skip
 
     def cos_sin(
         self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
@@ -348,9 +337,62 @@ class RotaryEmbedding(RotaryEncoding):
                               f"{tuple(q.shape)} and {tuple(k.shape)}")  # fmt: skip
         sq, sk, batch, device = q.shape[seq_dim], k.shape[seq_dim], q.shape[0], q.device
         q_pos, k_pos = self._resolve(positions, k_positions, sq, sk, batch, device)
-        shared = q_pos is k_pos
-        inv_freq, scale = self._call_frequencies([q_pos] if shared else [q_pos, k_pos], device)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
+        return self._rotate_qk(q, k, self._rotation(q_pos, k_pos, dtype), seq_dim)
+
+    def rotation(
+        self,
+        q_len: int,
+        k_len: int | None = None,
+        *,
+        positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+        batch: int | None = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> Rotation:
+        """cos/sin of the query and key positions (xPos scales included), computed once to
+        rotate many ``(q, k)`` pairs with :meth:`rotate`, e.g. in every layer of a model.
+
+        ``rotate(q, k, rotation(sq, sk, positions=p, k_positions=kp))`` equals
+        ``forward(q, k, p, k_positions=kp)``: positions and their defaults as in
+        :meth:`forward`, for ``q_len`` queries and ``k_len`` keys (default ``q_len``).
+
+        Args:
+            q_len, k_len: numbers of queries and keys.
+            positions, k_positions: as in :meth:`forward`.
+            batch: the batch size ``[b, s]`` positions must fit (or 1); None: any.
+            device: where the cos/sin live (default: that of the positions, else the CPU).
+            dtype: of the cos/sin: float32, or float64 for float64 queries/keys (what
+                :meth:`forward` uses).
+
+        Shape:
+            ``positions [sq]`` or ``[b, sq]``, ``k_positions [sk]`` or ``[b, sk]`` -> a
+            :class:`Rotation` of ``[.., s, rotary_dim / 2]`` tensors.
+
+        Examples:
+            >>> import torch, posenc
+            >>> rope = posenc.RotaryEmbedding(8)
+            >>> q, k = torch.randn(2, 1, 2, 5, 8).unbind(0)
+            >>> rot = rope.rotation(5)  # positions 0..4
+            >>> [torch.equal(a, b) for a, b in zip(rope.rotate(q, k, rot), rope(q, k))]
+            [True, True]
+        """
+        sq = check_int("q_len", q_len, min=1)
+        sk = sq if k_len is None else check_int("k_len", k_len, min=1)
+        if dtype not in (torch.float32, torch.float64):
+            raise PosEncError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        if device is None:
+            given = [p for p in (positions, k_positions) if isinstance(p, torch.Tensor)]
+            device = given[0].device if given else torch.device("cpu")
+        q_pos, k_pos = self._resolve(positions, k_positions, sq, sk, batch, torch.device(device))
+        return self._rotation(q_pos, k_pos, dtype)
+
+    def _rotation(self, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """:meth:`rotation` of resolved positions (``k_pos is q_pos`` when shared)."""
+        shared = q_pos is k_pos
+        inv_freq, scale = self._call_frequencies([q_pos] if shared else [q_pos, k_pos],
+                                                 q_pos.device)  # fmt: skip
         if self._xpos_scale_base is None:
             cos_q, sin_q = _cos_sin(q_pos, inv_freq, scale, self._sections, dtype)  # [.., s, r/2]
             cos_k, sin_k = (cos_q, sin_q) if shared else _cos_sin(
@@ -364,9 +406,43 @@ class RotaryEmbedding(RotaryEncoding):
                 cos, sin = _cos_sin(k_pos, inv_freq, scale, None, torch.float64)
             zk = xpos_scale(k_pos, self._rotary_dim, -self._xpos_scale_base)
             cos_k, sin_k = (cos * zk).to(dtype), (sin * zk).to(dtype)
-        if cos_k is cos_q:  # the same tokens: q and k in one fused pass (posenc.rotary.kernels)
-            q_out, k_out = dispatch_rotary(q, k, cos_q, sin_q, layout=self._layout, seq_dim=seq_dim)
+        return Rotation(cos_q, sin_q, cos_k, sin_k)
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, rotation: Rotation, *, seq_dim: int = -2
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``q`` and ``k`` by a precomputed :meth:`rotation` (no position work).
+
+        Shape: ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (or ``[b, s, h, d]`` with
+        ``seq_dim=-3``) -> ``(q, k)`` rotated, same shapes and dtypes.
+        """
+        check_choice("seq_dim", seq_dim, SEQ_DIMS)
+        self._check_qk("q", q, seq_dim)
+        self._check_qk("k", k, seq_dim)
+        if not isinstance(rotation, Rotation):
+            raise PosEncError(
+                f"rotation must be a Rotation from RotaryEmbedding.rotation, got "
+                f"{type(rotation).__name__}"
+            )
+        _check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim)
+        _check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim)
+        for name, t in (("cos_q", rotation.cos_q), ("cos_k", rotation.cos_k)):
+            if t.shape[-1] != self._rotary_dim // 2:
+                raise PosEncError(
+                    f"rotation.{name} must have {self._rotary_dim // 2} frequencies "
+                    f"(rotary_dim / 2), got shape {tuple(t.shape)}"
+                )
+        return self._rotate_qk(q, k, rotation, seq_dim)
+
+    def _rotate_qk(
+        self, q: torch.Tensor, k: torch.Tensor, rotation: Rotation, seq_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`rotate` on validated arguments."""
+        layout = self._layout
+        if rotation.cos_k is rotation.cos_q:  # the same tokens: q and k in one fused pass
+            q_out, k_out = dispatch_rotary(q, k, rotation.cos_q, rotation.sin_q, layout=layout,
+                                           seq_dim=seq_dim)  # fmt: skip
             return q_out, k_out
-        q_out = _rotate(q, cos_q, sin_q, self._layout, seq_dim)
-        k_out = _rotate(k, cos_k, sin_k, self._layout, seq_dim)
+        q_out = _rotate(q, rotation.cos_q, rotation.sin_q, layout, seq_dim)
+        k_out = _rotate(k, rotation.cos_k, rotation.sin_k, layout, seq_dim)
         return q_out, k_out
