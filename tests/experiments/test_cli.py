@@ -29,10 +29,15 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_a_tiny_run_writes_results_and_figure(tmp_path: Path, capsys) -> None:
-    code, _, err = _run(["lengthgen", "--task", "copy", "--encodings", "none,rope,learned",
-                         "--train-len", "9", "--eval-lens", "L,2L", "--out", str(tmp_path),
-                         "--seed", "3", *TINY], capsys)  # fmt: skip
-    assert (code, err) == (0, "")
+    loud = [a for a in TINY if a != "--quiet"]  # progress bars on stderr, summary on stdout
+    code, out, err = _run(["lengthgen", "--task", "copy", "--encodings", "none,rope,learned",
+                           "--train-len", "9", "--eval-lens", "L,2L", "--out", str(tmp_path),
+                           "--seed", "3", *loud], capsys)  # fmt: skip
+    assert code == 0
+    assert "posenc: error" not in err and "3/3" in err  # every bar reached its last step
+    assert "copy: accuracy at each eval length" in out  # the summary table
+    assert all(f"│ {name} " in out for name in ("none", "rope", "learned"))
+    assert f"wrote {tmp_path / 'results.json'} and {tmp_path / 'lengthgen.png'}" in out
     results = json.loads((tmp_path / "results.json").read_text())
     check_results(results, task="copy", train_len=9, eval_lens=[9, 18],
                   encodings=["none", "rope", "learned"])  # fmt: skip
