@@ -5,7 +5,8 @@
 - :mod:`.train`: AdamW with warmup + cosine, checkpoints and exact resume, DDP under torchrun;
 - :mod:`.evaluate`: loss / perplexity or exact-match accuracy per eval length;
 - :mod:`.extension`: RoPE context extension (PI, NTK, YaRN) of a trained model;
-- :mod:`.lengthgen`: :func:`run_study`, the whole comparison (``posenc lengthgen``).
+- :mod:`.settings` / :mod:`.lengthgen`: presets and checks, and :func:`run_study`, the whole
+  comparison (``posenc lengthgen``).
 
 Nothing here is imported by ``import posenc``; ``run_study`` needs only torch (the figure
 needs matplotlib, the progress bar rich).

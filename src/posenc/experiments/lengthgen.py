@@ -31,20 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc._errors import PosEncError, check_int
 from posenc.experiments.checkpoint import atomic_write, load_checkpoint
 from posenc.experiments.distributed import Dist, setup
 from posenc.experiments.evaluate import evaluate
-from posenc.experiments.extension import EXTENSIONS, extended_config
-from posenc.experiments.models import (
-    ModelSettings,
-    build_model,
-    check_distinct,
-    encoding_label,
-    encoding_spec,
-)
+from posenc.experiments.extension import extended_config
+from posenc.experiments.models import build_model
 from posenc.experiments.seeding import derive_seed
-from posenc.experiments.tasks import TASKS, LMTask, Task, make_task
+from posenc.experiments.settings import DEFAULT_ENCODINGS, PRESETS, Study, resolve
+from posenc.experiments.tasks import LMTask, Task, make_task
 from posenc.experiments.train import TrainResult, TrainSettings, run_config, train
 
 if TYPE_CHECKING:
@@ -52,147 +47,12 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_ENCODINGS", "PRESETS", "Event", "run_study", "write_results"]
 
-DEFAULT_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
-
-#: Settings of a study unless given explicitly. "default" is the README's study (the
-#: whole lm comparison, 6 encodings and 6 RoPE extensions, about 3.5 CPU-minutes); "quick"
-#: is a small study for reports (about 10 CPU-seconds for the 6 default encodings).
-PRESETS: dict[str, dict[str, Any]] = {
-    "default": {
-        "train_len": 64,
-        "eval_lens": (64, 128, 256, 512),
-        "steps": 400,
-        "batch_size": 32,
-        "dim": 64,
-        "num_layers": 2,
-        "num_heads": 4,
-        "lr": 1e-2,
-        "eval_tokens": 32768,
-        "eval_examples": 256,
-        "extend": ("pi", "ntk", "yarn"),
-        "finetune_steps": 40,
-        "checkpoint_every": 100,
-    },
-    "quick": {
-        "train_len": 32,
-        "eval_lens": (32, 64, 128),
-        "steps": 150,
-        "batch_size": 16,
-        "dim": 32,
-        "num_layers": 1,
-        "num_heads": 2,
-        "lr": 1e-2,
-        "eval_tokens": 4096,
-        "eval_examples": 64,
-        "extend": (),
-        "finetune_steps": 0,
-        "checkpoint_every": 0,
-    },
-}
-
 #: A progress callback receives ``(kind, fields)``: ``("run", {"label", "steps"})`` before a
 #: model trains, ``("step", {"label", "info": StepInfo})`` after each step, ``("eval",
 #: {"label"})`` before it is evaluated and ``("done", {"label"})`` after.
 Event = Callable[[str, dict[str, Any]], None]
 
 _EVAL_MAX_TOKENS = 8192  # tokens per eval forward pass (fewer for long windows, see evaluate)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Study:
-    task: str
-    labels: tuple[str, ...]
-    specs: tuple[dict[str, Any], ...]
-    train_len: int
-    eval_lens: tuple[int, ...]
-    model: ModelSettings
-    train: TrainSettings
-    extend: tuple[str, ...]
-    extend_factor: float
-    finetune_steps: int
-    eval_tokens: int
-    eval_examples: int
-
-
-def _pick(name: str, given: Any, preset: Mapping[str, Any]) -> Any:
-    return preset.get(name) if given is None else given
-
-
-def _int_list(name: str, values: Any) -> tuple[int, ...]:
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise PosEncError(f"{name} must be a list of integers, got {values!r}")
-    out = tuple(check_int(f"{name} entry", v, min=1) for v in values)
-    if not out:
-        raise PosEncError(f"{name} must hold at least one length, got {list(values)!r}")
-    return out
-
-
-def _resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int) -> _Study:
-    check_choice("task", task, tuple(TASKS))
-    preset = PRESETS[check_choice("preset", options.pop("preset"), tuple(PRESETS))]
-    o = {k: _pick(k, v, preset) for k, v in options.items()}
-    if isinstance(encodings, str):
-        encodings = [e for e in encodings.split(",") if e.strip()]
-    encodings = list(encodings)
-    if not encodings:
-        raise PosEncError("encodings must name at least one encoding, got none")
-    labels = tuple(encoding_label(e) for e in encodings)
-    check_distinct(labels)
-    steps = check_int("steps", o["steps"], min=1)
-    train_len = check_int("train_len", o["train_len"], min=1)
-    eval_lens = _int_list("eval_lens", o["eval_lens"])
-    random_positions = o["random_positions"]
-    if random_positions is not None:
-        random_positions = check_int("random_positions", random_positions, min=train_len)
-    batch_size = check_int("batch_size", o["batch_size"], min=1)
-    if batch_size % world_size:
-        raise PosEncError(
-            f"batch_size must be divisible by the number of processes ({world_size}), "
-            f"got {batch_size}"
-        )
-    extend = tuple(o["extend"].split(",") if isinstance(o["extend"], str) else o["extend"])
-    extend = tuple(check_choice("extend", m, tuple(EXTENSIONS)) for m in extend if m)
-    if extend and "rope" not in labels:
-        raise PosEncError(f"extend needs 'rope' among the encodings, got {', '.join(labels)}")
-    factor = o["extend_factor"]
-    if factor is None:
-        factor = max(eval_lens) / train_len
-    factor = check_float("extend_factor", factor, min=1.0)
-    if extend and factor <= 1.0:
-        raise PosEncError(
-            f"extend needs an eval length beyond train_len ({train_len}) or an extend_factor "
-            f"> 1, got eval_lens {list(eval_lens)}"
-        )
-    warmup = steps // 10
-    if o["warmup"] is not None:
-        warmup = min(check_int("warmup", o["warmup"], min=0), steps)
-    finetune_steps = check_int("finetune_steps", o["finetune_steps"], min=0)
-    if finetune_steps and not extend:
-        raise PosEncError("finetune_steps needs extend (pi, ntk or yarn), got no extend methods")
-    specs = tuple(encoding_spec(e, train_len=train_len) for e in encodings)
-    return _Study(
-        task=task,
-        labels=labels,
-        specs=specs,
-        train_len=train_len,
-        eval_lens=eval_lens,
-        model=ModelSettings(o["dim"], o["num_layers"], o["num_heads"]),
-        train=TrainSettings(
-            steps=steps,
-            batch_size=batch_size,
-            seq_len=train_len,
-            lr=o["lr"],
-            warmup=warmup,
-            random_positions=random_positions,
-            seed=check_int("seed", o["seed"]),
-            checkpoint_every=o["checkpoint_every"],
-        ),
-        extend=extend,
-        extend_factor=factor,
-        finetune_steps=finetune_steps,
-        eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1),
-        eval_examples=check_int("eval_examples", o["eval_examples"], min=1),
-    )
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -219,7 +79,7 @@ def _train_record(result: TrainResult, **extra: Any) -> dict[str, Any]:
 class _Runner:
     """Trains, extends and evaluates the runs of one study."""
 
-    def __init__(self, study: _Study, task: Task, dist: Dist, ckpt_dir: Path | None,
+    def __init__(self, study: Study, task: Task, dist: Dist, ckpt_dir: Path | None,
                  resume: bool, on_event: Event | None) -> None:  # fmt: skip
         self.s, self.task, self.dist = study, task, dist
         self.ckpt_dir, self.resume, self.on_event = ckpt_dir, resume, on_event
@@ -407,7 +267,7 @@ def run_study(
     try:
         if threads is not None:
             torch.set_num_threads(threads)
-        study = _resolve(
+        study = resolve(
             task, encodings,
             {"preset": preset, "train_len": train_len, "eval_lens": eval_lens, "steps": steps,
              "batch_size": batch_size, "dim": dim, "num_layers": num_layers,
@@ -467,7 +327,7 @@ def run_study(
         dist.close()
 
 
-def _results(study: _Study, task: Task, runs: list[dict[str, Any]], dist: Dist, device: str,
+def _results(study: Study, task: Task, runs: list[dict[str, Any]], dist: Dist, device: str,
              seconds: float) -> dict[str, Any]:  # fmt: skip
     settings = {
         "model": study.model.to_dict(),
