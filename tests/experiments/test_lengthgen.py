@@ -154,6 +154,9 @@ def _corrupt(path: Path) -> None:
         (dict(preset="huge"), "preset must be one of 'default', 'quick', got 'huge'"),
         (dict(resume=True), "resume needs out_dir"),
         (dict(dim=10, num_heads=4), r"dim must be divisible by num_heads \(4\), got 10"),
+        (dict(encodings=["rope", "axial_rope"]),
+         r"encoding 'axial_rope' cannot run on token sequences here: k_positions must be"),
+        (dict(encodings=["mrope"]), r"cannot build 'mrope' .*missing .*'sections'"),
     ],
 )
 def test_bad_inputs_are_refused_before_training(kwargs: dict, message: str) -> None:

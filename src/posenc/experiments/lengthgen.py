@@ -151,6 +151,21 @@ class _Runner:
         )
 
 
+def _dry_run(label: str, model: TinyTransformer, study: Study) -> None:
+    """One forward pass on 2 tokens, positioned as in training: an encoding that cannot
+    take 1-D sequences (N-D RoPE) fails here, before any model trains."""
+    length = min(2, study.train_len)
+    tokens = torch.zeros(1, length, dtype=torch.long)
+    positions = None
+    if study.train.random_positions is not None:
+        positions = torch.arange(length)[None, :]  # [1, s], the shape training passes
+    try:
+        with torch.no_grad():
+            model(tokens, positions)
+    except PosEncError as e:
+        raise PosEncError(f"encoding {label!r} cannot run on token sequences here: {e}") from e
+
+
 def _extension_runs(runner: _Runner, base: TinyTransformer, base_train: dict[str, Any],
                     validate_only: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     s = runner.s
@@ -294,9 +309,10 @@ def run_study(
         runner = _Runner(study, task_obj, dist, None if out is None else out / "checkpoints",
                          resume, on_event)  # fmt: skip
         with torch.random.fork_rng(devices=[]):
-            # Build every model (and check every checkpoint) before anything trains.
+            # Build and try every model (and check every checkpoint) before anything trains.
             for label, spec in zip(study.labels, study.specs):
                 model = runner.build(spec)
+                _dry_run(label, model, study)
                 runner.check_resumable(label, model, study.train)
                 if label == "rope" and study.extend:
                     _extension_runs(runner, model, {}, validate_only=True)
