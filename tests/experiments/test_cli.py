@@ -67,6 +67,7 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--device", "gpu"], "device must be one of 'cpu', 'cuda', got 'gpu'"),
         (["--extend", "pi", "--encodings", "alibi"], "extend needs 'rope' among the encodings"),
         (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--preset", "huge"], "preset must be one of 'default', 'quick', got 'huge'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, capsys, args: list[str],

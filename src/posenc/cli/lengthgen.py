@@ -12,21 +12,22 @@ from typing import Annotated, Any
 
 import typer
 
-from posenc._errors import PosEncError, check_int
+from posenc._errors import PosEncError, check_choice, check_int
 from posenc.cli import app, fail
 
 _DEFAULT_ENCODINGS = "none,sinusoidal,learned,rope,alibi,t5"
 
 
 def _lengths(text: str, train_len: int | None) -> list[int]:
-    """``"64,128"`` or ``"L,2L,4L"`` (multiples of the training length)."""
+    """``"64,128"`` or ``"L,2L,4L"`` (multiples of the training length, ``--train-len`` or
+    the preset's)."""
     out = []
     for item in (t.strip() for t in text.split(",")):
         if not item:
             continue
         if item.upper().endswith("L"):
             if train_len is None:
-                raise PosEncError(f"--eval-lens entry {item!r} needs --train-len")
+                raise PosEncError(f"--eval-lens entry {item!r} needs --train-len (L)")
             factor = item[:-1] or "1"
             if not factor.isdigit():
                 raise PosEncError(f"--eval-lens entries must be integers or kL, got {item!r}")
@@ -122,7 +123,11 @@ def lengthgen(
     try:
         if threads < 1:
             raise PosEncError(f"--threads must be >= 1, got {threads}")
-        lens = None if eval_lens is None else _lengths(eval_lens, train_len)
+        from posenc.experiments.settings import PRESETS
+
+        check_choice("preset", preset, tuple(PRESETS))
+        base_len = train_len if train_len is not None else PRESETS[preset]["train_len"]
+        lens = None if eval_lens is None else _lengths(eval_lens, base_len)
         methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
         options: dict[str, Any] = dict(
             train_len=train_len, eval_lens=lens, steps=steps, out_dir=out, device=device,
