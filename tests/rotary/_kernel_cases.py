@@ -233,3 +233,20 @@ SMALL_CASES = [
     for layout in LAYOUTS
     for dtype in DTYPES
 ]
+
+
+def check_rounding_ties(backend: str, dtype: torch.dtype, device="cpu") -> None:
+    """Results exactly halfway between two bf16/fp16 values round to even, as torch does:
+    cos = 1 and sin = -2^-k make ``a - b * sin`` land on ties often."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 2, 64, 16, generator=gen).to(dtype).to(device)  # [b, h, s, d]
+    k = torch.randint(6, 14, (64, 8), generator=gen).double()
+    cos = torch.ones(64, 8, dtype=torch.float32, device=device)
+    sin = (-(2.0**-k)).float().to(device)
+    expected = _apply_rotary_torch(x, cos, sin)
+    out, _ = fused_rotary(x, None, cos, sin, backend=backend)
+    _assert_equal(out, expected, f"{dtype} ties")
+    # the float32 results do hold ties (truncation or rounding half up would differ)
+    exact = _apply_rotary_torch(x.float(), cos, sin)
+    bits = exact.view(torch.int32) & (0xFFFF if dtype == torch.bfloat16 else 0x1FFF)
+    assert (bits == (0x8000 if dtype == torch.bfloat16 else 0x1000)).sum() > 10

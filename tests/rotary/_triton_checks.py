@@ -20,6 +20,7 @@ from ._kernel_cases import (
     check_backward,
     check_forward,
     check_inplace,
+    check_rounding_ties,
     make_inputs,
 )
 
@@ -92,3 +93,8 @@ def test_triton_compile_fullgraph():
     f(q2, k2).backward()
     torch.testing.assert_close(q1.grad, q2.grad, atol=0, rtol=0)
     torch.testing.assert_close(k1.grad, k2.grad, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_triton_rounds_ties_to_even(dtype):
+    check_rounding_ties("triton", dtype)

@@ -29,6 +29,7 @@ from ._kernel_cases import (
     check_backward,
     check_forward,
     check_inplace,
+    check_rounding_ties,
     make_inputs,
     plain,
     poisoned_outputs,
@@ -283,3 +284,8 @@ def test_no_warnings_on_the_fast_path(cpu_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fused_rotary(q, k, cos, sin)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_cpu_rounds_ties_to_even(dtype):
+    check_rounding_ties("cpu", dtype)

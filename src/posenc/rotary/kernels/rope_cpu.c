@@ -23,6 +23,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 enum { POSENC_F32 = 0, POSENC_BF16 = 1, POSENC_F16 = 2, POSENC_F64 = 3 };
 
@@ -30,7 +33,12 @@ enum { POSENC_F32 = 0, POSENC_BF16 = 1, POSENC_F16 = 2, POSENC_F64 = 3 };
  * and y and the head dim d. Strides are in elements. */
 enum { META_DIMS = 0, META_XSD = 12, META_YSD = 13, META_D = 14, META_LEN = 15 };
 
-/* ---- dtype conversions (round to nearest even, as torch does) ------------------------ */
+/* Pairs per step of the buffered rows. */
+#define CHUNK 128
+
+/* ---- 16-bit conversions, round to nearest even as torch does ------------------------
+ * Scalar forms for strided rows, span forms (contiguous, vectorized) for the rest. The
+ * build uses -fno-strict-aliasing: float buffers are also written through uint32_t. */
 
 static inline float bf16_load(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -39,82 +47,199 @@ static inline float bf16_load(uint16_t h) {
     return f;
 }
 
+static inline uint16_t bf16_round(uint32_t u) {
+    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    uint32_t nan = (u >> 16) | 0x40u; /* NaN stays a (quiet) NaN */
+    return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? nan : rounded);
+}
+
 static inline uint16_t bf16_store(float f) {
     uint32_t u;
     memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
+    return bf16_round(u);
 }
 
-/* Pairs per step of the interleaved layout's buffers. */
-#define CHUNK 128
+static void bf16_in(const uint16_t *restrict x, float *restrict out, int64_t n) {
+    uint32_t *o = (uint32_t *)out;
+    int64_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8) {
+        __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_si256((__m256i *)(o + i), _mm256_slli_epi32(h, 16));
+    }
+#endif
+    for (; i < n; ++i) o[i] = (uint32_t)x[i] << 16;
+}
 
-#define F32_LOAD(v) (v)
-#define F32_STORE(v) (v)
-#define BF16_LOAD(v) bf16_load(v)
-#define BF16_STORE(v) bf16_store(v)
-#define F16_LOAD(v) ((float)(v))
-#define F16_STORE(v) ((_Float16)(v))
-#define F64_LOAD(v) (v)
-#define F64_STORE(v) (v)
+static void bf16_out(const float *restrict in, uint16_t *restrict y, int64_t n) {
+    const uint32_t *u = (const uint32_t *)in;
+    int64_t i = 0;
+#ifdef __AVX2__
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+    const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+    const __m256i quiet = _mm256_set1_epi32(0x40);
+    for (; i + 8 <= n; i += 8) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(u + i));
+        __m256i high = _mm256_srli_epi32(v, 16);
+        __m256i rounded = _mm256_srli_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(v, bias), _mm256_and_si256(high, one)), 16);
+        __m256i is_nan = _mm256_cmpgt_epi32(_mm256_and_si256(v, abs_mask), inf);
+        __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, quiet), is_nan);
+        __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+        _mm_storeu_si128((__m128i *)(y + i), packed);
+    }
+#endif
+    for (; i < n; ++i) y[i] = bf16_round(u[i]);
+}
 
-/* ---- one row (one head of one token) --------------------------------------------------
- * half:        pairs (f, f + r2);  interleaved: pairs (2f, 2f + 1).
- * half_ip writes in place (x == y); inter reads each chunk before writing it, so it may
- * too; the strided variant handles any channel stride and aliasing (each pair is read
- * before it is written). sg is +1 (forward) or -1
+#ifdef __F16C__
+static inline float f16_load(uint16_t h) { return _cvtsh_ss(h); }
+static inline uint16_t f16_store(float f) { return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+
+static void f16_in(const uint16_t *restrict x, float *restrict out, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    for (; i < n; ++i) out[i] = f16_load(x[i]);
+}
+
+static void f16_out(const float *restrict in, uint16_t *restrict y, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; ++i) y[i] = f16_store(in[i]);
+}
+#else
+static inline float f16_load(uint16_t h) {
+    _Float16 v;
+    memcpy(&v, &h, sizeof v);
+    return (float)v;
+}
+
+static inline uint16_t f16_store(float f) {
+    _Float16 v = (_Float16)f;
+    uint16_t h;
+    memcpy(&h, &v, sizeof h);
+    return h;
+}
+
+static void f16_in(const uint16_t *restrict x, float *restrict out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f16_load(x[i]);
+}
+
+static void f16_out(const float *restrict in, uint16_t *restrict y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = f16_store(in[i]);
+}
+#endif
+
+#define ID(v) (v)
+
+/* ---- the arithmetic on contiguous buffers ------------------------------------------
+ * half: pairs (f, f + r2); interleaved: pairs (2f, 2f + 1). sg is +1 (forward) or -1
  * (backward: the inverse rotation, sin negated). */
-#define DEFINE_ROWS(SUF, T, C, LD, ST)                                                        \
-    static void half_##SUF(const T *restrict x, T *restrict y, const C *restrict c,          \
+#define DEFINE_ROTATE(C)                                                                      \
+    static inline void rotate_##C(const C *restrict a, const C *restrict b,                  \
+                                  const C *restrict c, const C *restrict s, C sg,             \
+                                  C *restrict o1, C *restrict o2, int64_t n) {                \
+        for (int64_t f = 0; f < n; ++f) {                                                     \
+            C cf = c[f], sf = sg * s[f];                                                      \
+            o1[f] = a[f] * cf - b[f] * sf;                                                    \
+            o2[f] = b[f] * cf + a[f] * sf;                                                    \
+        }                                                                                     \
+    }
+DEFINE_ROTATE(float)
+DEFINE_ROTATE(double)
+
+/* float32 / float64 rows. The half layout is rotated directly (out of place, or in place
+ * through one pointer); the interleaved layout goes through buffers: computed in place on
+ * (2f, 2f+1), GCC's SLP vectorizer turns the alternating -/+ into fused multiply-add-
+ * subtract (vfmaddsub) even under -ffp-contract=off, which rounds differently. Each chunk
+ * is read before it is written, so x == y is fine there too. */
+#define DEFINE_ROWS(SUF, C)                                                                   \
+    static void half_##SUF(const C *restrict x, C *restrict y, const C *restrict c,          \
                            const C *restrict s, int64_t r2, C sg) {                          \
         for (int64_t f = 0; f < r2; ++f) {                                                    \
-            C a = LD(x[f]), b = LD(x[f + r2]), cf = c[f], sf = sg * s[f];                     \
-            y[f] = ST(a * cf - b * sf);                                                       \
-            y[f + r2] = ST(b * cf + a * sf);                                                  \
+            C a = x[f], b = x[f + r2], cf = c[f], sf = sg * s[f];                             \
+            y[f] = a * cf - b * sf;                                                           \
+            y[f + r2] = b * cf + a * sf;                                                      \
         }                                                                                     \
     }                                                                                         \
-    static void half_ip_##SUF(T *restrict x, const C *restrict c, const C *restrict s,       \
+    static void half_ip_##SUF(C *restrict x, const C *restrict c, const C *restrict s,       \
                               int64_t r2, C sg) {                                             \
         for (int64_t f = 0; f < r2; ++f) {                                                    \
-            C a = LD(x[f]), b = LD(x[f + r2]), cf = c[f], sf = sg * s[f];                     \
-            x[f] = ST(a * cf - b * sf);                                                       \
-            x[f + r2] = ST(b * cf + a * sf);                                                  \
+            C a = x[f], b = x[f + r2], cf = c[f], sf = sg * s[f];                             \
+            x[f] = a * cf - b * sf;                                                           \
+            x[f + r2] = b * cf + a * sf;                                                      \
         }                                                                                     \
     }                                                                                         \
-    /* Interleaved pairs go through contiguous buffers: computed in place on (2f, 2f+1),   \
-     * GCC's SLP vectorizer turns the alternating -/+ into fused multiply-add-subtract      \
-     * (vfmaddsub) even under -ffp-contract=off, which rounds differently. */              \
-    static void inter_##SUF(const T *x, T *y, const C *restrict c, const C *restrict s,     \
-                            int64_t r2, C sg) {                                               \
+    static void inter_##SUF(const C *x, C *y, const C *c, const C *s, int64_t r2, C sg) {     \
         C a[CHUNK], b[CHUNK], o1[CHUNK], o2[CHUNK];                                           \
         for (int64_t f0 = 0; f0 < r2; f0 += CHUNK) {                                          \
             int64_t n = r2 - f0 < CHUNK ? r2 - f0 : CHUNK;                                    \
+            const C *xs = x + 2 * f0;                                                         \
+            C *ys = y + 2 * f0;                                                               \
             for (int64_t f = 0; f < n; ++f) {                                                 \
-                a[f] = LD(x[2 * (f0 + f)]);                                                   \
-                b[f] = LD(x[2 * (f0 + f) + 1]);                                               \
+                a[f] = xs[2 * f];                                                             \
+                b[f] = xs[2 * f + 1];                                                         \
             }                                                                                 \
+            rotate_##C(a, b, c + f0, s + f0, sg, o1, o2, n);                                  \
             for (int64_t f = 0; f < n; ++f) {                                                 \
-                C cf = c[f0 + f], sf = sg * s[f0 + f];                                        \
-                o1[f] = a[f] * cf - b[f] * sf;                                                \
-                o2[f] = b[f] * cf + a[f] * sf;                                                \
-            }                                                                                 \
-            for (int64_t f = 0; f < n; ++f) {                                                 \
-                y[2 * (f0 + f)] = ST(o1[f]);                                                  \
-                y[2 * (f0 + f) + 1] = ST(o2[f]);                                              \
+                ys[2 * f] = o1[f];                                                            \
+                ys[2 * f + 1] = o2[f];                                                        \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
-    static void strided_##SUF(const T *x, T *y, int64_t xsd, int64_t ysd, const C *c,         \
-                              const C *s, int64_t r2, C sg, int interleaved) {               \
-        int64_t step = interleaved ? 2 : 1, other = interleaved ? 1 : r2;                     \
-        for (int64_t f = 0; f < r2; ++f) {                                                    \
-            int64_t i = f * step, j = i + other;                                              \
-            C a = LD(x[i * xsd]), b = LD(x[j * xsd]), cf = c[f], sf = sg * s[f];              \
-            y[i * ysd] = ST(a * cf - b * sf);                                                 \
-            y[j * ysd] = ST(b * cf + a * sf);                                                 \
+    static void contiguous_##SUF(const C *x, C *y, const C *c, const C *s, int64_t r2, C sg,  \
+                                 int interleaved, int inplace) {                              \
+        if (interleaved)                                                                      \
+            inter_##SUF(x, y, c, s, r2, sg);                                                  \
+        else if (inplace)                                                                     \
+            half_ip_##SUF(y, c, s, r2, sg);                                                   \
+        else                                                                                  \
+            half_##SUF(x, y, c, s, r2, sg);                                                   \
+    }
+DEFINE_ROWS(f32, float)
+DEFINE_ROWS(f64, double)
+
+/* bf16 / fp16 rows: converted span by span into float buffers (vectorized), rotated in
+ * float32, rounded back. Each chunk is read before it is written (x == y is fine). */
+#define DEFINE_ROWS16(SUF)                                                                    \
+    static void contiguous_##SUF(const uint16_t *x, uint16_t *y, const float *c,             \
+                                 const float *s, int64_t r2, float sg, int interleaved,       \
+                                 int inplace) {                                               \
+        (void)inplace;                                                                        \
+        float a[CHUNK], b[CHUNK], o1[CHUNK], o2[CHUNK], t[2 * CHUNK];                         \
+        for (int64_t f0 = 0; f0 < r2; f0 += CHUNK) {                                          \
+            int64_t n = r2 - f0 < CHUNK ? r2 - f0 : CHUNK;                                    \
+            if (interleaved) {                                                                \
+                SUF##_in(x + 2 * f0, t, 2 * n);                                               \
+                for (int64_t f = 0; f < n; ++f) {                                             \
+                    a[f] = t[2 * f];                                                          \
+                    b[f] = t[2 * f + 1];                                                      \
+                }                                                                             \
+            } else {                                                                          \
+                SUF##_in(x + f0, a, n);                                                       \
+                SUF##_in(x + r2 + f0, b, n);                                                  \
+            }                                                                                 \
+            rotate_float(a, b, c + f0, s + f0, sg, o1, o2, n);                                \
+            if (interleaved) {                                                                \
+                for (int64_t f = 0; f < n; ++f) {                                             \
+                    t[2 * f] = o1[f];                                                         \
+                    t[2 * f + 1] = o2[f];                                                     \
+                }                                                                             \
+                SUF##_out(t, y + 2 * f0, 2 * n);                                              \
+            } else {                                                                          \
+                SUF##_out(o1, y + f0, n);                                                     \
+                SUF##_out(o2, y + r2 + f0, n);                                                \
+            }                                                                                 \
         }                                                                                     \
-    }                                                                                         \
+    }
+DEFINE_ROWS16(bf16)
+DEFINE_ROWS16(f16)
+
+/* ---- one row: contiguous channels, or any channel stride (scalar) -------------------- */
+#define DEFINE_ROW(SUF, T, C, LD, ST)                                                         \
     static void row_##SUF(const void *xv, void *yv, int64_t xsd, int64_t ysd, int64_t d,      \
                           const void *cv, const void *sv, int64_t r2, int sign,               \
                           int interleaved, int inplace) {                                     \
@@ -123,24 +248,25 @@ static inline uint16_t bf16_store(float f) {
         const C *c = (const C *)cv, *s = (const C *)sv;                                       \
         C sg = (C)sign;                                                                       \
         if (xsd == 1 && ysd == 1) {                                                           \
-            if (inplace)                                                                      \
-                (interleaved ? inter_##SUF(y, y, c, s, r2, sg)                               \
-                             : half_ip_##SUF(y, c, s, r2, sg));                               \
-            else                                                                              \
-                (interleaved ? inter_##SUF : half_##SUF)(x, y, c, s, r2, sg);                 \
-            if (!inplace && d > 2 * r2)                                                       \
+            contiguous_##SUF(x, y, c, s, r2, sg, interleaved, inplace);                       \
+            if (!inplace && d > 2 * r2) /* channels past rotary_dim pass through */           \
                 memcpy(y + 2 * r2, x + 2 * r2, (size_t)(d - 2 * r2) * sizeof(T));             \
-        } else {                                                                              \
-            strided_##SUF(x, y, xsd, ysd, c, s, r2, sg, interleaved);                         \
-            if (!inplace)                                                                     \
-                for (int64_t i = 2 * r2; i < d; ++i) y[i * ysd] = x[i * xsd];                 \
+            return;                                                                           \
         }                                                                                     \
+        int64_t step = interleaved ? 2 : 1, other = interleaved ? 1 : r2;                     \
+        for (int64_t f = 0; f < r2; ++f) { /* each pair is read before it is written */       \
+            int64_t i = f * step, j = i + other;                                              \
+            C a = LD(x[i * xsd]), b = LD(x[j * xsd]), cf = c[f], sf = sg * s[f];              \
+            y[i * ysd] = ST(a * cf - b * sf);                                                 \
+            y[j * ysd] = ST(b * cf + a * sf);                                                 \
+        }                                                                                     \
+        if (!inplace)                                                                         \
+            for (int64_t i = 2 * r2; i < d; ++i) y[i * ysd] = x[i * xsd];                     \
     }
-
-DEFINE_ROWS(f32, float, float, F32_LOAD, F32_STORE)
-DEFINE_ROWS(bf16, uint16_t, float, BF16_LOAD, BF16_STORE)
-DEFINE_ROWS(f16, _Float16, float, F16_LOAD, F16_STORE)
-DEFINE_ROWS(f64, double, double, F64_LOAD, F64_STORE)
+DEFINE_ROW(f32, float, float, ID, ID)
+DEFINE_ROW(f64, double, double, ID, ID)
+DEFINE_ROW(bf16, uint16_t, float, bf16_load, bf16_store)
+DEFINE_ROW(f16, uint16_t, float, f16_load, f16_store)
 
 typedef void (*row_fn)(const void *, void *, int64_t, int64_t, int64_t, const void *,
                        const void *, int64_t, int, int, int);

@@ -1,0 +1,341 @@
+"""RoPE speed: posenc's fused path against the plain path and the peers, same inputs, same run.
+
+    python benchmarks/rope.py                                   # CPU: decode .. 2048-token prefill
+    python benchmarks/rope.py --sizes goal --dtypes float32     # the CPU goal only
+    python benchmarks/rope.py --device cuda --out rope-h200.json # GPU: up to 32k-token prefill
+
+What is timed is the rotary step of attention: q ``[b, hq, s, d]`` and k ``[b, hk, s, d]``
+rotated at explicit positions (cos/sin computed inside the call, as a model does), forward
+(``fwd``) and forward + backward (``fwdbwd``, the gradient of both outputs):
+
+- ``posenc fused``: ``posenc.RotaryEmbedding`` with the fast path (CPU loop / Triton);
+- ``posenc plain``: the same module on the plain torch path;
+- ``posenc kernel``: ``fused_rotary`` with cos/sin given (the kernel alone);
+- ``compile plain``: ``torch.compile`` (inductor) of the plain path;
+- ``transformers``: ``LlamaRotaryEmbedding`` cos/sin + ``apply_rotary_pos_emb`` (eager);
+- ``rotary-emb-torch``: rotary-embedding-torch's ``rotate_queries_or_keys`` (its
+  interleaved layout, positions ``arange(s)``: it takes no position tensor);
+- ``liger`` (CUDA, if installed): Liger-Kernel's Triton ``liger_rotary_pos_emb`` with
+  transformers' cos/sin;
+- ``copy``: ``q.clone(), k.clone()``, the floor: one read and one write of q and k.
+
+Peers are timed round-robin (one call of each, repeated), so load on the machine hits
+them alike; each cell is the median (``--repeats`` calls, ten times as many for calls
+under 10 MB). ``GB/s`` counts the least bytes a call must move:
+q and k read once and written once (twice that for fwdbwd). ``%copy`` is that rate over
+the copy's rate in the same run (``x copy``: the time over the time to copy as many
+bytes); ``x fused`` is the peer's time over posenc fused's.
+CPU runs also time ``copy_`` into preallocated buffers (``copy prealloc``): the memory
+bandwidth without the page faults of fresh allocations, which every out-of-place
+operation (clone included) pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import posenc
+from posenc.rotary import kernels
+from posenc.rotary.apply import _apply_rotary_torch
+from posenc.rotary.kernels import fused_rotary
+
+# name -> (b, hq, hk, s, d)
+SIZES: dict[str, tuple[int, int, int, int, int]] = {
+    "decode": (16, 32, 8, 1, 128),
+    "prefill-512": (1, 32, 8, 512, 128),
+    "goal": (4, 16, 16, 2048, 128),  # the CPU goal: q and k [4, 16, 2048, 128]
+    "prefill-16k": (1, 32, 8, 16384, 128),
+    "prefill-32k": (2, 32, 8, 32768, 128),
+}
+CPU_SIZES = ["decode", "prefill-512", "goal"]
+CUDA_SIZES = ["decode", "prefill-512", "goal", "prefill-16k", "prefill-32k"]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# --- peers ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _fast_path(on: bool, device: str):
+    """posenc's fast path on or off (CPU loop or Triton, by device)."""
+    previous = (kernels._cpu_on, kernels._triton_on)
+    if device == "cpu":
+        kernels._cpu_on = on
+    else:
+        kernels._triton_on = on and importlib.util.find_spec("triton") is not None
+    try:
+        yield
+    finally:
+        kernels._cpu_on, kernels._triton_on = previous
+
+
+def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callable[..., Any]]:
+    """Functions ``f(q, k) -> (q_out, k_out)`` with their tables built inside, as in a model."""
+    _, hq, hk, s, d = size
+    rope = posenc.RotaryEmbedding(d)
+    positions = torch.arange(s, device=device)  # explicit positions, [s]
+    peers: dict[str, Callable[..., Any]] = {}
+
+    def fused(q, k):
+        with _fast_path(True, device):
+            return rope(q, k, positions)
+
+    def plain(q, k):
+        with _fast_path(False, device):
+            return rope(q, k, positions)
+
+    def plain_path(q, k):  # the plain path written out, for torch.compile
+        cos, sin = rope.cos_sin(positions)
+        return _apply_rotary_torch(q, cos, sin), _apply_rotary_torch(k, cos, sin)
+
+    cos, sin = rope.cos_sin(positions)
+
+    def kernel(q, k):
+        with _fast_path(True, device):
+            return fused_rotary(q, k, cos, sin)
+
+    peers["posenc fused"] = fused
+    peers["posenc plain"] = plain
+    peers["posenc kernel"] = kernel
+    if compile_plain:
+        torch._dynamo.reset()  # a fresh cache per size and dtype: no recompile limit reached
+        peers["compile plain"] = torch.compile(plain_path)
+
+    if importlib.util.find_spec("transformers") is not None:
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import (
+            LlamaRotaryEmbedding,
+            apply_rotary_pos_emb,
+        )
+
+        config = LlamaConfig(hidden_size=hq * d, num_attention_heads=hq, num_key_value_heads=hk,
+                             head_dim=d, max_position_embeddings=max(s, 2048))  # fmt: skip
+        hf_rope = LlamaRotaryEmbedding(config).to(device)
+        position_ids = positions[None]  # [1, s]: the same positions for every sequence
+
+        def transformers(q, k):
+            cos, sin = hf_rope(q, position_ids)
+            return apply_rotary_pos_emb(q, k, cos, sin)
+
+        peers["transformers"] = transformers
+        if device == "cuda" and importlib.util.find_spec("liger_kernel") is not None:
+            from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+            def liger(q, k):
+                cos, sin = hf_rope(q, position_ids)
+                return liger_rotary_pos_emb(q, k, cos, sin)
+
+            peers["liger"] = liger
+
+    if importlib.util.find_spec("rotary_embedding_torch") is not None:
+        from rotary_embedding_torch import RotaryEmbedding as PeerRotary
+
+        peer = PeerRotary(dim=d).to(device)
+
+        def rotary_embedding_torch(q, k):
+            return peer.rotate_queries_or_keys(q), peer.rotate_queries_or_keys(k)
+
+        peers["rotary-emb-torch"] = rotary_embedding_torch
+
+    def copy(q, k):
+        return q.clone(), k.clone()
+
+    peers["copy"] = copy
+    return peers
+
+
+# --- timing ---------------------------------------------------------------------------------
+
+
+def _timer(device: str):
+    if device == "cuda":
+
+        def measure(fn: Callable[[], Any]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3
+
+    else:
+
+        def measure(fn: Callable[[], Any]) -> float:
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
+
+    return measure
+
+
+def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
+    size = SIZES[name]
+    b, hq, hk, s, d = size
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, hq, s, d, generator=gen).to(device=device, dtype=dtype)
+    k = torch.randn(b, hk, s, d, generator=gen).to(device=device, dtype=dtype)
+    grads = (torch.randn_like(q), torch.randn_like(k))
+    elem = q.element_size()
+    fwd_bytes = 2 * (q.numel() + k.numel()) * elem  # read q, k once; write them once
+    peers = make_peers(size, dtype, device, compile_plain=not args.no_compile)
+    measure = _timer(device)
+    rows = []
+    for mode in args.modes:
+        leaves = (q.detach().clone().requires_grad_(), k.detach().clone().requires_grad_())
+
+        def call(fn, mode=mode, leaves=leaves):
+            if mode == "fwd" or fn is peers["copy"]:  # the copy is the forward-only floor
+                with torch.no_grad():
+                    return fn(q, k)
+            outs = fn(*leaves)
+            if isinstance(outs[0], torch.Tensor) and outs[0].requires_grad:
+                torch.autograd.backward(outs, grads)
+            return None
+
+        active = dict(peers)
+        if device == "cpu" and mode == "fwd":
+            buffers = (torch.empty_like(q), torch.empty_like(k))
+            active["copy prealloc"] = lambda q, k, o=buffers: (o[0].copy_(q), o[1].copy_(k))
+        first: dict[str, float] = {}
+        for peer, fn in active.items():  # warm-up: compilation, caches, allocator
+            t0 = time.perf_counter()
+            call(fn)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            first[peer] = time.perf_counter() - t0
+            for _ in range(args.warmup - 1):
+                call(fn)
+        times: dict[str, list[float]] = {peer: [] for peer in active}
+        repeats = args.repeats * (10 if fwd_bytes < 10e6 else 1)  # small calls: more samples
+        for _ in range(repeats):
+            for peer, fn in active.items():
+                for t in leaves:
+                    t.grad = None
+                times[peer].append(measure(lambda fn=fn: call(fn)))
+        for peer, ts in times.items():
+            nbytes = fwd_bytes * (2 if mode == "fwdbwd" and "copy" not in peer else 1)
+            rows.append({
+                "size": name, "shape_bhqhksd": list(size), "dtype": str(dtype).removeprefix("torch."),
+                "mode": mode, "peer": peer, "median_ms": statistics.median(ts) * 1e3,
+                "min_ms": min(ts) * 1e3, "max_ms": max(ts) * 1e3, "repeats": len(ts),
+                "first_call_s": first[peer], "bytes": nbytes,
+                "gbps": nbytes / statistics.median(ts) / 1e9,
+            })  # fmt: skip
+    for mode in args.modes:
+        same = [r for r in rows if r["mode"] == mode]
+        fused = next(r for r in same if r["peer"] == "posenc fused")
+        copy = next(r for r in same if r["peer"] == "copy")
+        for r in same:
+            r["pct_copy"] = 100 * r["gbps"] / copy["gbps"]
+            r["x_copy"] = copy["gbps"] / r["gbps"]  # time over the time to copy as many bytes
+            r["x_fused"] = r["median_ms"] / fused["median_ms"]
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'size':<12} {'dtype':<9} {'mode':<7} {'peer':<17} {'ms':>10} {'GB/s':>8} "
+          f"{'%copy':>6} {'x copy':>7} {'x fused':>8}")  # fmt: skip
+    for r in rows:
+        print(f"{r['size']:<12} {r['dtype']:<9} {r['mode']:<7} {r['peer']:<17} "
+              f"{r['median_ms']:>10.3f} {r['gbps']:>8.3g} {r['pct_copy']:>6.0f} "
+              f"{r['x_copy']:>7.2f} {r['x_fused']:>8.2f}")  # fmt: skip
+    print()
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    """posenc fused against the copy and transformers, per size, dtype and mode."""
+    for r in rows:
+        if r["peer"] != "posenc fused":
+            continue
+        peers = {p["peer"]: p for p in rows
+                 if (p["size"], p["dtype"], p["mode"]) == (r["size"], r["dtype"], r["mode"])}  # fmt: skip
+        line = f"{r['size']} {r['dtype']} {r['mode']}: posenc fused = {r['x_copy']:.2f}x copy"
+        for peer in ("transformers", "compile plain", "liger", "rotary-emb-torch"):
+            if peer in peers:
+                line += f", {peers[peer]['x_fused']:.2f}x faster than {peer}"
+        print(line)
+
+
+def machine(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "platform": platform.platform(), "threads": torch.get_num_threads(),
+    }  # fmt: skip
+    try:
+        models = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
+        info["cpu"] = f"{models[0]} x {len(models)}" if models else platform.processor()
+    except OSError:
+        info["cpu"] = platform.processor()
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        if importlib.util.find_spec("triton") is not None:
+            import triton
+
+            info["triton"] = triton.__version__
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32", "bfloat16"])
+    parser.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per peer")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--max-mb", type=float, default=None,
+                        help="skip sizes whose forward moves more than this many MB")  # fmt: skip
+    parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    device = args.device
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if device == "cpu":
+        kernels.enable_cpu_fast_path(True)  # compiles rope_cpu.c on first use (about a second)
+    sizes = args.sizes or (CPU_SIZES if device == "cpu" else CUDA_SIZES)
+    args.repeats = args.repeats or (7 if device == "cpu" else 50)
+    rows: list[dict[str, Any]] = []
+    for dtype_name in args.dtypes:
+        for name in sizes:
+            b, hq, hk, s, d = SIZES[name]
+            mb = 2 * b * (hq + hk) * s * d * DTYPES[dtype_name].itemsize / 1e6
+            if args.max_mb is not None and mb > args.max_mb:
+                print(f"skip {name} {dtype_name}: {mb:.0f} MB per forward > --max-mb {args.max_mb}")
+                continue
+            new = run_size(name, DTYPES[dtype_name], device, args)
+            print_table(new)
+            rows += new
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    print_summary(rows)
+    result = {
+        "date": datetime.date.today().isoformat(), "device": device, "machine": machine(device),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "rows": rows,
+    }  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
