@@ -147,6 +147,7 @@ def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> di
         results = run_study(
             settings["task"], list(settings["encodings"]), preset=settings["preset"],
             steps=settings["steps"], eval_lens=list(settings["eval_lens"]), plot=False,
+            threads=1,  # tiny models: one thread beats two (as `posenc lengthgen` defaults)
             on_event=on_event,
         )  # fmt: skip
     except Exception as e:  # the analysis half of the report is still worth writing
