@@ -3,8 +3,8 @@
 One pass over q and k (one read, one write), cos/sin loaded per token and reused across
 heads, OpenMP threads sharing torch's own OpenMP runtime (``torch.get_num_threads()``).
 The source is compiled on first use with ``cc -O3 -march=native -fopenmp
--ffp-contract=off`` (about a second) into a cache directory keyed by the source, the
-flags and the CPU, so later processes only load it. Without a working compiler the
+-ffp-contract=off -fno-strict-aliasing`` (a second or two) into a cache directory keyed
+by the source, the flags and the CPU, so later processes only load it. Without a working compiler the
 build raises :class:`RuntimeError` and the dispatch keeps the plain torch path.
 
 ``-ffp-contract=off`` keeps every product rounded before the sum, exactly like the plain
