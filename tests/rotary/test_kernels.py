@@ -195,6 +195,15 @@ def test_build_is_cached_and_reports_compiler_errors(tmp_path, monkeypatch):
         cpu.build()
 
 
+def test_unwritable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("POSENC_CACHE_DIR", str(blocker / "cache"))
+    built = cpu.build()
+    assert built.exists() and blocker not in built.parents
+    assert built.name == cpu.build().name
+
+
 def test_enable_triton_without_triton_raises(monkeypatch):
     monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"pip install 'posenc\[triton\]'"):

@@ -97,6 +97,8 @@ def cpu_fast_path_enabled() -> bool:
     """Whether CPU tensors go through the fused CPU path (see :func:`enable_cpu_fast_path`)."""
     global _cpu_on
     if _cpu_on is None:
+        if torch.compiler.is_compiling():
+            return False  # never compile C while tracing; the plain path is the same function
         _cpu_on = False
         if os.environ.get("POSENC_CPU_FAST_PATH", "0") not in ("", "0"):
             try:

@@ -82,7 +82,14 @@ def build() -> Path:
     target = cache_dir() / f"rope_cpu-{key}.so"
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # e.g. a read-only home: a private temporary directory instead
+        user = os.getuid() if hasattr(os, "getuid") else "user"
+        target = Path(tempfile.gettempdir()) / f"posenc-{user}" / target.name
+        if target.exists():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
     # Compile to a private name and rename: concurrent processes never see a partial file.
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
