@@ -27,5 +27,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy src/posenc
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/rope.py
+	$(BIN)/python benchmarks/attention_bias.py
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
