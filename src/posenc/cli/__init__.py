@@ -18,7 +18,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 try:  # recent typer vendors its own copy of click
     from typer._click import exceptions as _click_errors
 except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import exceptions as _click_errors
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
 
 from posenc._errors import PosEncError
 
