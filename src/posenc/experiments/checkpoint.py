@@ -23,8 +23,9 @@ import json
 import os
 import random
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -72,16 +73,7 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
         raise PosEncError(f"state must hold the keys {list(_KEYS[1:])}, missing {missing}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _temp_name(path)
-    try:
-        with open(tmp, "xb") as f:
-            torch.save({"format": FORMAT, **state}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _write_atomically(path, lambda f: torch.save({"format": FORMAT, **state}, f))
     try:  # make the rename itself durable (POSIX); harmless where unsupported
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:
@@ -96,11 +88,16 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
-    path = Path(path)
+    _write_atomically(Path(path), lambda f: f.write(data))
+
+
+def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write`` on a fresh temporary file next to ``path``, sync it, then rename it
+    over ``path``: a kill at any point leaves either the old file or the new one."""
     tmp = _temp_name(path)
     try:
         with open(tmp, "xb") as f:
-            f.write(data)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
