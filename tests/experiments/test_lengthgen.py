@@ -80,6 +80,10 @@ def test_extension_models_load_the_trained_weights(tmp_path: Path) -> None:
     config["encoding"]["scaling"] = {"type": "ntk", "factor": 2.0}
     model = TinyTransformer.from_config(config)
     model.load_state_dict(state["model"])  # strict: RoPE has no parameters
+    assert model.encoding.to_config()["scaling"]["factor"] == 2.0
+    assert model.encoding.scaling.type == "ntk"
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, state["model"][name]), name
 
 
 def test_random_positions_train_and_evaluate(tmp_path: Path) -> None:
