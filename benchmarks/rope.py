@@ -121,8 +121,13 @@ def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callabl
             apply_rotary_pos_emb,
         )
 
-        config = LlamaConfig(hidden_size=hq * d, num_attention_heads=hq, num_key_value_heads=hk,
-                             head_dim=d, max_position_embeddings=max(s, 2048))  # fmt: skip
+        config = LlamaConfig(
+            hidden_size=hq * d,
+            num_attention_heads=hq,
+            num_key_value_heads=hk,
+            head_dim=d,
+            max_position_embeddings=max(s, 2048),
+        )
         hf_rope = LlamaRotaryEmbedding(config).to(device)
         position_ids = positions[None]  # [1, s]: the same positions for every sequence
 
@@ -227,13 +232,22 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
                 times[peer].append(measure(lambda fn=fn: call(fn)))
         for peer, ts in times.items():
             nbytes = fwd_bytes * (2 if mode == "fwdbwd" and "copy" not in peer else 1)
-            rows.append({
-                "size": name, "shape_bhqhksd": list(size), "dtype": str(dtype).removeprefix("torch."),
-                "mode": mode, "peer": peer, "median_ms": statistics.median(ts) * 1e3,
-                "min_ms": min(ts) * 1e3, "max_ms": max(ts) * 1e3, "repeats": len(ts),
-                "first_call_s": first[peer], "bytes": nbytes,
-                "gbps": nbytes / statistics.median(ts) / 1e9,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "size": name,
+                    "shape_bhqhksd": list(size),
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "mode": mode,
+                    "peer": peer,
+                    "median_ms": statistics.median(ts) * 1e3,
+                    "min_ms": min(ts) * 1e3,
+                    "max_ms": max(ts) * 1e3,
+                    "repeats": len(ts),
+                    "first_call_s": first[peer],
+                    "bytes": nbytes,
+                    "gbps": nbytes / statistics.median(ts) / 1e9,
+                }
+            )
     for mode in args.modes:
         same = [r for r in rows if r["mode"] == mode]
         fused = next(r for r in same if r["peer"] == "posenc fused")
@@ -246,12 +260,16 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(f"{'size':<12} {'dtype':<9} {'mode':<7} {'peer':<17} {'ms':>10} {'GB/s':>8} "
-          f"{'%copy':>6} {'x copy':>7} {'x fused':>8}")  # fmt: skip
+    print(
+        f"{'size':<12} {'dtype':<9} {'mode':<7} {'peer':<17} {'ms':>10} {'GB/s':>8} "
+        f"{'%copy':>6} {'x copy':>7} {'x fused':>8}"
+    )
     for r in rows:
-        print(f"{r['size']:<12} {r['dtype']:<9} {r['mode']:<7} {r['peer']:<17} "
-              f"{r['median_ms']:>10.3f} {r['gbps']:>8.3g} {r['pct_copy']:>6.0f} "
-              f"{r['x_copy']:>7.2f} {r['x_fused']:>8.2f}")  # fmt: skip
+        print(
+            f"{r['size']:<12} {r['dtype']:<9} {r['mode']:<7} {r['peer']:<17} "
+            f"{r['median_ms']:>10.3f} {r['gbps']:>8.3g} {r['pct_copy']:>6.0f} "
+            f"{r['x_copy']:>7.2f} {r['x_fused']:>8.2f}"
+        )
     print()
 
 
@@ -260,8 +278,11 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if r["peer"] != "posenc fused":
             continue
-        peers = {p["peer"]: p for p in rows
-                 if (p["size"], p["dtype"], p["mode"]) == (r["size"], r["dtype"], r["mode"])}  # fmt: skip
+        peers = {
+            p["peer"]: p
+            for p in rows
+            if (p["size"], p["dtype"], p["mode"]) == (r["size"], r["dtype"], r["mode"])
+        }
         line = f"{r['size']} {r['dtype']} {r['mode']}: posenc fused = {r['x_copy']:.2f}x copy"
         for peer in ("transformers", "compile plain", "liger", "rotary-emb-torch"):
             if peer in peers:
@@ -271,11 +292,17 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 def machine(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__,
-        "platform": platform.platform(), "threads": torch.get_num_threads(),
-    }  # fmt: skip
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+    }
     try:
-        models = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
+        models = [
+            ln.split(":", 1)[1].strip()
+            for ln in open("/proc/cpuinfo")
+            if ln.startswith("model name")
+        ]
         info["cpu"] = f"{models[0]} x {len(models)}" if models else platform.processor()
     except OSError:
         info["cpu"] = platform.processor()
@@ -292,12 +319,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=None)
-    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["float32", "bfloat16"])
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=list(DTYPES), default=["float32", "bfloat16"]
+    )
     parser.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"])
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per peer")
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--max-mb", type=float, default=None,
-                        help="skip sizes whose forward moves more than this many MB")  # fmt: skip
+    parser.add_argument(
+        "--max-mb",
+        type=float,
+        default=None,
+        help="skip sizes whose forward moves more than this many MB",
+    )
     parser.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
@@ -325,12 +358,15 @@ def main(argv: list[str] | None = None) -> None:
                 torch.cuda.empty_cache()
     print_summary(rows)
     result = {
-        "date": datetime.date.today().isoformat(), "device": device, "machine": machine(device),
+        "date": datetime.date.today().isoformat(),
+        "device": device,
+        "machine": machine(device),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": "python "
+        + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
         "rows": rows,
-    }  # fmt: skip
+    }
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

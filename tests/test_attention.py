@@ -186,10 +186,15 @@ def expected(name: str, enc, q, k, v, kw) -> torch.Tensor:
     bias = value_term = None
     if enc is not None and enc.kind == "rotary":
         q64, k64 = reference.rotary.rotary_qk(
-            q64.numpy(), k64.numpy(), qpos.numpy(), kpos.numpy(), enc.inv_freq.numpy(),
-            layout=enc.layout, attention_scale=enc.attention_scale,
+            q64.numpy(),
+            k64.numpy(),
+            qpos.numpy(),
+            kpos.numpy(),
+            enc.inv_freq.numpy(),
+            layout=enc.layout,
+            attention_scale=enc.attention_scale,
             xpos_scale_base=enc.xpos_scale_base,
-        )  # fmt: skip
+        )
         q64, k64 = torch.from_numpy(q64), torch.from_numpy(k64)
     elif enc is not None and enc.kind == "bias":
         enc64 = copy.deepcopy(enc).double()
@@ -205,9 +210,14 @@ def expected(name: str, enc, q, k, v, kw) -> torch.Tensor:
                 return t.numpy()
 
     out = reference.attention(
-        q64.numpy(), k64.numpy(), v64.numpy(), bias=bias, causal=kw["causal"],
-        mask=None if mask is None else mask.numpy(), value_term=value_term,
-    )  # fmt: skip
+        q64.numpy(),
+        k64.numpy(),
+        v64.numpy(),
+        bias=bias,
+        causal=kw["causal"],
+        mask=None if mask is None else mask.numpy(),
+        value_term=value_term,
+    )
     return torch.from_numpy(out)
 
 

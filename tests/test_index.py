@@ -12,7 +12,9 @@ from posenc.index import NORMALIZE, index_table
 
 
 def _ref(positions, dim, **kwargs) -> torch.Tensor:
-    return torch.from_numpy(reference.index_table(torch.as_tensor(positions).double().numpy(), dim, **kwargs))
+    return torch.from_numpy(
+        reference.index_table(torch.as_tensor(positions).double().numpy(), dim, **kwargs)
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
@@ -28,7 +30,9 @@ def test_table_matches_reference(positions, dim, normalize, dtype):
     out = index_table(positions, dim, normalize=normalize, length=length, dtype=dtype)
     ref = _ref(positions, dim, normalize=normalize, length=length)
     assert out.shape == (*positions.shape, dim) and out.dtype == dtype
-    torch.testing.assert_close(out, ref.to(dtype), atol=0, rtol=0)  # formed in float64, rounded once
+    torch.testing.assert_close(
+        out, ref.to(dtype), atol=0, rtol=0
+    )  # formed in float64, rounded once
     torch.testing.assert_close(out.double(), ref, atol=ATOL[dtype], rtol=2**-8)
 
 
@@ -39,7 +43,9 @@ def test_module_adds_the_index(dtype):
     expected = (x.double() + _ref(torch.arange(5), 4)).to(dtype)
     assert out.dtype == dtype and torch.equal(out, expected)
     batched = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])
-    assert torch.equal(posenc.IndexEmbedding(4)(x, batched), (x.double() + _ref(batched, 4)).to(dtype))
+    assert torch.equal(
+        posenc.IndexEmbedding(4)(x, batched), (x.double() + _ref(batched, 4)).to(dtype)
+    )
 
 
 def test_module_normalize_length_uses_offset_plus_s():
@@ -47,7 +53,9 @@ def test_module_normalize_length_uses_offset_plus_s():
     x = torch.zeros(1, 4, 3, dtype=torch.float64)
     assert torch.equal(pe(x), _ref(torch.arange(4), 3, normalize="length", length=4)[None])
     # decoding with a cache: tokens 6..9 of a 10-token sequence
-    assert torch.equal(pe(x, offset=6), _ref(torch.arange(6, 10), 3, normalize="length", length=10)[None])
+    assert torch.equal(
+        pe(x, offset=6), _ref(torch.arange(6, 10), 3, normalize="length", length=10)[None]
+    )
 
 
 def test_normalize_length_is_not_unique_across_lengths():
@@ -77,23 +85,55 @@ def test_no_state_and_config_round_trip():
     ("call", "match"),
     [
         (lambda: index_table(torch.arange(3), 0), "dim must be >= 1, got 0"),
-        (lambda: index_table(torch.arange(3), 2, normalize="max"), "normalize must be one of None, 'length', got 'max'"),
-        (lambda: index_table(torch.arange(3), 2, normalize="length"), "length must be given with normalize='length'"),
-        (lambda: index_table(torch.arange(3), 2, normalize="length", length=0), "length must be >= 1, got 0"),
-        (lambda: index_table(torch.arange(3), 2, length=3), "length applies only with normalize='length'"),
+        (
+            lambda: index_table(torch.arange(3), 2, normalize="max"),
+            "normalize must be one of None, 'length', got 'max'",
+        ),
+        (
+            lambda: index_table(torch.arange(3), 2, normalize="length"),
+            "length must be given with normalize='length'",
+        ),
+        (
+            lambda: index_table(torch.arange(3), 2, normalize="length", length=0),
+            "length must be >= 1, got 0",
+        ),
+        (
+            lambda: index_table(torch.arange(3), 2, length=3),
+            "length applies only with normalize='length'",
+        ),
         (lambda: index_table(torch.tensor([float("nan")]), 2), "positions must be finite"),
-        (lambda: index_table(torch.tensor([True]), 2), "positions must be an integer or floating tensor"),
+        (
+            lambda: index_table(torch.tensor([True]), 2),
+            "positions must be an integer or floating tensor",
+        ),
         (lambda: index_table(["x"], 2), "positions must be a tensor of numbers"),
-        (lambda: index_table(torch.arange(3), 2, dtype=torch.int32), "dtype must be a floating-point dtype"),
+        (
+            lambda: index_table(torch.arange(3), 2, dtype=torch.int32),
+            "dtype must be a floating-point dtype",
+        ),
         (lambda: posenc.IndexEmbedding(0), "dim must be >= 1, got 0"),
-        (lambda: posenc.IndexEmbedding(4, normalize="sqrt"), "normalize must be one of None, 'length'"),
+        (
+            lambda: posenc.IndexEmbedding(4, normalize="sqrt"),
+            "normalize must be one of None, 'length'",
+        ),
         (lambda: posenc.IndexEmbedding(4)(torch.zeros(1, 2, 5)), "x must have last dimension 4"),
-        (lambda: posenc.IndexEmbedding(4)(torch.zeros(1, 2, 4, dtype=torch.long)), "x must have a floating-point dtype"),
-        (lambda: posenc.IndexEmbedding(4)(torch.zeros(1, 2, 4), torch.arange(3)), "positions must have length 2"),
+        (
+            lambda: posenc.IndexEmbedding(4)(torch.zeros(1, 2, 4, dtype=torch.long)),
+            "x must have a floating-point dtype",
+        ),
+        (
+            lambda: posenc.IndexEmbedding(4)(torch.zeros(1, 2, 4), torch.arange(3)),
+            "positions must have length 2",
+        ),
         (lambda: posenc.IndexEmbedding(4)(torch.zeros(2, 2, 4), torch.zeros(3, 2)), "b == 2"),
-        (lambda: posenc.IndexEmbedding(4)(torch.zeros(1, 2, 4), torch.tensor([0.0, float("inf")])), "positions must be finite"),
+        (
+            lambda: posenc.IndexEmbedding(4)(
+                torch.zeros(1, 2, 4), torch.tensor([0.0, float("inf")])
+            ),
+            "positions must be finite",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input(call, match):
     with pytest.raises(posenc.PosEncError, match=match):
         call()

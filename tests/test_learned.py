@@ -46,7 +46,11 @@ def test_table_method():
 @pytest.mark.parametrize(
     ("positions", "offset", "match"),
     [
-        (None, 12, r"positions must be in \[0, max_len\) with max_len=16, got values from 12 to 16"),
+        (
+            None,
+            12,
+            r"positions must be in \[0, max_len\) with max_len=16, got values from 12 to 16",
+        ),
         (torch.tensor([0, 1, 2, 3, 16]), 0, r"max_len=16, got values from 0 to 16"),
         (torch.tensor([-1, 0, 1, 2, 3]), 0, r"max_len=16, got values from -1 to 3"),
         (torch.tensor([0, 1, 2, 3, 4]), -1, r"max_len=16, got values from -1 to 3"),
@@ -54,7 +58,7 @@ def test_table_method():
         (torch.tensor([0.0, 1.0, float("nan"), 3.0, 4.0]), 0, "positions must be finite"),
         (torch.tensor([0, 1, 2]), 0, "positions must have length 5"),
     ],
-)  # fmt: skip
+)
 def test_forward_bad_positions(positions, offset, match):
     with pytest.raises(posenc.PosEncError, match=match):
         _module()(torch.zeros(1, 5, 8, dtype=torch.float64), positions, offset=offset)
@@ -154,20 +158,32 @@ def test_from_table_copies():
         (lambda: LearnedEmbedding(0, 4), "max_len must be >= 1, got 0"),
         (lambda: LearnedEmbedding(8, 0), "dim must be >= 1, got 0"),
         (lambda: LearnedEmbedding(8.0, 4), "max_len must be an integer, got 8.0"),
-        (lambda: LearnedEmbedding(10, 4, grid=(3, 4)), r"grid \(3, 4\) with num_prefix_tokens=0 needs 12 rows, got 10"),
+        (
+            lambda: LearnedEmbedding(10, 4, grid=(3, 4)),
+            r"grid \(3, 4\) with num_prefix_tokens=0 needs 12 rows, got 10",
+        ),
         (lambda: LearnedEmbedding(10, 4, grid=(3, 3)), r"needs 9 rows, got 10"),
         (lambda: LearnedEmbedding(9, 4, grid=9), r"grid must be a pair of sizes \(H, W\), got 9"),
-        (lambda: LearnedEmbedding(9, 4, grid=(3, 3, 1)), r"grid must be a pair of sizes \(H, W\), got 3 sizes"),
+        (
+            lambda: LearnedEmbedding(9, 4, grid=(3, 3, 1)),
+            r"grid must be a pair of sizes \(H, W\), got 3 sizes",
+        ),
         (lambda: LearnedEmbedding(9, 4, grid=(0, 3)), r"grid\[0\] must be >= 1, got 0"),
-        (lambda: LearnedEmbedding(4, 4, num_prefix_tokens=4), "num_prefix_tokens must be < the number of rows"),
+        (
+            lambda: LearnedEmbedding(4, 4, num_prefix_tokens=4),
+            "num_prefix_tokens must be < the number of rows",
+        ),
         (lambda: LearnedEmbedding(4, 4, num_prefix_tokens=-1), "num_prefix_tokens must be >= 0"),
         (lambda: LearnedEmbedding(4, 4, dropout=-0.1), "dropout must be >= 0.0"),
         (lambda: LearnedEmbedding(4, 4, init_std=-1.0), "init_std must be >= 0.0"),
         (lambda: LearnedEmbedding(4, 4, dtype=torch.int64), "dtype must be a floating-point dtype"),
         (lambda: LearnedEmbedding.from_table(torch.zeros(4)), r"table must be \[max_len, dim\]"),
-        (lambda: LearnedEmbedding.from_table(torch.zeros(4, 2, dtype=torch.long)), "table must have a floating-point dtype"),
+        (
+            lambda: LearnedEmbedding.from_table(torch.zeros(4, 2, dtype=torch.long)),
+            "table must have a floating-point dtype",
+        ),
     ],
-)  # fmt: skip
+)
 def test_constructor_bad_input(call, match):
     with pytest.raises(posenc.PosEncError, match=match):
         call()
@@ -183,12 +199,15 @@ def test_constructor_bad_input(call, match):
 def test_resample_1d_matches_reference(new_len, prefix, align_corners, dtype):
     pe = LearnedEmbedding(17, 6, num_prefix_tokens=prefix, dtype=dtype)
     new = pe.resample(new_len, align_corners=align_corners)
-    ref = _ref_resample(pe.weight.detach(), new_len, num_prefix_tokens=prefix,
-                        align_corners=align_corners)  # fmt: skip
+    ref = _ref_resample(
+        pe.weight.detach(), new_len, num_prefix_tokens=prefix, align_corners=align_corners
+    )
     assert new.weight.shape == (new_len, 6) and new.weight.dtype == dtype
     assert new.max_len == new_len and new.to_config()["max_len"] == new_len
     # interpolated in float32 (float64 for a float64 table), then rounded to the dtype
-    atol, rtol = {torch.float64: (1e-12, 0), torch.float32: (1e-6, 0), torch.bfloat16: (0, 2**-8)}[dtype]
+    atol, rtol = {torch.float64: (1e-12, 0), torch.float32: (1e-6, 0), torch.bfloat16: (0, 2**-8)}[
+        dtype
+    ]
     torch.testing.assert_close(new.weight.detach().double(), ref, atol=atol, rtol=rtol)
     assert torch.equal(new.weight[:prefix], pe.weight[:prefix])
 
@@ -196,14 +215,23 @@ def test_resample_1d_matches_reference(new_len, prefix, align_corners, dtype):
 @pytest.mark.parametrize("antialias", [True, False])
 @pytest.mark.parametrize("align_corners", [False, True])
 @pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
-@pytest.mark.parametrize(("grid", "new_grid"), [((4, 4), (7, 7)), ((6, 6), (3, 3)), ((3, 5), (5, 2))])
+@pytest.mark.parametrize(
+    ("grid", "new_grid"), [((4, 4), (7, 7)), ((6, 6), (3, 3)), ((3, 5), (5, 2))]
+)
 @pytest.mark.parametrize("prefix", [0, 1, 4])
 def test_resample_2d_matches_reference(prefix, grid, new_grid, mode, align_corners, antialias):
     n = prefix + grid[0] * grid[1]
     pe = _module(n, 5, grid=grid, num_prefix_tokens=prefix)
     new = pe.resample(new_grid, mode=mode, align_corners=align_corners, antialias=antialias)
-    ref = _ref_resample(pe.weight.detach(), new_grid, grid=grid, num_prefix_tokens=prefix,
-                        mode=mode, align_corners=align_corners, antialias=antialias)  # fmt: skip
+    ref = _ref_resample(
+        pe.weight.detach(),
+        new_grid,
+        grid=grid,
+        num_prefix_tokens=prefix,
+        mode=mode,
+        align_corners=align_corners,
+        antialias=antialias,
+    )
     torch.testing.assert_close(new.weight.detach(), ref, atol=1e-12, rtol=0)
     assert new.grid == new_grid and new.max_len == prefix + new_grid[0] * new_grid[1]
     assert new.to_config()["grid"] == list(new_grid)
@@ -212,8 +240,9 @@ def test_resample_2d_matches_reference(prefix, grid, new_grid, mode, align_corne
 
 def test_resample_2d_defaults_are_bicubic_antialiased():
     pe = _module(1 + 36, 4, grid=(6, 6), num_prefix_tokens=1)
-    ref = _ref_resample(pe.weight.detach(), (4, 5), grid=(6, 6), num_prefix_tokens=1,
-                        mode="bicubic", antialias=True)  # fmt: skip
+    ref = _ref_resample(
+        pe.weight.detach(), (4, 5), grid=(6, 6), num_prefix_tokens=1, mode="bicubic", antialias=True
+    )
     torch.testing.assert_close(pe.resample((4, 5)).weight.detach(), ref, atol=1e-12, rtol=0)
 
 
@@ -247,14 +276,17 @@ def test_resample_returns_an_independent_module():
 def test_resample_table_function_on_a_plain_tensor():
     t = torch.tensor([[0.0, 10.0], [2.0, 20.0], [4.0, 30.0]])
     out = resample_table(t, 5, align_corners=True)
-    assert torch.equal(out, torch.tensor([[0.0, 10.0], [1.0, 15.0], [2.0, 20.0], [3.0, 25.0], [4.0, 30.0]]))
+    assert torch.equal(
+        out, torch.tensor([[0.0, 10.0], [1.0, 15.0], [2.0, 20.0], [3.0, 25.0], [4.0, 30.0]])
+    )
 
 
 # --- resampling: the peers -------------------------------------------------------------
 
 
-def _timm_resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens=1,
-                                 interpolation="bicubic", antialias=True):  # fmt: skip
+def _timm_resample_abs_pos_embed(
+    posemb, new_size, old_size, num_prefix_tokens=1, interpolation="bicubic", antialias=True
+):
     """timm.layers.pos_embed.resample_abs_pos_embed, its computation step by step
     (timm is not a dependency): split the prefix, interpolate [1, D, H, W] in float32,
     flatten back, concatenate."""
@@ -266,7 +298,9 @@ def _timm_resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens=1
     return torch.cat([posemb_prefix, posemb], dim=1)
 
 
-@pytest.mark.parametrize(("old", "new"), [((14, 14), (16, 16)), ((14, 14), (7, 10)), ((4, 6), (6, 4))])
+@pytest.mark.parametrize(
+    ("old", "new"), [((14, 14), (16, 16)), ((14, 14), (7, 10)), ((4, 6), (6, 4))]
+)
 @pytest.mark.parametrize("prefix", [1, 5])
 def test_resample_equals_timm(old, new, prefix):
     pe = LearnedEmbedding(prefix + old[0] * old[1], 16, grid=old, num_prefix_tokens=prefix)
@@ -298,7 +332,10 @@ TWO_D = LearnedEmbedding(1 + 9, 4, grid=(3, 3), num_prefix_tokens=1)
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: ONE_D.resample((4, 4)), r"new_len_or_grid must be a length \(an int\) for a 1-D table, got \(4, 4\)"),
+        (
+            lambda: ONE_D.resample((4, 4)),
+            r"new_len_or_grid must be a length \(an int\) for a 1-D table, got \(4, 4\)",
+        ),
         (lambda: ONE_D.resample(1), r"new_len_or_grid must be >= 2, got 1"),
         (lambda: ONE_D.resample(-3), "new_len_or_grid must be >= 2, got -3"),
         (lambda: ONE_D.resample(12.0), "new_len_or_grid must be an integer, got 12.0"),
@@ -308,19 +345,34 @@ TWO_D = LearnedEmbedding(1 + 9, 4, grid=(3, 3), num_prefix_tokens=1)
         (lambda: ONE_D.resample(16, mode="bicubic"), "mode must be one of 'linear', got 'bicubic'"),
         (lambda: ONE_D.resample(16, antialias=True), "antialias applies to 2-D grids only"),
         (lambda: ONE_D.resample(16, align_corners=1), "align_corners must be True or False, got 1"),
-        (lambda: TWO_D.resample(16), r"new_len_or_grid must be a grid \(H', W'\) for a table with grid=\(3, 3\), got 16"),
-        (lambda: TWO_D.resample((4,)), r"new_len_or_grid must be a pair of sizes \(H, W\), got 1 sizes"),
+        (
+            lambda: TWO_D.resample(16),
+            r"new_len_or_grid must be a grid \(H', W'\) for a table with grid=\(3, 3\), got 16",
+        ),
+        (
+            lambda: TWO_D.resample((4,)),
+            r"new_len_or_grid must be a pair of sizes \(H, W\), got 1 sizes",
+        ),
         (lambda: TWO_D.resample((4, 4, 4)), "new_len_or_grid must be a pair of sizes"),
         (lambda: TWO_D.resample((4, 0)), r"new_len_or_grid\[1\] must be >= 1, got 0"),
         (lambda: TWO_D.resample((4, 2.5)), r"new_len_or_grid\[1\] must be an integer, got 2.5"),
         (lambda: TWO_D.resample("44"), r"new_len_or_grid must be a grid \(H', W'\)"),
-        (lambda: TWO_D.resample((4, 4), mode="linear"), "mode must be one of 'bicubic', 'bilinear', got 'linear'"),
+        (
+            lambda: TWO_D.resample((4, 4), mode="linear"),
+            "mode must be one of 'bicubic', 'bilinear', got 'linear'",
+        ),
         (lambda: TWO_D.resample((4, 4), antialias="yes"), "antialias must be True, False or None"),
         (lambda: resample_table(torch.zeros(4), 8), r"table must be \[n, dim\], got shape \(4,\)"),
-        (lambda: resample_table(torch.zeros(4, 2, dtype=torch.long), 8), "table must have a floating-point dtype"),
-        (lambda: resample_table(torch.zeros(5, 2), (3, 3), grid=(2, 2)), r"grid \(2, 2\) .* needs 4 rows, got 5"),
+        (
+            lambda: resample_table(torch.zeros(4, 2, dtype=torch.long), 8),
+            "table must have a floating-point dtype",
+        ),
+        (
+            lambda: resample_table(torch.zeros(5, 2), (3, 3), grid=(2, 2)),
+            r"grid \(2, 2\) .* needs 4 rows, got 5",
+        ),
     ],
-)  # fmt: skip
+)
 def test_resample_bad_target(call, match):
     with pytest.raises(posenc.PosEncError, match=match):
         call()
@@ -330,4 +382,8 @@ def test_resample_errors_leave_the_module_unchanged():
     before = TWO_D.weight.detach().clone()
     with pytest.raises(posenc.PosEncError):
         TWO_D.resample(16)
-    assert torch.equal(TWO_D.weight, before) and TWO_D.max_len == 10 and math.isclose(TWO_D.init_std, 0.02)
+    assert (
+        torch.equal(TWO_D.weight, before)
+        and TWO_D.max_len == 10
+        and math.isclose(TWO_D.init_std, 0.02)
+    )

@@ -20,7 +20,10 @@ CASES = [
     ("decay", lambda **kw: plot.plot_decay(["sinusoidal", "index", "rope", "t5"], 24, **kw)),
     ("decay-one", lambda **kw: plot.plot_decay("alibi", 16, **kw)),
     ("bias", lambda **kw: plot.plot_bias({"name": "t5", "num_heads": 3}, 12, **kw)),
-    ("bias-query-dependent", lambda **kw: plot.plot_bias({"name": "shaw", "num_heads": 2}, 8, **kw)),
+    (
+        "bias-query-dependent",
+        lambda **kw: plot.plot_bias({"name": "shaw", "num_heads": 2}, 8, **kw),
+    ),
     ("clock", lambda **kw: plot.plot_clock_hands("rope", 6, frequencies=[0, 31], **kw)),
 ]
 

@@ -94,23 +94,37 @@ def test_resolve_pair_coords():
         (lambda: positions.resolve_pair(0), "q_len must be >= 1, got 0"),
         (lambda: positions.resolve_pair(2, 0), "k_len must be >= 1, got 0"),
         (lambda: positions.resolve_pair(2, 3, torch.arange(3)), "q_positions must have length 2"),
-        (lambda: positions.resolve_pair(2, 3, None, torch.arange(2)),
-         "k_positions must have length 3"),
+        (
+            lambda: positions.resolve_pair(2, 3, None, torch.arange(2)),
+            "k_positions must have length 3",
+        ),
         (lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2), None, batch=2), "b == 2"),
-        (lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2), torch.zeros(2, 2)),
-         r"same batch size \(or 1\), got shapes \(3, 2\) and \(2, 2\)"),
-        (lambda: positions.resolve_pair(2, 2, None, torch.tensor([0.0, float("nan")])),
-         "k_positions must be finite"),
-        (lambda: positions.resolve_pair(2, 2, None, torch.zeros(2, 3), coords=2),
-         r"k_positions must be \[s, 2\] or \[b, s, 2\]"),
-        (lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2, 2), None, batch=2, coords=2),
-         "must have b == 2"),
-        (lambda: positions.resolve_pair(2, 3, torch.arange(2), torch.arange(2)),
-         "k_positions must have length 3"),
-        (lambda: positions.resolve_pair(3, 3, torch.arange(2), names=("positions", "k")),
-         "^positions must have length 3"),
+        (
+            lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2), torch.zeros(2, 2)),
+            r"same batch size \(or 1\), got shapes \(3, 2\) and \(2, 2\)",
+        ),
+        (
+            lambda: positions.resolve_pair(2, 2, None, torch.tensor([0.0, float("nan")])),
+            "k_positions must be finite",
+        ),
+        (
+            lambda: positions.resolve_pair(2, 2, None, torch.zeros(2, 3), coords=2),
+            r"k_positions must be \[s, 2\] or \[b, s, 2\]",
+        ),
+        (
+            lambda: positions.resolve_pair(2, 2, torch.zeros(3, 2, 2), None, batch=2, coords=2),
+            "must have b == 2",
+        ),
+        (
+            lambda: positions.resolve_pair(2, 3, torch.arange(2), torch.arange(2)),
+            "k_positions must have length 3",
+        ),
+        (
+            lambda: positions.resolve_pair(3, 3, torch.arange(2), names=("positions", "k")),
+            "^positions must have length 3",
+        ),
     ],
-)  # fmt: skip
+)
 def test_resolve_pair_bad_input(call, match):
     with pytest.raises(posenc.PosEncError, match=match):
         call()

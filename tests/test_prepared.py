@@ -40,8 +40,16 @@ def test_prepared_equals_direct_call(case, backend):
     if case == "shaw-values" and backend == "sdpa":
         backend = "auto"  # value-dependent: SDPA refuses it, auto runs it eager
     enc = _build_encoding(spec, num_heads=H, head_dim=D)
-    prep = prepare_encoding(enc, q_len=q_len, k_len=k_len, num_heads=H, head_dim=D, batch=2,
-                            q_positions=qp, k_positions=kp)  # fmt: skip
+    prep = prepare_encoding(
+        enc,
+        q_len=q_len,
+        k_len=k_len,
+        num_heads=H,
+        head_dim=D,
+        batch=2,
+        q_positions=qp,
+        k_positions=kp,
+    )
     assert isinstance(prep, PreparedEncoding) and prep.encoding is enc
     mask = None
     if padding:
@@ -62,8 +70,10 @@ def test_bias_and_mask_computed_once(monkeypatch):
     monkeypatch.setattr(enc, "bias", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     prep = prepare_encoding(enc, q_len=5, num_heads=H, head_dim=D)
     mask = torch.ones(2, 5, dtype=torch.bool)
-    outs = [posenc.attention(*_qkv(), encoding=prep, causal=True, attn_mask=mask,
-                             backend="sdpa") for _ in range(4)]  # fmt: skip
+    outs = [
+        posenc.attention(*_qkv(), encoding=prep, causal=True, attn_mask=mask, backend="sdpa")
+        for _ in range(4)
+    ]
     assert len(calls) == 1 and len(outs) == 4
     # A different mask object, causality or dtype makes a new SDPA mask from the same bias.
     posenc.attention(*_qkv(), encoding=prep, causal=False, attn_mask=mask, backend="sdpa")
@@ -87,7 +97,9 @@ def test_rotation_computed_once_per_dtype(monkeypatch):
     enc = posenc.RotaryEmbedding(D)
     calls = []
     original = enc.rotation
-    monkeypatch.setattr(enc, "rotation", lambda *a, **kw: calls.append(kw["dtype"]) or original(*a, **kw))
+    monkeypatch.setattr(
+        enc, "rotation", lambda *a, **kw: calls.append(kw["dtype"]) or original(*a, **kw)
+    )
     prep = prepare_encoding(enc, q_len=5, num_heads=H, head_dim=D)
     for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.float64, torch.float64):
         posenc.attention(*_qkv(dtype=dtype), encoding=prep, causal=True)
@@ -105,26 +117,45 @@ def _prep(**kw):
 
 
 BAD = {
-    "positions-too": (lambda: posenc.attention(*_qkv(), encoding=_prep(),
-                                               q_positions=torch.arange(5)),
-                      "must be None with a PreparedEncoding"),
-    "lengths": (lambda: posenc.attention(*_qkv(4, 4), encoding=_prep()),
-                "prepared encoding is for q_len=5, k_len=5, got q_len=4, k_len=4"),
-    "batch": (lambda: posenc.attention(*_qkv(), encoding=_prep(k_positions=torch.zeros(3, 5))),
-              "q_positions have batch size 3; q has 2"),
-    "heads": (lambda: posenc.attention(*_qkv(), encoding=prepare_encoding(
-        posenc.ALiBi(H), q_len=5, num_heads=H, head_dim=D).__class__(
-        posenc.ALiBi(H + 1), torch.arange(5), torch.arange(5))), "num_heads=5; it must equal"),
-    "additive": (lambda: prepare_encoding("sinusoidal", q_len=5, num_heads=H, head_dim=D),
-                 "is additive"),
-    "num-heads": (lambda: prepare_encoding("alibi", q_len=5, num_heads=0, head_dim=D),
-                  "num_heads must be >= 1"),
-    "bias-heads": (lambda: prepare_encoding(posenc.ALiBi(2), q_len=5, num_heads=H, head_dim=D),
-                   "num_heads=2; it must equal the number of query heads, 4"),
+    "positions-too": (
+        lambda: posenc.attention(*_qkv(), encoding=_prep(), q_positions=torch.arange(5)),
+        "must be None with a PreparedEncoding",
+    ),
+    "lengths": (
+        lambda: posenc.attention(*_qkv(4, 4), encoding=_prep()),
+        "prepared encoding is for q_len=5, k_len=5, got q_len=4, k_len=4",
+    ),
+    "batch": (
+        lambda: posenc.attention(*_qkv(), encoding=_prep(k_positions=torch.zeros(3, 5))),
+        "q_positions have batch size 3; q has 2",
+    ),
+    "heads": (
+        lambda: posenc.attention(
+            *_qkv(),
+            encoding=prepare_encoding(posenc.ALiBi(H), q_len=5, num_heads=H, head_dim=D).__class__(
+                posenc.ALiBi(H + 1), torch.arange(5), torch.arange(5)
+            ),
+        ),
+        "num_heads=5; it must equal",
+    ),
+    "additive": (
+        lambda: prepare_encoding("sinusoidal", q_len=5, num_heads=H, head_dim=D),
+        "is additive",
+    ),
+    "num-heads": (
+        lambda: prepare_encoding("alibi", q_len=5, num_heads=0, head_dim=D),
+        "num_heads must be >= 1",
+    ),
+    "bias-heads": (
+        lambda: prepare_encoding(posenc.ALiBi(2), q_len=5, num_heads=H, head_dim=D),
+        "num_heads=2; it must equal the number of query heads, 4",
+    ),
     "rotate-bias": (lambda: _prep().rotate(*_qkv()[:2]), "rotate needs a rotary encoding"),
-    "bias-rotary": (lambda: prepare_encoding("rope", q_len=5, num_heads=H, head_dim=D).bias(
-        _qkv()[0], 1.0), "a bias is computed by bias encodings"),
-}  # fmt: skip
+    "bias-rotary": (
+        lambda: prepare_encoding("rope", q_len=5, num_heads=H, head_dim=D).bias(_qkv()[0], 1.0),
+        "a bias is computed by bias encodings",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(BAD))

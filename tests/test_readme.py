@@ -52,7 +52,9 @@ def _table_sessions() -> list[tuple[str, list[str]]]:
     return sessions
 
 
-@pytest.mark.parametrize("session", _table_sessions(), ids=lambda s: s[0] if isinstance(s, tuple) else s)
+@pytest.mark.parametrize(
+    "session", _table_sessions(), ids=lambda s: s[0] if isinstance(s, tuple) else s
+)
 def test_shown_table_output_is_true(session, capsys):
     command, expected = session
     with pytest.raises(SystemExit) as exit_info:
@@ -64,7 +66,9 @@ def test_shown_table_output_is_true(session, capsys):
 
 def test_quickstart_commands_are_make_targets():
     makefile = (README.parent / "Makefile").read_text(encoding="utf-8")
-    commands = [line.split("#")[0].strip() for _, block in _blocks("bash") for line in block.splitlines()]
+    commands = [
+        line.split("#")[0].strip() for _, block in _blocks("bash") for line in block.splitlines()
+    ]
     quickstart = [c for c in commands if c.startswith("make ")]
     assert quickstart[:2] == ["make demo", "make test"]
     for command in quickstart:

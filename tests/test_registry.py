@@ -122,15 +122,23 @@ def test_build_an_instance():
 @pytest.mark.parametrize(
     ("spec", "kwargs", "match"),
     [
-        ("rotary-magic", {}, r"name must be one of 'none', 'sinusoidal', 'learned', 'index'.*got 'rotary-magic'"),
+        (
+            "rotary-magic",
+            {},
+            r"name must be one of 'none', 'sinusoidal', 'learned', 'index'.*got 'rotary-magic'",
+        ),
         ({"dim": 8}, {}, r"config must hold a 'name' key, got keys \['dim'\]"),
         (42, {}, "spec must be a name, a config dict or an encoding, got int"),
         ({"name": 3}, {}, "name must be a string, got 3"),
         ("sinusoidal", {}, r"cannot build 'sinusoidal' from arguments \[\]"),
-        ("sinusoidal", {"dim": 8, "colour": "red"}, r"cannot build 'sinusoidal' from arguments \['colour', 'dim'\]"),
+        (
+            "sinusoidal",
+            {"dim": 8, "colour": "red"},
+            r"cannot build 'sinusoidal' from arguments \['colour', 'dim'\]",
+        ),
         ("sinusoidal", {"dim": 0}, "dim must be >= 1, got 0"),
     ],
-)  # fmt: skip
+)
 def test_build_bad_input(spec, kwargs, match):
     with pytest.raises(posenc.PosEncError, match=match):
         posenc.build(spec, **kwargs)

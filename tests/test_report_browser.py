@@ -48,12 +48,26 @@ def _probe(page: Path, tmp_path: Path) -> dict:
     probed.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"))
     profile = tmp_path / "chromium-profile"
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--no-first-run", f"--user-data-dir={profile}", "--virtual-time-budget=5000",
-         "--dump-dom", probed.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            probed.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     match = re.search(r'<pre id="posenc-probe">(.*?)</pre>', proc.stdout, re.S)
     assert match, f"no probe output (exit {proc.returncode}): {proc.stderr[-2000:]}"
     return json.loads(html.unescape(match.group(1)))
@@ -80,7 +94,9 @@ def test_the_probe_sees_a_broken_image(tmp_path):
     if CHROMIUM is None:
         pytest.skip("headless Chromium not installed (apt-get install chromium); CI installs it")
     page = tmp_path / "broken.html"
-    page.write_text('<html><body><img alt="bad" src="data:image/png;base64,AAAA">'
-                    '<table id="property-table"><tbody></tbody></table></body></html>')  # fmt: skip
+    page.write_text(
+        '<html><body><img alt="bad" src="data:image/png;base64,AAAA">'
+        '<table id="property-table"><tbody></tbody></table></body></html>'
+    )
     found = _probe(page, tmp_path)
     assert found == {"images": 1, "loaded": 0, "broken": ["bad"], "rows": []}

@@ -90,8 +90,10 @@ def test_table_nd_coordinates_and_blocks():
     ref = torch.from_numpy(reference.sinusoidal_table_nd(coords.numpy(), 8, order="cos_sin"))
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
     # axis 0 first, each block the 1-D table of dim / n_axes channels
-    blocks = [posenc.sinusoidal_table(coords[:, a], 4, order="cos_sin", dtype=torch.float64)
-              for a in range(2)]  # fmt: skip
+    blocks = [
+        posenc.sinusoidal_table(coords[:, a], 4, order="cos_sin", dtype=torch.float64)
+        for a in range(2)
+    ]
     assert torch.equal(out, torch.cat(blocks, dim=-1))
 
 
@@ -128,8 +130,9 @@ def _numpy_tutorial_encoding(position: int, d_model: int) -> np.ndarray:
         angle_rates = 1 / np.power(10000, (2 * (i // 2)) / np.float32(d_model))
         return pos * angle_rates
 
-    angle_rads = get_angles(np.arange(position)[:, np.newaxis], np.arange(d_model)[np.newaxis, :],
-                            d_model)  # fmt: skip
+    angle_rads = get_angles(
+        np.arange(position)[:, np.newaxis], np.arange(d_model)[np.newaxis, :], d_model
+    )
     angle_rads[:, 0::2] = np.sin(angle_rads[:, 0::2])
     angle_rads[:, 1::2] = np.cos(angle_rads[:, 1::2])
     return angle_rads[np.newaxis, ...].astype(np.float32)
@@ -230,8 +233,9 @@ def test_module_learnable_scale_gets_a_gradient():
 
 
 def test_module_config_round_trip():
-    pe = posenc.SinusoidalEmbedding(10, base=100.0, layout="half", order="cos_sin", dropout=0.1,
-                                    scale=3.0)  # fmt: skip
+    pe = posenc.SinusoidalEmbedding(
+        10, base=100.0, layout="half", order="cos_sin", dropout=0.1, scale=3.0
+    )
     again = posenc.build(pe.to_config())
     assert isinstance(again, posenc.SinusoidalEmbedding)
     assert again.to_config() == pe.to_config()
@@ -281,8 +285,9 @@ positions_st = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_i
     order=st.sampled_from(ORDERS),
 )
 def test_values_are_bounded(pos, dim, layout, order):
-    out = posenc.sinusoidal_table(torch.tensor(pos, dtype=torch.float64), dim, layout=layout,
-                                  order=order)  # fmt: skip
+    out = posenc.sinusoidal_table(
+        torch.tensor(pos, dtype=torch.float64), dim, layout=layout, order=order
+    )
     assert bool((out.abs() <= 1.0).all())
 
 
@@ -292,9 +297,12 @@ def test_values_are_bounded(pos, dim, layout, order):
     layout=st.sampled_from(LAYOUTS),
 )
 def test_squared_norm_is_half_dim(p, half_dim, layout):
-    out = posenc.sinusoidal_table(torch.tensor([p], dtype=torch.float64), 2 * half_dim,
-                                  layout=layout, dtype=torch.float64)  # fmt: skip
-    torch.testing.assert_close(out.square().sum(), torch.tensor(float(half_dim), dtype=torch.float64))
+    out = posenc.sinusoidal_table(
+        torch.tensor([p], dtype=torch.float64), 2 * half_dim, layout=layout, dtype=torch.float64
+    )
+    torch.testing.assert_close(
+        out.square().sum(), torch.tensor(float(half_dim), dtype=torch.float64)
+    )
 
 
 @given(
@@ -325,32 +333,54 @@ T = posenc.sinusoidal_table
         (lambda: T(torch.arange(3), -2), "dim must be >= 1, got -2"),
         (lambda: T(torch.arange(3), 2.5), "dim must be an integer, got 2.5"),
         (lambda: T(torch.arange(3), True), "dim must be an integer, got True"),
-        (lambda: T(torch.arange(3), 4, layout="diagonal"),
-         "layout must be one of 'interleaved', 'half', got 'diagonal'"),
-        (lambda: T(torch.arange(3), 4, order="sin"), "order must be one of 'sin_cos', 'cos_sin', got 'sin'"),
+        (
+            lambda: T(torch.arange(3), 4, layout="diagonal"),
+            "layout must be one of 'interleaved', 'half', got 'diagonal'",
+        ),
+        (
+            lambda: T(torch.arange(3), 4, order="sin"),
+            "order must be one of 'sin_cos', 'cos_sin', got 'sin'",
+        ),
         (lambda: T(torch.arange(3), 4, base=1.0), "base must be > 1.0, got 1.0"),
         (lambda: T(torch.arange(3), 4, base=float("inf")), "base must be finite"),
         (lambda: T(torch.tensor([0.0, float("nan")]), 4), "positions must be finite"),
         (lambda: T(torch.tensor([float("inf")]), 4), "positions must be finite"),
-        (lambda: T(torch.tensor([True, False]), 4), "positions must be an integer or floating tensor"),
+        (
+            lambda: T(torch.tensor([True, False]), 4),
+            "positions must be an integer or floating tensor",
+        ),
         (lambda: T(["a"], 4), "positions must be a tensor of numbers"),
         (lambda: T(torch.arange(3), 4, dtype=torch.int64), "dtype must be a floating-point dtype"),
         (lambda: T(torch.arange(3), 4, dtype="float32"), "dtype must be a torch.dtype"),
-        (lambda: posenc.sinusoidal_table_nd((2, 3), 5),
-         r"dim must be divisible by the number of axes \(2\), got 5"),
+        (
+            lambda: posenc.sinusoidal_table_nd((2, 3), 5),
+            r"dim must be divisible by the number of axes \(2\), got 5",
+        ),
         (lambda: posenc.sinusoidal_table_nd((2, 0), 4), r"shape\[1\] must be >= 1, got 0"),
-        (lambda: posenc.sinusoidal_table_nd(torch.zeros(3, 0), 4), r"grid coordinates must be \[..., n_axes\]"),
-        (lambda: posenc.sinusoidal_table_nd(torch.tensor([[float("nan"), 0.0]]), 4), "positions must be finite"),
+        (
+            lambda: posenc.sinusoidal_table_nd(torch.zeros(3, 0), 4),
+            r"grid coordinates must be \[..., n_axes\]",
+        ),
+        (
+            lambda: posenc.sinusoidal_table_nd(torch.tensor([[float("nan"), 0.0]]), 4),
+            "positions must be finite",
+        ),
         (lambda: posenc.SinusoidalEmbedding(0), "dim must be >= 1, got 0"),
         (lambda: posenc.SinusoidalEmbedding(8, layout="x"), "layout must be one of"),
         (lambda: posenc.SinusoidalEmbedding(8, dropout=1.5), "dropout must be <= 1.0, got 1.5"),
         (lambda: posenc.SinusoidalEmbedding(8, scale=float("nan")), "scale must be finite"),
-        (lambda: posenc.SinusoidalEmbedding(8, learnable_scale="yes"),
-         "learnable_scale must be one of True, False, got 'yes'"),
-        (lambda: posenc.SinusoidalEmbedding(8)(torch.zeros(1, 3, 8), torch.arange(3), offset=0.5),
-         "offset must be an integer, got 0.5"),
+        (
+            lambda: posenc.SinusoidalEmbedding(8, learnable_scale="yes"),
+            "learnable_scale must be one of True, False, got 'yes'",
+        ),
+        (
+            lambda: posenc.SinusoidalEmbedding(8)(
+                torch.zeros(1, 3, 8), torch.arange(3), offset=0.5
+            ),
+            "offset must be an integer, got 0.5",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input(call, match):
     with pytest.raises(posenc.PosEncError, match=match):
         call()
@@ -363,16 +393,32 @@ PE = posenc.SinusoidalEmbedding(8)
     ("x", "positions", "match"),
     [
         (torch.zeros(2, 3, 7), None, r"x must have last dimension 8, got shape \(2, 3, 7\)"),
-        (torch.zeros(2, 3, 8, dtype=torch.long), None, "x must have a floating-point dtype, got torch.int64"),
+        (
+            torch.zeros(2, 3, 8, dtype=torch.long),
+            None,
+            "x must have a floating-point dtype, got torch.int64",
+        ),
         (torch.zeros(3, 8), None, r"x must be \[b, s, dim\], got shape \(3, 8\)"),
         ([[0.0] * 8], None, "x must be a torch.Tensor, got list"),
-        (torch.zeros(2, 3, 8), torch.arange(4), r"positions must have length 3 .* got shape \(4,\)"),
-        (torch.zeros(2, 3, 8), torch.zeros(3, 3), r"must have b == 2 \(the batch size\) or 1, got shape \(3, 3\)"),
+        (
+            torch.zeros(2, 3, 8),
+            torch.arange(4),
+            r"positions must have length 3 .* got shape \(4,\)",
+        ),
+        (
+            torch.zeros(2, 3, 8),
+            torch.zeros(3, 3),
+            r"must have b == 2 \(the batch size\) or 1, got shape \(3, 3\)",
+        ),
         (torch.zeros(2, 3, 8), torch.zeros(2, 1, 3), r"positions must be \[s\] or \[b, s\]"),
         (torch.zeros(2, 3, 8), torch.tensor([0.0, float("nan"), 1.0]), "positions must be finite"),
-        (torch.zeros(2, 3, 8), torch.tensor([True, False, True]), "positions must be an integer or floating"),
+        (
+            torch.zeros(2, 3, 8),
+            torch.tensor([True, False, True]),
+            "positions must be an integer or floating",
+        ),
     ],
-)  # fmt: skip
+)
 def test_module_bad_input(x, positions, match):
     with pytest.raises(posenc.PosEncError, match=match):
         PE(x, positions)

@@ -97,9 +97,7 @@ def check_dtype(name: str, value: Any, *, floating: bool = True) -> torch.dtype:
 def check_last_dim(name: str, value: torch.Tensor, dim: int) -> None:
     """Raise unless the last dimension of ``value`` is ``dim``."""
     if value.ndim == 0 or value.shape[-1] != dim:
-        raise PosEncError(
-            f"{name} must have last dimension {dim}, got shape {tuple(value.shape)}"
-        )
+        raise PosEncError(f"{name} must have last dimension {dim}, got shape {tuple(value.shape)}")
 
 
 def check_finite(name: str, value: torch.Tensor) -> None:

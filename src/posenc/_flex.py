@@ -50,17 +50,27 @@ def _compiled_flex(device_type: str) -> Callable[..., torch.Tensor]:
 
         def flex_cpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
             return flex_attention(
-                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                q,
+                k,
+                v,
+                score_mod=score_mod,
+                block_mask=block_mask,
+                scale=scale,
                 enable_gqa=enable_gqa,
-            )  # fmt: skip
+            )
 
         return torch.compile(flex_cpu, dynamic=False)
 
     def flex_gpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
         return flex_attention(
-            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+            q,
+            k,
+            v,
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=scale,
             enable_gqa=enable_gqa,
-        )  # fmt: skip
+        )
 
     return torch.compile(flex_gpu)
 
@@ -122,9 +132,13 @@ def _block_mask(
     mb, mh = keep.shape[0], keep.shape[1]
     full = keep.expand(mb, mh, q_len, k_len).contiguous()  # [b|1, h|1, q, k]
     return _create_block_mask(
-        _full_mod(full, shift), None if mb == 1 else mb, None if mh == 1 else mh,
-        q_len, k_len, device=device,
-    )  # fmt: skip
+        _full_mod(full, shift),
+        None if mb == 1 else mb,
+        None if mh == 1 else mh,
+        q_len,
+        k_len,
+        device=device,
+    )
 
 
 def bias_score_mod(bias: torch.Tensor) -> Callable[..., torch.Tensor]:

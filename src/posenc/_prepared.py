@@ -192,9 +192,13 @@ class PreparedEncoding:
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
         if dtype not in self._rotations:
             self._rotations[dtype] = enc.rotation(
-                self.q_len, self.k_len, positions=self.q_positions,
-                k_positions=self.k_positions, device=q.device, dtype=dtype,
-            )  # fmt: skip
+                self.q_len,
+                self.k_len,
+                positions=self.q_positions,
+                k_positions=self.k_positions,
+                device=q.device,
+                dtype=dtype,
+            )
         return enc.rotate(q, k, self._rotations[dtype])
 
     # --- bias ---------------------------------------------------------------------
@@ -210,11 +214,13 @@ class PreparedEncoding:
         get ``q * scale`` and are computed per call, the others once."""
         enc = self._bias_encoding()
         if enc.query_dependent:
-            return _bias_tensor(enc, q, scale, self.q_positions, self.k_positions,
-                                self.q_len, self.k_len)  # fmt: skip
+            return _bias_tensor(
+                enc, q, scale, self.q_positions, self.k_positions, self.q_len, self.k_len
+            )
         if self._bias is None:
-            self._bias = _bias_tensor(enc, q, scale, self.q_positions, self.k_positions,
-                                      self.q_len, self.k_len)  # fmt: skip
+            self._bias = _bias_tensor(
+                enc, q, scale, self.q_positions, self.k_positions, self.q_len, self.k_len
+            )
         return self._bias
 
     def sdpa_mask(

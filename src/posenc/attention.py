@@ -333,9 +333,16 @@ def attention(
             )
     else:
         prep = prepare_encoding(
-            encoding, q_len=q_len, k_len=k_len, num_heads=hq, head_dim=d, batch=b,
-            q_positions=q_positions, k_positions=k_positions, device=q.device,
-        )  # fmt: skip
+            encoding,
+            q_len=q_len,
+            k_len=k_len,
+            num_heads=hq,
+            head_dim=d,
+            batch=b,
+            q_positions=q_positions,
+            k_positions=k_positions,
+            device=q.device,
+        )
     keep = _check_mask(attn_mask, b=b, h=hq, q_len=q_len, k_len=k_len, device=q.device)
 
     if prep is not None and isinstance(prep.encoding, RotaryEncoding):

@@ -130,13 +130,17 @@ class IndexEmbedding(AdditiveEncoding):
         self, positions: torch.Tensor, length: int | None = None, dtype: torch.dtype = torch.float32
     ) -> torch.Tensor:
         """The table at ``positions`` (``[*P]`` -> ``[*P, dim]``); ``length`` for ``normalize``."""
-        return index_table(positions, self.dim, normalize=self.normalize, length=length, dtype=dtype)
+        return index_table(
+            positions, self.dim, normalize=self.normalize, length=length, dtype=dtype
+        )
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
     ) -> torch.Tensor:
         check_embeddings(x, self.dim)
-        pos = _positions.resolve(positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device)
+        pos = _positions.resolve(
+            positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device
+        )
         # L counts the tokens so far; max(.., 1) only matters for an empty first chunk
         length = max(offset + x.shape[1], 1) if self.normalize == "length" else None
         pe = self.table(pos, length, torch.float64)  # [s, dim] or [b, s, dim]

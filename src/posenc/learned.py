@@ -157,7 +157,9 @@ def _resample(
         new_len = check_int(size_name, size, min=prefix + 1)
         mode = check_choice("mode", "linear" if mode is None else mode, MODES_1D)
         if antialias:
-            raise PosEncError("antialias applies to 2-D grids only, got antialias=True for a 1-D table")
+            raise PosEncError(
+                "antialias applies to 2-D grids only, got antialias=True for a 1-D table"
+            )
         out = F.interpolate(
             body.T[None], size=new_len - prefix, mode=mode, align_corners=align_corners
         )  # [1, dim, new_len - prefix]
@@ -171,9 +173,12 @@ def _resample(
         mode = check_choice("mode", "bicubic" if mode is None else mode, MODES_2D)
         body = body.reshape(1, *hw, dim).permute(0, 3, 1, 2)  # [1, dim, H, W]
         out = F.interpolate(
-            body, size=new_hw, mode=mode, align_corners=align_corners,
+            body,
+            size=new_hw,
+            mode=mode,
+            align_corners=align_corners,
             antialias=True if antialias is None else antialias,
-        )  # fmt: skip  # [1, dim, H', W']
+        )  # [1, dim, H', W']
         out = out.permute(0, 2, 3, 1).reshape(new_hw[0] * new_hw[1], dim)  # [H' * W', dim]
     return torch.cat([table[:prefix], out.to(table.dtype)], dim=0)
 
@@ -239,9 +244,13 @@ class LearnedEmbedding(AdditiveEncoding):
         self.weight = nn.Parameter(torch.empty(self.max_len, self.dim, device=device, dtype=dtype))
         self.reset_parameters()
         self._set_config(
-            max_len=self.max_len, dim=self.dim, grid=self.grid,
-            num_prefix_tokens=self.num_prefix_tokens, dropout=dropout, init_std=self.init_std,
-        )  # fmt: skip
+            max_len=self.max_len,
+            dim=self.dim,
+            grid=self.grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            dropout=dropout,
+            init_std=self.init_std,
+        )
 
     def reset_parameters(self) -> None:
         """Draw the weight from ``N(0, init_std^2)``."""
@@ -273,16 +282,24 @@ class LearnedEmbedding(AdditiveEncoding):
         if table.ndim != 2:
             raise PosEncError(f"table must be [max_len, dim], got shape {tuple(table.shape)}")
         module = cls(
-            table.shape[0], table.shape[1], grid=grid, num_prefix_tokens=num_prefix_tokens,
-            dropout=dropout, init_std=init_std, device="meta", dtype=table.dtype,
-        )  # fmt: skip
+            table.shape[0],
+            table.shape[1],
+            grid=grid,
+            num_prefix_tokens=num_prefix_tokens,
+            dropout=dropout,
+            init_std=init_std,
+            device="meta",
+            dtype=table.dtype,
+        )
         module.weight = nn.Parameter(table.detach().clone())
         return module
 
     def _indices(self, positions: torch.Tensor) -> torch.Tensor:
         """Validated long indices into ``weight`` (one host sync, like nn.Embedding's check)."""
         if positions.dtype == torch.bool or positions.is_complex():
-            raise PosEncError(f"positions must be an integer or floating tensor, got {positions.dtype}")
+            raise PosEncError(
+                f"positions must be an integer or floating tensor, got {positions.dtype}"
+            )
         if positions.numel():
             # min, max and "any fractional" come to the host together: one synchronisation
             stats = [positions.min(), positions.max()]
@@ -342,13 +359,22 @@ class LearnedEmbedding(AdditiveEncoding):
         """
         with torch.no_grad():
             table = _resample(
-                self.weight, new_len_or_grid, "new_len_or_grid", self.grid,
-                self.num_prefix_tokens, mode, align_corners, antialias,
-            )  # fmt: skip
+                self.weight,
+                new_len_or_grid,
+                "new_len_or_grid",
+                self.grid,
+                self.num_prefix_tokens,
+                mode,
+                align_corners,
+                antialias,
+            )
         new_grid = None if self.grid is None else _check_grid("new_len_or_grid", new_len_or_grid)
         module = LearnedEmbedding.from_table(
-            table, grid=new_grid, num_prefix_tokens=self.num_prefix_tokens,
-            dropout=self.dropout.p, init_std=self.init_std,
-        )  # fmt: skip
+            table,
+            grid=new_grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            dropout=self.dropout.p,
+            init_std=self.init_std,
+        )
         module.weight.requires_grad_(self.weight.requires_grad)
         return module

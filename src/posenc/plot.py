@@ -112,9 +112,14 @@ def plot_table(
         axes = fig.subplots(1, 2, sharey=True)
         for ax, values, name in zip(axes, (angles.cos(), angles.sin()), ("cos", "sin")):
             im = ax.imshow(
-                _np(values), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest",
+                _np(values),
+                aspect="auto",
+                cmap="RdBu_r",
+                vmin=-1,
+                vmax=1,
+                interpolation="nearest",
                 extent=(-0.5, values.shape[1] - 0.5, bottom_row, top_row),
-            )  # fmt: skip
+            )
             ax.set_title(f"{name}(p * theta_i)")
             ax.set_xlabel("frequency i")
         axes[0].set_ylabel("position p")
@@ -125,9 +130,14 @@ def plot_table(
     ax = fig.subplots()
     top = float(table.abs().max()) or 1.0
     im = ax.imshow(
-        _np(table), aspect="auto", cmap="RdBu_r", vmin=-top, vmax=top, interpolation="nearest",
+        _np(table),
+        aspect="auto",
+        cmap="RdBu_r",
+        vmin=-top,
+        vmax=top,
+        interpolation="nearest",
         extent=(-0.5, table.shape[1] - 0.5, bottom_row, top_row),
-    )  # fmt: skip
+    )
     ax.set_xlabel("channel")
     ax.set_ylabel("position p")
     note = " (adds nothing)" if enc.kind == "none" else ""
@@ -234,8 +244,14 @@ def plot_decay(
                 key = tuple(round(v, 6) for v in curve.bound_normalized)
                 bounds.setdefault(key, []).append(curve.encoding)
         for (key, owners), style in zip(bounds.items(), ["--", ":", "-."] * len(bounds)):
-            ax.plot(similar[0].distances, key, color="0.2", linestyle=style, linewidth=1.0,
-                    label=f"RoFormer bound, shape ({', '.join(owners)})")  # fmt: skip
+            ax.plot(
+                similar[0].distances,
+                key,
+                color="0.2",
+                linestyle=style,
+                linewidth=1.0,
+                label=f"RoFormer bound, shape ({', '.join(owners)})",
+            )
         ax.set_ylim(-1.05, top)
         ax.axhline(0.0, color="0.7", linewidth=0.8)
         ax.set_xlabel("distance k (query at p + k, key at p)")
@@ -298,8 +314,14 @@ def plot_bias(
         if i >= h:
             ax.set_visible(False)
             continue
-        im = ax.imshow(bias_np[i], cmap="viridis", vmin=lo, vmax=hi if hi > lo else lo + 1,
-                       interpolation="nearest", extent=(first, last, last, first))  # fmt: skip
+        im = ax.imshow(
+            bias_np[i],
+            cmap="viridis",
+            vmin=lo,
+            vmax=hi if hi > lo else lo + 1,
+            interpolation="nearest",
+            extent=(first, last, last, first),
+        )
         ax.set_title(f"head {i}", fontsize="small")
         ax.tick_params(labelsize="x-small")
         ax.label_outer()  # tick labels on the outer panels only
@@ -361,9 +383,7 @@ def plot_clock_hands(
         ax.set_aspect("equal")
         ax.set_xticks([])
         ax.set_yticks([])
-        ax.set_title(
-            f"i = {idx[j]}\n{float(theta[idx[j]]):.3g} rad / position", fontsize="small"
-        )
+        ax.set_title(f"i = {idx[j]}\n{float(theta[idx[j]]):.3g} rad / position", fontsize="small")
     fig.suptitle(
         f"{_label(enc)}: one hand per position {int(pos[0])}..{int(pos[-1])} (dark to light)"
     )

@@ -128,7 +128,9 @@ def sinusoidal_table_nd(
     dim = _check_options(dim, base, layout, order)
     if isinstance(grid, torch.Tensor):
         if grid.ndim < 1 or grid.shape[-1] < 1:
-            raise PosEncError(f"grid coordinates must be [..., n_axes], got shape {tuple(grid.shape)}")
+            raise PosEncError(
+                f"grid coordinates must be [..., n_axes], got shape {tuple(grid.shape)}"
+            )
         coords = _positions.as_tensor(grid, device=device)
     else:
         coords = _positions.grid(grid, device=device)
@@ -195,22 +197,33 @@ class SinusoidalEmbedding(AdditiveEncoding):
         else:
             self.scale = scale
         self._set_config(
-            dim=self.dim, base=self.base, layout=layout, order=order, dropout=dropout,
-            scale=scale, learnable_scale=bool(learnable_scale),
-        )  # fmt: skip
+            dim=self.dim,
+            base=self.base,
+            layout=layout,
+            order=order,
+            dropout=dropout,
+            scale=scale,
+            learnable_scale=bool(learnable_scale),
+        )
 
     def table(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The table at ``positions`` (``[*P]`` -> ``[*P, dim]``), float32 by default."""
         return sinusoidal_table(
-            positions, self.dim, base=self.base, layout=self.layout, order=self.order,
+            positions,
+            self.dim,
+            base=self.base,
+            layout=self.layout,
+            order=self.order,
             dtype=dtype,
-        )  # fmt: skip
+        )
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
     ) -> torch.Tensor:
         check_embeddings(x, self.dim)
-        pos = _positions.resolve(positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device)
+        pos = _positions.resolve(
+            positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device
+        )
         pe = self.table(pos, torch.float64)  # [s, dim] or [b, s, dim], exact in float64
         scale = self.scale.double() if isinstance(self.scale, torch.Tensor) else self.scale
         # the sum is formed in float64 and rounded once, to x's dtype: a bf16 model gets

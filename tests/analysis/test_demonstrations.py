@@ -43,8 +43,12 @@ def test_attention_without_positions_is_permutation_equivariant(demo):
     rows = {row.label: row for row in demo.attention}
     assert rows["no positions"].permutation_equivariant
     assert rows["no positions"].max_word_distance < 1e-5 * rows["no positions"].scale
-    for label in ("sinusoidal added to embeddings", "RoPE in attention",
-                  "ALiBi in causal attention", "no positions, causal mask"):  # fmt: skip
+    for label in (
+        "sinusoidal added to embeddings",
+        "RoPE in attention",
+        "ALiBi in causal attention",
+        "no positions, causal mask",
+    ):
         assert not rows[label].permutation_equivariant, label
         assert rows[label].max_word_distance > 0.01 * rows[label].scale, label
     # reversal keeps every |i - j|: a symmetric bias in bidirectional attention cannot see it

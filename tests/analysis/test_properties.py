@@ -94,7 +94,9 @@ def test_bf16_positions_merge_far_positions():
     for c in rounded.collisions:  # every collision is two positions bf16 cannot tell apart
         a, b = torch.tensor([c.a, c.b]).to(torch.bfloat16)
         assert a == b and c.distance == 0.0
-    assert min(c.a for c in rounded.collisions) == 256  # bf16 holds every integer to 256: 257 -> 256
+    assert (
+        min(c.a for c in rounded.collisions) == 256
+    )  # bf16 holds every integer to 256: 257 -> 256
     assert uniqueness("sinusoidal", 1024).unique  # exact positions: all distinct
 
 
@@ -223,7 +225,10 @@ def test_instances_and_configs_are_accepted():
         (lambda: boundedness("nosuch"), "name must be one of"),
         (lambda: boundedness(42), "encoding must be a registry name"),
         (lambda: boundedness({"dim": 4}), "must hold a 'name' key"),
-        (lambda: uniqueness("sinusoidal", (5, 5)), r"non-empty range with start < stop, got \(5, 5\)"),
+        (
+            lambda: uniqueness("sinusoidal", (5, 5)),
+            r"non-empty range with start < stop, got \(5, 5\)",
+        ),
         (lambda: uniqueness("sinusoidal", (10, 2)), "non-empty range"),
         (lambda: uniqueness("sinusoidal", 0), "non-empty range"),
         (lambda: uniqueness("sinusoidal", (1, 2, 3)), r"\(start, stop\) pair"),

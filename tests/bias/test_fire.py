@@ -21,9 +21,13 @@ def reference_bias(fire, q_positions, k_positions):
         t.detach().double().numpy() for t in (first.weight, first.bias, last.weight, last.bias)
     ]
     return ref.fire_bias(
-        q_positions, k_positions, *weights,
-        c=float(fire.c.detach()), threshold=float(fire.threshold.detach()), eps=fire.eps,
-    )  # fmt: skip
+        q_positions,
+        k_positions,
+        *weights,
+        c=float(fire.c.detach()),
+        threshold=float(fire.threshold.detach()),
+        eps=fire.eps,
+    )
 
 
 @pytest.mark.parametrize(
@@ -117,9 +121,13 @@ def test_gradients_reach_every_parameter():
 def test_config_round_trip_and_dtype():
     fire = posenc.build("fire", num_heads=4, mlp_width=8, init_c=0.2, init_threshold=64.0)
     assert fire.to_config() == {
-        "name": "fire", "num_heads": 4, "mlp_width": 8, "init_c": 0.2,
-        "init_threshold": 64.0, "eps": 1e-6,
-    }  # fmt: skip
+        "name": "fire",
+        "num_heads": 4,
+        "mlp_width": 8,
+        "init_c": 0.2,
+        "init_threshold": 64.0,
+        "eps": 1e-6,
+    }
     rebuilt = posenc.build(fire.to_config())
     rebuilt.load_state_dict(fire.state_dict())
     assert torch.equal(rebuilt.bias(5), fire.bias(5))

@@ -119,8 +119,12 @@ def test_flags_and_config():
     assert keys.score_mod(torch.arange(3), torch.arange(3)) is None
     assert keys.rel_v is None and list(keys.state_dict()) == ["rel_k"]
     assert both.to_config() == {
-        "name": "shaw", "num_heads": 4, "head_dim": 8, "max_distance": 5, "values": True,
-    }  # fmt: skip
+        "name": "shaw",
+        "num_heads": 4,
+        "head_dim": 8,
+        "max_distance": 5,
+        "values": True,
+    }
     rebuilt = posenc.build(both.to_config())
     rebuilt.load_state_dict(both.state_dict())
     q = torch.randn(1, 4, 3, 8)

@@ -13,11 +13,18 @@ from posenc.bias import t5_relative_bias
 # (num_buckets, max_distance, bidirectional): T5's defaults, smaller and larger tables,
 # max_distance at its smallest allowed value, odd bucket counts, the fewest buckets.
 OPTIONS = [
-    *[(nb, md, bd) for nb, md in [(32, 128), (16, 64), (8, 16), (64, 256), (10, 20), (6, 100)]
-      for bd in (True, False)],
-    (32, 16, True), (32, 17, False), (19, 16, False), (4, 2, True), (4, 3, False),
+    *[
+        (nb, md, bd)
+        for nb, md in [(32, 128), (16, 64), (8, 16), (64, 256), (10, 20), (6, 100)]
+        for bd in (True, False)
+    ],
+    (32, 16, True),
+    (32, 17, False),
+    (19, 16, False),
+    (4, 2, True),
+    (4, 3, False),
     (2, 2, False),
-]  # fmt: skip
+]
 # Relative positions past max_distance in both directions, and very far ones.
 RELATIVE = torch.cat([torch.arange(-600, 601), torch.tensor([-(10**6), -4097, 4097, 10**6])])
 
@@ -94,9 +101,13 @@ def hf_attention(num_heads, num_buckets, max_distance, bidirectional, weight):
     from transformers.models.t5.modeling_t5 import T5Attention
 
     config = T5Config(
-        d_model=16, d_kv=4, num_heads=num_heads, relative_attention_num_buckets=num_buckets,
-        relative_attention_max_distance=max_distance, is_decoder=not bidirectional,
-    )  # fmt: skip
+        d_model=16,
+        d_kv=4,
+        num_heads=num_heads,
+        relative_attention_num_buckets=num_buckets,
+        relative_attention_max_distance=max_distance,
+        is_decoder=not bidirectional,
+    )
     attention = T5Attention(config, has_relative_attention_bias=True)
     with torch.no_grad():
         attention.relative_attention_bias.weight.copy_(weight)
@@ -222,9 +233,12 @@ def test_config_round_trip():
     assert isinstance(t5, posenc.T5RelativeBias)
     config = t5.to_config()
     assert config == {
-        "name": "t5", "num_heads": 6, "num_buckets": 16, "max_distance": 64,
+        "name": "t5",
+        "num_heads": 6,
+        "num_buckets": 16,
+        "max_distance": 64,
         "bidirectional": False,
-    }  # fmt: skip
+    }
     rebuilt = posenc.build(config)
     rebuilt.load_state_dict(t5.state_dict())
     assert torch.equal(rebuilt.bias(7), t5.bias(7))

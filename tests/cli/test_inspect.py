@@ -37,8 +37,18 @@ def test_inspect_prints_the_property_table(capsys, name, verdicts):
 
 
 def test_inspect_json_holds_every_number(capsys):
-    code, out, _ = run(capsys, "inspect", "rope", "--param", "head_dim=16", "--length", "40",
-                       "--max-distance", "8", "--json")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "inspect",
+        "rope",
+        "--param",
+        "head_dim=16",
+        "--length",
+        "40",
+        "--max-distance",
+        "8",
+        "--json",
+    )
     data = json.loads(out)
     assert code == 0 and data["config"]["head_dim"] == 16
     assert len(data["boundedness"]["norms"]) == 40 and len(data["decay"]["similarity"]) == 9

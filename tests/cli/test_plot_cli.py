@@ -30,8 +30,20 @@ KINDS = [
 @pytest.mark.parametrize(("kind", "args"), KINDS, ids=[f"{k}-{a[1]}" for k, a in KINDS])
 def test_plot_writes_a_png_of_the_requested_size(capsys, tmp_path, kind, args):
     out = tmp_path / f"{kind}.png"
-    code, stdout, err = run(capsys, "plot", kind, *args, "--out", str(out),
-                            "--width", "5", "--height", "3", "--dpi", "40")  # fmt: skip
+    code, stdout, err = run(
+        capsys,
+        "plot",
+        kind,
+        *args,
+        "--out",
+        str(out),
+        "--width",
+        "5",
+        "--height",
+        "3",
+        "--dpi",
+        "40",
+    )
     assert (code, err) == (0, "")
     assert stdout.strip() == f"wrote {out}"
     with Image.open(out) as im:
@@ -57,8 +69,10 @@ def test_plot_writes_svg(capsys, tmp_path):
         (["bias", "-e", "rope", "-o", "{tmp}/x.png"], "must be a bias encoding"),
         (["table", "-e", "rope", "--param", "head_dim", "-o", "{tmp}/x.png"], "KEY=VALUE"),
         (["table", "-e", "rope", "--param", "nope=1", "-o", "{tmp}/x.png"], "cannot build 'rope'"),
-        (["decay", "-e", "sinusoidal", "--max-distance", "0", "-o", "{tmp}/x.png"],
-         "max_distance must be >= 1"),
+        (
+            ["decay", "-e", "sinusoidal", "--max-distance", "0", "-o", "{tmp}/x.png"],
+            "max_distance must be >= 1",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):

@@ -89,8 +89,12 @@ def test_page_has_a_row_per_encoding_and_embeds_every_figure(quick):
     page = (out / "index.html").read_text()
     rows = re.findall(r'<tr class="encoding-row[^"]*" data-encoding="([^"]+)"', page)
     assert rows == registry.names()
-    embedded = dict(re.findall(r'<img src="data:image/png;base64,([^"]+)"[^>]*data-file="([^"]+)"',
-                               page)[i][::-1] for i in range(len(data["figures"])))  # fmt: skip
+    embedded = dict(
+        re.findall(r'<img src="data:image/png;base64,([^"]+)"[^>]*data-file="([^"]+)"', page)[i][
+            ::-1
+        ]
+        for i in range(len(data["figures"]))
+    )
     assert sorted(embedded) == sorted(f["file"] for f in data["figures"])
     for file, b64 in embedded.items():
         assert base64.b64decode(b64) == (out / file).read_bytes()
@@ -102,7 +106,9 @@ def test_validate_report_names_the_first_problem(quick):
     _, data = quick
     broken = copy.deepcopy(data)
     del broken["encodings"][0]["summary"]["bounded"]
-    with pytest.raises(PosEncError, match=r"report\['encodings'\]\[0\]\['summary'\] must hold the key 'bounded'"):
+    with pytest.raises(
+        PosEncError, match=r"report\['encodings'\]\[0\]\['summary'\] must hold the key 'bounded'"
+    ):
         validate_report(broken)
     broken = copy.deepcopy(data)
     broken["settings"]["positions"] = "many"

@@ -48,7 +48,9 @@ def _rows(text: str) -> list[list[float]]:
 def test_worked_example_text(capsys):
     code, out, err = run(capsys, "table", "sinusoidal", "--dim", "4", "--positions", "0:6")
     assert code == 0 and err == ""
-    expected = [[p, math.sin(p), math.cos(p), math.sin(p / 100), math.cos(p / 100)] for p in range(6)]
+    expected = [
+        [p, math.sin(p), math.cos(p), math.sin(p / 100), math.cos(p / 100)] for p in range(6)
+    ]
     np.testing.assert_allclose(_rows(out), expected, atol=5e-5, rtol=0)
     assert "sin ω₀" in out and "cos ω₁" in out
     assert "layout=interleaved" in out and "order=sin_cos" in out and "base=10000" in out
@@ -57,8 +59,22 @@ def test_worked_example_text(capsys):
 @pytest.mark.parametrize("layout", ["interleaved", "half"])
 @pytest.mark.parametrize("order", ["sin_cos", "cos_sin"])
 def test_csv_is_the_reference_exactly(capsys, layout, order):
-    args = ["table", "sinusoidal", "-d", "7", "-p", "-2:3,0.5,1e4", "--layout", layout,
-            "--order", order, "--base", "500", "-f", "csv"]  # fmt: skip
+    args = [
+        "table",
+        "sinusoidal",
+        "-d",
+        "7",
+        "-p",
+        "-2:3,0.5,1e4",
+        "--layout",
+        layout,
+        "--order",
+        order,
+        "--base",
+        "500",
+        "-f",
+        "csv",
+    ]
     code, out, _ = run(capsys, *args)
     assert code == 0
     rows = list(csv.reader(io.StringIO(out)))
@@ -67,12 +83,15 @@ def test_csv_is_the_reference_exactly(capsys, layout, order):
     positions = [float(r[0]) for r in body]
     assert positions == [-2.0, -1.0, 0.0, 1.0, 2.0, 0.5, 10000.0]
     ref = reference.sinusoidal_table(positions, 7, base=500.0, layout=layout, order=order)
-    np.testing.assert_allclose(np.array([[float(v) for v in r[1:]] for r in body]), ref,
-                               atol=1e-12, rtol=0)  # fmt: skip
+    np.testing.assert_allclose(
+        np.array([[float(v) for v in r[1:]] for r in body]), ref, atol=1e-12, rtol=0
+    )
 
 
 def test_csv_header_names_the_channels(capsys):
-    _, out, _ = run(capsys, "table", "sinusoidal", "-d", "5", "-p", "0", "--layout", "half", "-f", "csv")
+    _, out, _ = run(
+        capsys, "table", "sinusoidal", "-d", "5", "-p", "0", "--layout", "half", "-f", "csv"
+    )
     assert out.splitlines()[0] == "position,sin0,sin1,sin2,cos0,cos1"
 
 
@@ -85,12 +104,27 @@ def test_json(capsys):
     assert data["positions"] == [0, 1, 2, 3, 4, 5]
     assert data["columns"] == ["sin0", "cos0", "sin1", "cos1"]
     assert data["frequencies"] == [1.0, 0.01]
-    np.testing.assert_allclose(data["table"], reference.sinusoidal_table(np.arange(6), 4), atol=1e-12, rtol=0)
+    np.testing.assert_allclose(
+        data["table"], reference.sinusoidal_table(np.arange(6), 4), atol=1e-12, rtol=0
+    )
 
 
 def test_digits_and_channels(capsys):
-    code, out, _ = run(capsys, "table", "sinusoidal", "-d", "512", "-p", "1,2", "--channels",
-                       "0:2,510:512", "-f", "csv", "--digits", "3")  # fmt: skip
+    code, out, _ = run(
+        capsys,
+        "table",
+        "sinusoidal",
+        "-d",
+        "512",
+        "-p",
+        "1,2",
+        "--channels",
+        "0:2,510:512",
+        "-f",
+        "csv",
+        "--digits",
+        "3",
+    )
     assert code == 0
     ref = reference.sinusoidal_table([1, 2], 512)[:, [0, 1, 510, 511]]
     rows = list(csv.reader(io.StringIO(out)))
@@ -109,7 +143,9 @@ def test_wide_tables_are_not_squeezed(capsys):
     assert len(rows) == 3 and all(len(r) == 33 for r in rows)
 
 
-@pytest.mark.parametrize(("normalize", "length", "scale"), [(None, None, 1), ("length", None, 5), ("length", "10", 10)])
+@pytest.mark.parametrize(
+    ("normalize", "length", "scale"), [(None, None, 1), ("length", None, 5), ("length", "10", 10)]
+)
 def test_index_table(capsys, normalize, length, scale):
     args = ["table", "index", "-d", "3", "-p", "0:5", "-f", "csv"]
     args += ["--normalize", normalize] if normalize else []
@@ -117,14 +153,18 @@ def test_index_table(capsys, normalize, length, scale):
     code, out, _ = run(capsys, *args)
     assert code == 0
     body = [[float(v) for v in r] for r in list(csv.reader(io.StringIO(out)))[1:]]
-    ref = reference.index_table(np.arange(5), 3, normalize=normalize, length=scale if normalize else None)
+    ref = reference.index_table(
+        np.arange(5), 3, normalize=normalize, length=scale if normalize else None
+    )
     np.testing.assert_array_equal(np.array(body)[:, 1:], ref)
 
 
 def test_index_text(capsys):
     code, out, _ = run(capsys, "table", "index", "-d", "2", "-p", "0:3", "--normalize", "length")
     assert code == 0 and "p/L" in out and "L = 3" in out
-    np.testing.assert_allclose(_rows(out), [[0, 0, 0], [1, 1 / 3, 1 / 3], [2, 2 / 3, 2 / 3]], atol=5e-5)
+    np.testing.assert_allclose(
+        _rows(out), [[0, 0, 0], [1, 1 / 3, 1 / 3], [2, 2 / 3, 2 / 3]], atol=5e-5
+    )
 
 
 def test_help(capsys):
@@ -190,19 +230,37 @@ def test_parse_positions_bad(spec, match):
     [
         (["table", "sinusoidal", "--dim", "0"], "dim must be >= 1, got 0"),
         (["table", "sinusoidal", "--dim", "x"], "Invalid value for '--dim'"),
-        (["table", "sinusoidal", "--layout", "diagonal"], "layout must be one of 'interleaved', 'half', got 'diagonal'"),
-        (["table", "sinusoidal", "--order", "cs"], "order must be one of 'sin_cos', 'cos_sin', got 'cs'"),
+        (
+            ["table", "sinusoidal", "--layout", "diagonal"],
+            "layout must be one of 'interleaved', 'half', got 'diagonal'",
+        ),
+        (
+            ["table", "sinusoidal", "--order", "cs"],
+            "order must be one of 'sin_cos', 'cos_sin', got 'cs'",
+        ),
         (["table", "sinusoidal", "--base", "1"], "base must be > 1.0, got 1.0"),
         (["table", "sinusoidal", "--base", "ten"], "Invalid value for '--base'"),
         (["table", "sinusoidal", "--positions", "0:x"], "positions must be numbers or ranges"),
         (["table", "sinusoidal", "--positions", "3:1"], "is empty"),
-        (["table", "sinusoidal", "--format", "xml"], "format must be one of 'text', 'csv', 'json', got 'xml'"),
+        (
+            ["table", "sinusoidal", "--format", "xml"],
+            "format must be one of 'text', 'csv', 'json', got 'xml'",
+        ),
         (["table", "sinusoidal", "--digits", "-1"], "digits must be >= 0, got -1"),
-        (["table", "sinusoidal", "-d", "4", "--channels", "3:5"], r"channels must be integers in [0, dim) = [0, 4)"),
-        (["table", "sinusoidal", "--normalize", "length"], "--normalize applies to index, not 'sinusoidal'"),
+        (
+            ["table", "sinusoidal", "-d", "4", "--channels", "3:5"],
+            r"channels must be integers in [0, dim) = [0, 4)",
+        ),
+        (
+            ["table", "sinusoidal", "--normalize", "length"],
+            "--normalize applies to index, not 'sinusoidal'",
+        ),
         (["table", "index", "--layout", "half"], "--layout applies to sinusoidal, not 'index'"),
         (["table", "index", "--length", "4"], "--length applies only with --normalize length"),
-        (["table", "index", "--normalize", "max"], "normalize must be one of None, 'length', got 'max'"),
+        (
+            ["table", "index", "--normalize", "max"],
+            "normalize must be one of None, 'length', got 'max'",
+        ),
         (["table", "learned"], "'learned' has no fixed table (its table is trained weights"),
         (["table", "none"], "'none' has no fixed table (it adds nothing)"),
         (["table", "alibi"], "'alibi' has no fixed table (it is a bias encoding"),
@@ -213,7 +271,7 @@ def test_parse_positions_bad(spec, match):
         (["table", "sinusoidal", "extra"], "Got unexpected extra argument"),
         (["tabel"], "No such command 'tabel'"),
     ],
-)  # fmt: skip
+)
 def test_bad_arguments_give_one_line_and_exit_2(capsys, args, message):
     code, out, err = run(capsys, *args)
     assert code == 2
@@ -232,14 +290,31 @@ def test_no_arguments_shows_help_and_exits_2(capsys):
 
 def test_python_dash_m_posenc():
     proc = subprocess.run(
-        [sys.executable, "-m", "posenc", "table", "sinusoidal", "--dim", "4", "--positions", "0:6",
-         "--format", "csv"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "posenc",
+            "table",
+            "sinusoidal",
+            "--dim",
+            "4",
+            "--positions",
+            "0:6",
+            "--format",
+            "csv",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = list(csv.reader(io.StringIO(proc.stdout)))[1:]
-    np.testing.assert_allclose([[float(v) for v in r[1:]] for r in rows],
-                               reference.sinusoidal_table(np.arange(6), 4), atol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(
+        [[float(v) for v in r[1:]] for r in rows],
+        reference.sinusoidal_table(np.arange(6), 4),
+        atol=1e-12,
+    )
 
 
 def test_console_script_error_has_no_traceback():
@@ -247,7 +322,13 @@ def test_console_script_error_has_no_traceback():
     assert script.exists(), "the posenc console script is installed with the package"
     proc = subprocess.run(
         [str(script), "table", "sinusoidal", "--layout", "diagonal"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
-    assert proc.stderr == "posenc: error: layout must be one of 'interleaved', 'half', got 'diagonal'\n"
+    assert (
+        proc.stderr
+        == "posenc: error: layout must be one of 'interleaved', 'half', got 'diagonal'\n"
+    )

@@ -15,8 +15,14 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def check_results(results: dict[str, Any], *, task: str, train_len: int,
-                  eval_lens: list[int], encodings: list[str]) -> None:  # fmt: skip
+def check_results(
+    results: dict[str, Any],
+    *,
+    task: str,
+    train_len: int,
+    eval_lens: list[int],
+    encodings: list[str],
+) -> None:
     """Raise AssertionError unless ``results`` has the documented shape."""
     assert results["task"] == task
     assert results["train_len"] == train_len

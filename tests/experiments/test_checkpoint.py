@@ -120,8 +120,11 @@ def test_a_different_configuration_is_refused_naming_the_difference(tmp_path: Pa
     path = tmp_path / "run.pt"
     ckpt.save_checkpoint(path, _state())
     other = {**CONFIG, "train": {"steps": 20}}
-    with pytest.raises(PosEncError, match=r'different configuration \(train: \{"steps": 10\} '
-                                          r'!= \{"steps": 20\}\)'):  # fmt: skip
+    with pytest.raises(
+        PosEncError,
+        match=r'different configuration \(train: \{"steps": 10\} '
+        r'!= \{"steps": 20\}\)',
+    ):
         ckpt.load_checkpoint(path, config=other)
 
 

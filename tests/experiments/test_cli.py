@@ -16,9 +16,29 @@ from posenc.experiments import run_study
 
 from .schema import check_results
 
-TINY = ["--steps", "3", "--batch-size", "4", "--dim", "16", "--layers", "1", "--heads", "2",
-        "--eval-examples", "8", "--eval-tokens", "256", "--warmup", "1", "--extend", "none",
-        "--finetune-steps", "0", "--quiet"]  # fmt: skip
+TINY = [
+    "--steps",
+    "3",
+    "--batch-size",
+    "4",
+    "--dim",
+    "16",
+    "--layers",
+    "1",
+    "--heads",
+    "2",
+    "--eval-examples",
+    "8",
+    "--eval-tokens",
+    "256",
+    "--warmup",
+    "1",
+    "--extend",
+    "none",
+    "--finetune-steps",
+    "0",
+    "--quiet",
+]
 
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
@@ -30,17 +50,34 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
 
 def test_a_tiny_run_writes_results_and_figure(tmp_path: Path, capsys) -> None:
     loud = [a for a in TINY if a != "--quiet"]  # progress bars on stderr, summary on stdout
-    code, out, err = _run(["lengthgen", "--task", "copy", "--encodings", "none,rope,learned",
-                           "--train-len", "9", "--eval-lens", "L,2L", "--out", str(tmp_path),
-                           "--seed", "3", *loud], capsys)  # fmt: skip
+    code, out, err = _run(
+        [
+            "lengthgen",
+            "--task",
+            "copy",
+            "--encodings",
+            "none,rope,learned",
+            "--train-len",
+            "9",
+            "--eval-lens",
+            "L,2L",
+            "--out",
+            str(tmp_path),
+            "--seed",
+            "3",
+            *loud,
+        ],
+        capsys,
+    )
     assert code == 0
     assert "posenc: error" not in err and "3/3" in err  # every bar reached its last step
     assert "copy: accuracy at each eval length" in out  # the summary table
     assert all(f"│ {name} " in out for name in ("none", "rope", "learned"))
     assert f"wrote {tmp_path / 'results.json'} and {tmp_path / 'lengthgen.png'}" in out
     results = json.loads((tmp_path / "results.json").read_text())
-    check_results(results, task="copy", train_len=9, eval_lens=[9, 18],
-                  encodings=["none", "rope", "learned"])  # fmt: skip
+    check_results(
+        results, task="copy", train_len=9, eval_lens=[9, 18], encodings=["none", "rope", "learned"]
+    )
     assert results["settings"]["train"]["seed"] == 3
     assert (tmp_path / "lengthgen.png").stat().st_size > 1000
 
@@ -70,10 +107,23 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--preset", "huge"], "preset must be one of 'default', 'quick', got 'huge'"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, capsys, args: list[str],
-                                              pattern: str) -> None:  # fmt: skip
-    base = ["lengthgen", "--task", "lm", "--encodings", "rope", "--train-len", "8",
-            "--eval-lens", "8,16", "--out", str(tmp_path / "out"), *TINY]  # fmt: skip
+def test_bad_input_is_one_line_and_exit_code_2(
+    tmp_path: Path, capsys, args: list[str], pattern: str
+) -> None:
+    base = [
+        "lengthgen",
+        "--task",
+        "lm",
+        "--encodings",
+        "rope",
+        "--train-len",
+        "8",
+        "--eval-lens",
+        "8,16",
+        "--out",
+        str(tmp_path / "out"),
+        *TINY,
+    ]
     code, _, err = _run(base + args, capsys)
     _one_line_error(code, err, pattern)
     assert not (tmp_path / "out" / "checkpoints").exists()  # nothing trained
@@ -81,18 +131,45 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path: Path, capsys, args: lis
 
 def test_unwritable_out_dir(tmp_path: Path, capsys) -> None:
     (tmp_path / "file").write_text("")
-    code, _, err = _run(["lengthgen", "--encodings", "rope", "--train-len", "8", "--eval-lens",
-                         "8", "--out", str(tmp_path / "file" / "out"), *TINY], capsys)  # fmt: skip
+    code, _, err = _run(
+        [
+            "lengthgen",
+            "--encodings",
+            "rope",
+            "--train-len",
+            "8",
+            "--eval-lens",
+            "8",
+            "--out",
+            str(tmp_path / "file" / "out"),
+            *TINY,
+        ],
+        capsys,
+    )
     _one_line_error(code, err, r"out_dir '.*file/out' is not writable")
 
 
 def test_resume_from_another_config_or_a_corrupt_checkpoint(tmp_path: Path, capsys) -> None:
-    base = ["lengthgen", "--encodings", "none", "--train-len", "8", "--eval-lens", "8",
-            "--out", str(tmp_path), *TINY]  # fmt: skip
+    base = [
+        "lengthgen",
+        "--encodings",
+        "none",
+        "--train-len",
+        "8",
+        "--eval-lens",
+        "8",
+        "--out",
+        str(tmp_path),
+        *TINY,
+    ]
     assert _run(base, capsys)[0] == 0
     code, _, err = _run([*base, "--resume", "--seed", "1"], capsys)
-    _one_line_error(code, err, r"checkpoint '.*none\.pt' was written by a different "
-                               r"configuration \(train: .*\"seed\": 0.* != .*\"seed\": 1")  # fmt: skip
+    _one_line_error(
+        code,
+        err,
+        r"checkpoint '.*none\.pt' was written by a different "
+        r"configuration \(train: .*\"seed\": 0.* != .*\"seed\": 1",
+    )
     path = tmp_path / "checkpoints" / "none.pt"
     path.write_bytes(path.read_bytes()[:-200])
     code, _, err = _run([*base, "--resume"], capsys)
@@ -106,25 +183,60 @@ def _free_port() -> int:
 
 
 def test_two_process_ddp_run_matches_one_process(tmp_path: Path) -> None:
-    args = ["--task", "copy", "--encodings", "alibi,rope", "--train-len", "9",
-            "--eval-lens", "9,18", "--out", str(tmp_path / "ddp"), *TINY]  # fmt: skip
+    args = [
+        "--task",
+        "copy",
+        "--encodings",
+        "alibi,rope",
+        "--train-len",
+        "9",
+        "--eval-lens",
+        "9,18",
+        "--out",
+        str(tmp_path / "ddp"),
+        *TINY,
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-         "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
-         "-m", "posenc", "lengthgen", *args],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_free_port()}",
+            "-m",
+            "posenc",
+            "lengthgen",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     ddp = json.loads((tmp_path / "ddp" / "results.json").read_text())
     check_results(ddp, task="copy", train_len=9, eval_lens=[9, 18], encodings=["alibi", "rope"])
     assert ddp["environment"]["world_size"] == 2
     # Same global batches, gradients averaged over the two shards: the same training as
     # one process up to float summation order.
-    one = run_study("copy", ["alibi", "rope"], train_len=9, eval_lens=[9, 18], steps=3,
-                    batch_size=4, dim=16, num_layers=1, num_heads=2, eval_examples=8,
-                    warmup=1, extend=(), finetune_steps=0)  # fmt: skip
+    one = run_study(
+        "copy",
+        ["alibi", "rope"],
+        train_len=9,
+        eval_lens=[9, 18],
+        steps=3,
+        batch_size=4,
+        dim=16,
+        num_layers=1,
+        num_heads=2,
+        eval_examples=8,
+        warmup=1,
+        extend=(),
+        finetune_steps=0,
+    )
     for a, b in zip(ddp["runs"], one["runs"]):
         assert a["train"]["final_loss"] == pytest.approx(b["train"]["final_loss"], rel=1e-5)
         for length in ("9", "18"):

@@ -48,8 +48,15 @@ def _blake(rel: str) -> int:
 
 def test_stdlib_files_skips_site_packages_tests_and_caches(tmp_path: Path) -> None:
     _fake_stdlib(tmp_path)
-    expected = ["a.py", "b.py", "c.py", "email/parser.py", "json/__init__.py",
-                "json/decoder.py", "os.py"]  # fmt: skip
+    expected = [
+        "a.py",
+        "b.py",
+        "c.py",
+        "email/parser.py",
+        "json/__init__.py",
+        "json/decoder.py",
+        "os.py",
+    ]
     expected.sort(key=lambda p: (_blake(p), p))
     assert stdlib_files(tmp_path) == expected
 
@@ -79,8 +86,9 @@ def test_corpus_is_the_files_of_each_split_in_hash_order(tmp_path: Path) -> None
 
 def test_corpus_budgets_cut_the_streams(tmp_path: Path) -> None:
     files = _fake_stdlib(tmp_path)
-    corpus = load_stdlib_corpus(root=tmp_path, validation_percent=40, max_train_bytes=15,
-                                max_validation_bytes=5)  # fmt: skip
+    corpus = load_stdlib_corpus(
+        root=tmp_path, validation_percent=40, max_train_bytes=15, max_validation_bytes=5
+    )
     order = stdlib_files(tmp_path)
     train = b"".join(files[r] for r in order if split_of(r, 40) == "train")[:15]
     assert torch.equal(corpus.train, torch.tensor(list(train), dtype=torch.uint8))

@@ -14,8 +14,18 @@ from posenc.models import TinyTransformer
 
 from .schema import check_results
 
-TINY = dict(steps=3, batch_size=4, dim=16, num_layers=1, num_heads=2, eval_tokens=256,
-            eval_examples=8, warmup=1, extend=(), finetune_steps=0)  # fmt: skip
+TINY = dict(
+    steps=3,
+    batch_size=4,
+    dim=16,
+    num_layers=1,
+    num_heads=2,
+    eval_tokens=256,
+    eval_examples=8,
+    warmup=1,
+    extend=(),
+    finetune_steps=0,
+)
 
 
 @pytest.mark.parametrize(
@@ -28,13 +38,14 @@ TINY = dict(steps=3, batch_size=4, dim=16, num_layers=1, num_heads=2, eval_token
         ("addition", 9, ["none", "alibi"]),
     ],
 )
-def test_a_tiny_study_per_task(tmp_path: Path, task: str, train_len: int,
-                               encodings: list[str]) -> None:  # fmt: skip
+def test_a_tiny_study_per_task(
+    tmp_path: Path, task: str, train_len: int, encodings: list[str]
+) -> None:
     eval_lens = [train_len, 2 * train_len]
-    results = run_study(task, encodings, train_len=train_len, eval_lens=eval_lens,
-                        out_dir=tmp_path, **TINY)  # fmt: skip
-    check_results(results, task=task, train_len=train_len, eval_lens=eval_lens,
-                  encodings=encodings)  # fmt: skip
+    results = run_study(
+        task, encodings, train_len=train_len, eval_lens=eval_lens, out_dir=tmp_path, **TINY
+    )
+    check_results(results, task=task, train_len=train_len, eval_lens=eval_lens, encodings=encodings)
     assert json.loads((tmp_path / "results.json").read_text()) == results
     assert (tmp_path / "lengthgen.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for run in results["runs"]:
@@ -54,10 +65,16 @@ def test_a_tiny_study_per_task(tmp_path: Path, task: str, train_len: int,
 
 def test_rope_extensions_with_and_without_a_fine_tune(tmp_path: Path) -> None:
     tiny = {**TINY, "extend": "pi,ntk,yarn", "finetune_steps": 2}
-    results = run_study("lm", ["rope"], train_len=8, eval_lens=[8, 32], out_dir=tmp_path,
-                        **tiny)  # fmt: skip
-    labels = ["rope", "rope+pi", "rope+pi+ft", "rope+ntk", "rope+ntk+ft", "rope+yarn",
-              "rope+yarn+ft"]  # fmt: skip
+    results = run_study("lm", ["rope"], train_len=8, eval_lens=[8, 32], out_dir=tmp_path, **tiny)
+    labels = [
+        "rope",
+        "rope+pi",
+        "rope+pi+ft",
+        "rope+ntk",
+        "rope+ntk+ft",
+        "rope+yarn",
+        "rope+yarn+ft",
+    ]
     check_results(results, task="lm", train_len=8, eval_lens=[8, 32], encodings=labels)
     runs = {r["encoding"]: r for r in results["runs"]}
     assert runs["rope+pi"]["config"]["scaling"] == {"type": "linear", "factor": 4.0}
@@ -73,8 +90,15 @@ def test_rope_extensions_with_and_without_a_fine_tune(tmp_path: Path) -> None:
 
 
 def test_extension_models_load_the_trained_weights(tmp_path: Path) -> None:
-    run_study("copy", ["rope"], train_len=9, eval_lens=[9, 18], out_dir=tmp_path,
-              checkpoint_every=1, **{**TINY, "extend": ["ntk"]})  # fmt: skip
+    run_study(
+        "copy",
+        ["rope"],
+        train_len=9,
+        eval_lens=[9, 18],
+        out_dir=tmp_path,
+        checkpoint_every=1,
+        **{**TINY, "extend": ["ntk"]},
+    )
     state = torch.load(tmp_path / "checkpoints" / "rope.pt", weights_only=True)
     config = json.loads(state["config"])["model"]
     config["encoding"]["scaling"] = {"type": "ntk", "factor": 2.0}
@@ -87,8 +111,9 @@ def test_extension_models_load_the_trained_weights(tmp_path: Path) -> None:
 
 
 def test_random_positions_train_and_evaluate(tmp_path: Path) -> None:
-    results = run_study("copy", ["learned", "rope"], train_len=9, eval_lens=[9, 18, 27],
-                        random_positions=18, **TINY)  # fmt: skip
+    results = run_study(
+        "copy", ["learned", "rope"], train_len=9, eval_lens=[9, 18, 27], random_positions=18, **TINY
+    )
     learned = results["runs"][0]
     assert learned["config"]["max_len"] == 18  # the table covers [0, L_max)
     assert "error" not in learned["eval"]["18"] and "error" in learned["eval"]["27"]
@@ -104,15 +129,21 @@ def test_an_interrupted_study_resumes_to_the_same_results(tmp_path: Path) -> Non
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_study("lm", ["alibi", "rope"], out_dir=tmp_path / "cut", on_event=kill_during_rope,
-                  **args)  # fmt: skip
+        run_study(
+            "lm", ["alibi", "rope"], out_dir=tmp_path / "cut", on_event=kill_during_rope, **args
+        )
     assert not (tmp_path / "cut" / "results.json").exists()
     trained: list[str] = []
     resumed = run_study(
-        "lm", ["alibi", "rope"], out_dir=tmp_path / "cut", resume=True,
-        on_event=lambda kind, f: trained.append(f"{f['label']}:{f['info'].step}")
-        if kind == "step" else None, **args,
-    )  # fmt: skip
+        "lm",
+        ["alibi", "rope"],
+        out_dir=tmp_path / "cut",
+        resume=True,
+        on_event=lambda kind, f: (
+            trained.append(f"{f['label']}:{f['info'].step}") if kind == "step" else None
+        ),
+        **args,
+    )
     assert trained == ["rope:3", "rope:4", "rope:5"]  # alibi was done; rope resumes after 2
     for a, b in zip(whole["runs"], resumed["runs"]):
         assert a["eval"] == b["eval"]
@@ -134,8 +165,11 @@ def _corrupt(path: Path) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(task="sort"), r"task must be one of 'lm', 'copy', 'reverse', 'recall', "
-                            r"'addition', got 'sort'"),
+        (
+            dict(task="sort"),
+            r"task must be one of 'lm', 'copy', 'reverse', 'recall', "
+            r"'addition', got 'sort'",
+        ),
         (dict(encodings=["rope", "fancy"]), r"encoding must be one of 'none', .*got 'fancy'"),
         (dict(encodings=[]), "encodings must name at least one encoding"),
         (dict(encodings=["rope", "rope"]), "encodings must be distinct, got 'rope' twice"),
@@ -151,15 +185,19 @@ def _corrupt(path: Path) -> None:
         (dict(extend=["zoom"]), r"extend must be one of 'pi', 'ntk', 'yarn', got 'zoom'"),
         (dict(finetune_steps=3), "finetune_steps needs extend"),
         (dict(extend=["pi"], eval_lens=[8]), "extend needs an eval length beyond train_len"),
-        (dict(encodings=[{"name": "t5", "max_distance": 64}]),
-         r"t5 max_distance must be <= train_len \(8\): buckets past the training length are "
-         r"never trained, got 64"),
+        (
+            dict(encodings=[{"name": "t5", "max_distance": 64}]),
+            r"t5 max_distance must be <= train_len \(8\): buckets past the training length are "
+            r"never trained, got 64",
+        ),
         (dict(device="tpu"), "device must be one of 'cpu', 'cuda', got 'tpu'"),
         (dict(preset="huge"), "preset must be one of 'default', 'quick', got 'huge'"),
         (dict(resume=True), "resume needs out_dir"),
         (dict(dim=10, num_heads=4), r"dim must be divisible by num_heads \(4\), got 10"),
-        (dict(encodings=["rope", "axial_rope"]),
-         r"encoding 'axial_rope' cannot run on token sequences here: k_positions must be"),
+        (
+            dict(encodings=["rope", "axial_rope"]),
+            r"encoding 'axial_rope' cannot run on token sequences here: k_positions must be",
+        ),
         (dict(encodings=["mrope"]), r"cannot build 'mrope' .*missing .*'sections'"),
     ],
 )
@@ -187,11 +225,14 @@ def test_bad_checkpoints_are_refused_before_training(tmp_path: Path, damage: str
         message = r"checkpoint '.*rope\.pt' is truncated or corrupt"
         changed = args
     else:
-        message = (r"checkpoint '.*none\.pt' was written by a different configuration "
-                   r"\(train: .*\"steps\": 3.* != .*\"steps\": 4")  # fmt: skip
+        message = (
+            r"checkpoint '.*none\.pt' was written by a different configuration "
+            r"\(train: .*\"steps\": 3.* != .*\"steps\": 4"
+        )
         changed = {**args, "steps": 4}
     events: list[str] = []
     with pytest.raises(PosEncError, match=message):
-        run_study("lm", ["none", "rope"], resume=True, on_event=lambda k, f: events.append(k),
-                  **changed)  # fmt: skip
+        run_study(
+            "lm", ["none", "rope"], resume=True, on_event=lambda k, f: events.append(k), **changed
+        )
     assert events == []

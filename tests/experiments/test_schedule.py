@@ -16,8 +16,10 @@ from posenc.experiments.schedule import warmup_cosine
 @pytest.mark.parametrize(("steps", "warmup"), [(10, 0), (10, 3), (7, 7), (1, 0), (2, 1)])
 def test_schedule_matches_the_formula(steps: int, warmup: int) -> None:
     peak, floor = 2e-3, 0.1
-    got = [warmup_cosine(i, steps=steps, peak=peak, warmup=warmup, min_ratio=floor)
-           for i in range(steps)]  # fmt: skip
+    got = [
+        warmup_cosine(i, steps=steps, peak=peak, warmup=warmup, min_ratio=floor)
+        for i in range(steps)
+    ]
     want = []
     for i in range(steps):
         if i < warmup:

@@ -72,7 +72,7 @@ def test_train_batches_follow_the_task_rule(name: str, seq_len: int) -> None:
         assert answer == want
         assert first == start  # the token before the answer predicts its first token
         assert (tokens[len(fed) :] == PAD).all()  # right padding only
-        assert torch.equal(targets[: first], torch.full((first,), IGNORE))
+        assert torch.equal(targets[:first], torch.full((first,), IGNORE))
         sizes.add(task.size_for(len(fed)))
     assert max(sizes) <= task.size_for(seq_len) and min(sizes) >= 1
 
@@ -126,8 +126,9 @@ def test_lm_eval_windows_do_not_overlap_and_ranks_split_them(world: int) -> None
     length = 7
     seen = []
     for rank in range(world):
-        for batch in task.eval_batches(length, seed=0, max_tokens=3 * length, rank=rank,
-                                       world_size=world):  # fmt: skip
+        for batch in task.eval_batches(
+            length, seed=0, max_tokens=3 * length, rank=rank, world_size=world
+        ):
             assert batch.tokens.shape[0] <= 3
             for i, row in zip(batch.index.tolist(), batch.tokens):
                 start = 100 + i * length

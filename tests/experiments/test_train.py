@@ -63,16 +63,23 @@ def test_resumed_run_equals_uninterrupted_run_bit_for_bit(
     resumed_model = _model(encoding, seed=99)  # other weights: the checkpoint replaces them
     steps_seen: list[int] = []
     resumed = train(
-        resumed_model, task, settings, checkpoint=path, config=config, resume=True,
+        resumed_model,
+        task,
+        settings,
+        checkpoint=path,
+        config=config,
+        resume=True,
         on_step=lambda info: steps_seen.append(info.step),
-    )  # fmt: skip
+    )
     assert steps_seen == [4, 5, 6, 7]  # no step lost, none repeated twice in the result
     _assert_state_equal(whole.state_dict(), resumed_model.state_dict())
     assert resumed.final_loss == done.final_loss
     assert resumed.resumed_from == 3 and done.resumed_from is None
     saved_whole = torch.load(tmp_path / "whole.pt", weights_only=True)
     saved_resumed = torch.load(path, weights_only=True)
-    _assert_state_equal(saved_whole["optimizer"]["state"][0], saved_resumed["optimizer"]["state"][0])
+    _assert_state_equal(
+        saved_whole["optimizer"]["state"][0], saved_resumed["optimizer"]["state"][0]
+    )
 
 
 def test_training_is_deterministic_and_learns() -> None:
@@ -95,8 +102,15 @@ def test_a_finished_checkpoint_is_not_trained_again(tmp_path: Path) -> None:
     first = train(model, task, settings, checkpoint=tmp_path / "r.pt", config={})
     again_model = _model(seed=4)
     calls: list[StepInfo] = []
-    again = train(again_model, task, settings, checkpoint=tmp_path / "r.pt", config={},
-                  resume=True, on_step=calls.append)  # fmt: skip
+    again = train(
+        again_model,
+        task,
+        settings,
+        checkpoint=tmp_path / "r.pt",
+        config={},
+        resume=True,
+        on_step=calls.append,
+    )
     assert calls == []
     _assert_state_equal(model.state_dict(), again_model.state_dict())
     assert again.final_loss == first.final_loss and again.seconds == first.seconds
@@ -106,11 +120,23 @@ def test_resume_refuses_another_configuration(tmp_path: Path) -> None:
     task = make_task("copy")
     train(_model(), task, _settings(steps=3), checkpoint=tmp_path / "c.pt", config={"label": "a"})
     with pytest.raises(PosEncError, match=r"different configuration \(train: .*\"steps\": 3"):
-        train(_model(), task, _settings(steps=4), checkpoint=tmp_path / "c.pt",
-              config={"label": "a"}, resume=True)  # fmt: skip
+        train(
+            _model(),
+            task,
+            _settings(steps=4),
+            checkpoint=tmp_path / "c.pt",
+            config={"label": "a"},
+            resume=True,
+        )
     with pytest.raises(PosEncError, match=r'different configuration \(label: "a" != "b"\)'):
-        train(_model(), task, _settings(steps=3), checkpoint=tmp_path / "c.pt",
-              config={"label": "b"}, resume=True)  # fmt: skip
+        train(
+            _model(),
+            task,
+            _settings(steps=3),
+            checkpoint=tmp_path / "c.pt",
+            config={"label": "b"},
+            resume=True,
+        )
     saved = json.loads(torch.load(tmp_path / "c.pt", weights_only=True)["config"])
     assert saved["world_size"] == 1 and saved["train"]["steps"] == 3
 

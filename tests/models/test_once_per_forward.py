@@ -47,8 +47,16 @@ def per_layer_forward(model: TinyTransformer, tokens, positions=None, mask=None)
         if enc.kind == "rotary":
             q, k = enc(q, k, pos, k_positions=pos)
             bias = None
-        out = posenc.attention(q, k, v, encoding=bias, causal=model.causal, q_positions=pos,
-                               k_positions=pos, attn_mask=mask)  # fmt: skip
+        out = posenc.attention(
+            q,
+            k,
+            v,
+            encoding=bias,
+            causal=model.causal,
+            q_positions=pos,
+            k_positions=pos,
+            attn_mask=mask,
+        )
         x = x + attn.proj(out.transpose(1, 2).reshape(b, s, model.dim))
         x = x + block.out(F.gelu(block.fc(block.norm2(x))))
     return (model.norm(x) * model.dim**-0.5) @ model.embed.weight.T
@@ -84,7 +92,9 @@ def test_once_per_forward_and_equal_to_per_layer(name, monkeypatch):
     for method, calls in counted.items():
         expected = LAYERS if method == "bias" and enc.query_dependent else 1
         assert len(calls) == expected, method
-    if not getattr(enc, "query_dependent", False):  # Shaw resolves them in each of its per-layer calls
+    if not getattr(
+        enc, "query_dependent", False
+    ):  # Shaw resolves them in each of its per-layer calls
         assert len(resolved) <= 2  # attention's, and the rotary module's own (not per layer)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 

@@ -70,7 +70,9 @@ def view_of(case: Case, base: torch.Tensor) -> torch.Tensor:
     return base[1:, 1:-1, :-1, ::2]  # sliced: gaps between batches, heads, tokens; stride 2
 
 
-def _tensor(case: Case, heads: int, gen: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _tensor(
+    case: Case, heads: int, gen: torch.Generator, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x, base)``: x in the case's view of a random base buffer."""
     b, s, d = case.batch, case.seq, case.head_dim
     logical = (b, heads, s, d) if case.seq_dim == -2 else (b, s, heads, d)
@@ -115,7 +117,9 @@ def reference(case: Case, x: torch.Tensor, positions: torch.Tensor) -> torch.Ten
     x64 = x.detach().cpu().double()
     if case.seq_dim == -3:
         x64 = x64.transpose(1, 2)
-    out = torch.from_numpy(ref.apply_rotary(np.ascontiguousarray(x64.numpy()), angles, layout=case.layout))
+    out = torch.from_numpy(
+        ref.apply_rotary(np.ascontiguousarray(x64.numpy()), angles, layout=case.layout)
+    )
     return out.transpose(1, 2) if case.seq_dim == -3 else out
 
 
@@ -152,16 +156,26 @@ def check_forward(case: Case, backend: str, device="cpu") -> None:
     q, k, cos, sin, positions, _ = make_inputs(case, device)
     with poisoned_outputs():
         q_out, k_out = fused_rotary(
-            q, k, cos, sin, layout=case.layout, rotary_dim=case.rotary_dim,
-            seq_dim=case.seq_dim, backend=backend,
-        )  # fmt: skip
+            q,
+            k,
+            cos,
+            sin,
+            layout=case.layout,
+            rotary_dim=case.rotary_dim,
+            seq_dim=case.seq_dim,
+            backend=backend,
+        )
     _assert_equal(q_out, plain(case, q, cos, sin), "q vs plain")
-    torch.testing.assert_close(q_out.cpu().double(), reference(case, q, positions), **TOL[case.dtype])
+    torch.testing.assert_close(
+        q_out.cpu().double(), reference(case, q, positions), **TOL[case.dtype]
+    )
     if k is None:
         assert k_out is None
         return
     _assert_equal(k_out, plain(case, k, cos, sin), "k vs plain")
-    torch.testing.assert_close(k_out.cpu().double(), reference(case, k, positions), **TOL[case.dtype])
+    torch.testing.assert_close(
+        k_out.cpu().double(), reference(case, k, positions), **TOL[case.dtype]
+    )
 
 
 def check_inplace(case: Case, backend: str, device="cpu") -> None:
@@ -201,9 +215,12 @@ def check_backward(case: Case, backend: str, device="cpu") -> None:
             q_out, k_out = plain(case, q, cos, sin), plain(case, k, cos, sin)
         gen = torch.Generator().manual_seed(1)
         loss = sum(
-            (out.double() * torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)).sum()
-            for out in (q_out, k_out) if out is not None
-        )  # fmt: skip
+            (
+                out.double() * torch.randn(out.shape, generator=gen, dtype=torch.float64).to(device)
+            ).sum()
+            for out in (q_out, k_out)
+            if out is not None
+        )
         loss.backward()
         grads.append([leaf.grad for leaf in leaves])
     for g_fused, g_plain in zip(*grads):
@@ -218,8 +235,19 @@ def case_param(case: Case):
 # GQA, q alone, both sequence layouts, strided views, per-token and packed positions,
 # every dtype and both layouts.
 SMALL_CASES = [
-    Case(head_dim=d, rotary_dim=r, hq=hq, hk=hk, batch=b, seq=s, layout=layout, dtype=dtype,
-         seq_dim=seq_dim, positions=pos, view=view)
+    Case(
+        head_dim=d,
+        rotary_dim=r,
+        hq=hq,
+        hk=hk,
+        batch=b,
+        seq=s,
+        layout=layout,
+        dtype=dtype,
+        seq_dim=seq_dim,
+        positions=pos,
+        view=view,
+    )
     for (d, r, hq, hk, b, s, seq_dim, pos, view) in [
         (2, 2, 1, 1, 1, 3, -2, "arange", "contiguous"),
         (6, 6, 3, 1, 2, 5, -2, "batched", "contiguous"),

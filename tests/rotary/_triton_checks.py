@@ -57,8 +57,18 @@ def test_triton_head_chunks_and_groups(layout, tile, target, monkeypatch):
 
     monkeypatch.setattr(triton_rope, "_TILE", tile)
     monkeypatch.setattr(triton_rope, "_TARGET_PROGRAMS", target)
-    case = Case(head_dim=20, rotary_dim=16, hq=11, hk=5, batch=1, seq=2, layout=layout,
-                dtype=torch.bfloat16, positions="batched", view="sliced")  # fmt: skip
+    case = Case(
+        head_dim=20,
+        rotary_dim=16,
+        hq=11,
+        hk=5,
+        batch=1,
+        seq=2,
+        layout=layout,
+        dtype=torch.bfloat16,
+        positions="batched",
+        view="sliced",
+    )
     check_forward(case, "triton")
     check_inplace(case, "triton")
 
@@ -67,8 +77,18 @@ def test_triton_head_chunks_and_groups(layout, tile, target, monkeypatch):
 def test_triton_gradcheck_float64(layout):
     # fast_mode: a few random projections of the Jacobian (each launch is slow here);
     # the full backward is compared with plain autograd above.
-    case = Case(head_dim=6, rotary_dim=4, hq=2, hk=1, batch=1, seq=2, layout=layout,
-                dtype=torch.float64, positions="batched", view="transposed")  # fmt: skip
+    case = Case(
+        head_dim=6,
+        rotary_dim=4,
+        hq=2,
+        hk=1,
+        batch=1,
+        seq=2,
+        layout=layout,
+        dtype=torch.float64,
+        positions="batched",
+        view="transposed",
+    )
     q, k, cos, sin, _, _ = make_inputs(case)
     q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
     assert torch.autograd.gradcheck(

@@ -105,8 +105,12 @@ def test_xpos_scale_matches_reference():
 def test_interleaved_matches_rotary_embedding_torch(rotary_dim, seq_dim):
     """rotary-embedding-torch pairs (2i, 2i + 1) and rotates the first `dim` channels."""
     inv_freq, _ = posenc.rope_frequencies(rotary_dim)
-    peer = PeerRotary(rotary_dim, custom_freqs=inv_freq.clone(), cache_if_possible=False,
-                      seq_before_head_dim=seq_dim == -3)  # fmt: skip
+    peer = PeerRotary(
+        rotary_dim,
+        custom_freqs=inv_freq.clone(),
+        cache_if_possible=False,
+        seq_before_head_dim=seq_dim == -3,
+    )
     x = torch.randn(2, 3, 9, HEAD_DIM, dtype=torch.float64)
     if seq_dim == -3:
         x = x.transpose(1, 2)
@@ -133,8 +137,9 @@ def test_torch_twin_equals_public_function():
         torch.testing.assert_close(
             _apply_rotary_torch(x.float(), cos, sin, layout=layout),
             posenc.apply_rotary(x.float(), cos, sin, layout=layout, rotary_dim=8),
-            atol=0, rtol=0,
-        )  # fmt: skip
+            atol=0,
+            rtol=0,
+        )
 
 
 @settings(max_examples=25)
@@ -168,8 +173,10 @@ def test_score_depends_only_on_offset(layout, m, n, shift, seed):
     def score(a, b):
         cq, sq = posenc.rotary_cos_sin(torch.tensor([a]), inv_freq, dtype=torch.float64)
         ck, sk = posenc.rotary_cos_sin(torch.tensor([b]), inv_freq, dtype=torch.float64)
-        return (posenc.apply_rotary(q, cq, sq, layout=layout)
-                * posenc.apply_rotary(k, ck, sk, layout=layout)).sum()  # fmt: skip
+        return (
+            posenc.apply_rotary(q, cq, sq, layout=layout)
+            * posenc.apply_rotary(k, ck, sk, layout=layout)
+        ).sum()
 
     torch.testing.assert_close(score(m + shift, n + shift), score(m, n), atol=1e-9, rtol=1e-9)
 
@@ -193,22 +200,37 @@ def _bad_apply(**change):
         (_bad_apply(sin=torch.ones(3, 2)), r"cos and sin must have the same shape"),
         (_bad_apply(cos=torch.ones(2, 3, 4), sin=torch.ones(2, 3, 4)), r"b == 1 .* or 1"),
         (_bad_apply(rotary_dim=5), r"rotary_dim must equal 2 \* cos.shape\[-1\] = 8, got 5"),
-        (_bad_apply(cos=torch.ones(3, 6), sin=torch.ones(3, 6)), r"rotary_dim must be <= .* 8, got 12"),
-        (lambda: posenc.rotary_cos_sin(torch.tensor([0.0, float("nan")]), torch.ones(2)),
-         "positions must be finite"),
-        (lambda: posenc.rotary_cos_sin(torch.tensor([True]), torch.ones(2)),
-         "positions must be an integer or floating tensor"),
+        (
+            _bad_apply(cos=torch.ones(3, 6), sin=torch.ones(3, 6)),
+            r"rotary_dim must be <= .* 8, got 12",
+        ),
+        (
+            lambda: posenc.rotary_cos_sin(torch.tensor([0.0, float("nan")]), torch.ones(2)),
+            "positions must be finite",
+        ),
+        (
+            lambda: posenc.rotary_cos_sin(torch.tensor([True]), torch.ones(2)),
+            "positions must be an integer or floating tensor",
+        ),
         (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.ones(2, 2)), "inv_freq must be 1-D"),
-        (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.tensor([1.0, float("nan")])),
-         "inv_freq must be finite"),
-        (lambda: posenc.rotary_cos_sin(torch.arange(3), torch.ones(2), dtype=torch.int32),
-         "dtype must be a floating-point dtype, got torch.int32"),
-        (lambda: posenc.rotary_cos_sin(torch.zeros(3, 2), torch.ones(4), sections=(1, 2)),
-         r"sections must sum to rotary_dim / 2 = 4, got \[1, 2\]"),
-        (lambda: posenc.rotary_cos_sin(torch.zeros(3, 3), torch.ones(4), sections=(2, 2)),
-         r"positions must be \[..., s, 2\]"),
+        (
+            lambda: posenc.rotary_cos_sin(torch.arange(3), torch.tensor([1.0, float("nan")])),
+            "inv_freq must be finite",
+        ),
+        (
+            lambda: posenc.rotary_cos_sin(torch.arange(3), torch.ones(2), dtype=torch.int32),
+            "dtype must be a floating-point dtype, got torch.int32",
+        ),
+        (
+            lambda: posenc.rotary_cos_sin(torch.zeros(3, 2), torch.ones(4), sections=(1, 2)),
+            r"sections must sum to rotary_dim / 2 = 4, got \[1, 2\]",
+        ),
+        (
+            lambda: posenc.rotary_cos_sin(torch.zeros(3, 3), torch.ones(4), sections=(2, 2)),
+            r"positions must be \[..., s, 2\]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input(call, match):
     with pytest.raises(PosEncError, match=match):
         call()

@@ -53,49 +53,75 @@ TF_CASES: dict[str, dict] = {
     "dynamic": {"rope_type": "dynamic", "factor": 3.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
     "yarn-untruncated": {
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL,
         "truncate": False,
     },
     "yarn-truncate-none": {  # transformers reads truncate=None as false
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL,
         "truncate": None,
     },
     "yarn-mscale-ratio": {
-        "rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": ORIGINAL,
-        "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16, "beta_slow": 2,
+        "rope_type": "yarn",
+        "factor": 40.0,
+        "original_max_position_embeddings": ORIGINAL,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 16,
+        "beta_slow": 2,
     },
     "yarn-mscale-only": {  # mscale alone is ignored by transformers: 0.1 ln(factor) + 1
-        "rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": ORIGINAL,
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": ORIGINAL,
         "mscale": 0.707,
     },
     "yarn-attention-factor": {
-        "rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": ORIGINAL,
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": ORIGINAL,
         "attention_factor": 0.75,
     },
     "yarn-factor-none": {  # DeepSeek style: factor = max_position / original
-        "rope_type": "yarn", "factor": None, "original_max_position_embeddings": ORIGINAL,
+        "rope_type": "yarn",
+        "factor": None,
+        "original_max_position_embeddings": ORIGINAL,
     },
     "yarn-ramp-clamped": {  # high bound past dim/2: transformers clamps at dim - 1
-        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2**20,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 2**20,
         "beta_slow": 0.25,
     },
     "longrope": {
-        "rope_type": "longrope", "factor": 4.0, "original_max_position_embeddings": ORIGINAL,
+        "rope_type": "longrope",
+        "factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL,
         **_longrope_factors(HEAD_DIM),
     },
     "longrope-factor-none": {  # Phi-3 style: attention scale from max_position / original
-        "rope_type": "longrope", "original_max_position_embeddings": ORIGINAL,
+        "rope_type": "longrope",
+        "original_max_position_embeddings": ORIGINAL,
         **_longrope_factors(HEAD_DIM),
     },
     "longrope-attention-factor": {
-        "rope_type": "longrope", "factor": 4.0, "attention_factor": 1.3,
-        "original_max_position_embeddings": ORIGINAL, **_longrope_factors(HEAD_DIM),
+        "rope_type": "longrope",
+        "factor": 4.0,
+        "attention_factor": 1.3,
+        "original_max_position_embeddings": ORIGINAL,
+        **_longrope_factors(HEAD_DIM),
     },
     "llama3": {
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
         "original_max_position_embeddings": ORIGINAL,
     },
-}  # fmt: skip
+}
 
 
 def _tf_config(rope_parameters: dict, *, base: float, partial: float | None = None):
@@ -105,9 +131,12 @@ def _tf_config(rope_parameters: dict, *, base: float, partial: float | None = No
     if partial is not None:
         params["partial_rotary_factor"] = partial
     return LlamaConfig(
-        hidden_size=HEAD_DIM * 2, num_attention_heads=2, head_dim=HEAD_DIM,
-        max_position_embeddings=MAX_POS, rope_parameters=params,
-    )  # fmt: skip
+        hidden_size=HEAD_DIM * 2,
+        num_attention_heads=2,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POS,
+        rope_parameters=params,
+    )
 
 
 def _ours(rope_parameters: dict) -> dict:
@@ -143,8 +172,13 @@ def test_matches_transformers(case: str, base: float) -> None:
             HEAD_DIM, base=base, scaling=_ours(TF_CASES[case]), seq_len=seq_len
         )
         assert inv_freq.dtype == torch.float64 and inv_freq.shape == (HEAD_DIM // 2,)
-        torch.testing.assert_close(inv_freq, expected.double(), rtol=TF_RTOL, atol=0,
-                                   msg=lambda m, s=seq_len: f"seq_len={s}: {m}")  # fmt: skip
+        torch.testing.assert_close(
+            inv_freq,
+            expected.double(),
+            rtol=TF_RTOL,
+            atol=0,
+            msg=lambda m, s=seq_len: f"seq_len={s}: {m}",
+        )
         assert scale == pytest.approx(expected_scale, rel=1e-12), f"seq_len={seq_len}"
 
 
@@ -194,8 +228,9 @@ OWN_CASES: dict[str, object] = {
     "ntk": {"type": "ntk", "factor": 4.0},
     "ntk-dataclass": NTKScaling(factor=2.5),
     "linear-dataclass": LinearScaling(factor=1.5),
-    "llama3-real": Llama3Scaling(factor=8, low_freq_factor=1, high_freq_factor=4,
-                                 original_max_position=8192),
+    "llama3-real": Llama3Scaling(
+        factor=8, low_freq_factor=1, high_freq_factor=4, original_max_position=8192
+    ),
 }
 
 
@@ -207,7 +242,9 @@ def test_matches_reference(case: str, dim: int) -> None:
         scaling = {**scaling, **_longrope_factors(dim)}
     for base in (10000.0, 1e6):
         for seq_len in SEQ_LENS:
-            inv_freq, scale = posenc.rope_frequencies(dim, base=base, scaling=scaling, seq_len=seq_len)
+            inv_freq, scale = posenc.rope_frequencies(
+                dim, base=base, scaling=scaling, seq_len=seq_len
+            )
             expected, expected_scale = _reference(dim, base, scaling, seq_len)
             torch.testing.assert_close(inv_freq, expected, rtol=REF_RTOL, atol=0)
             assert scale == pytest.approx(expected_scale, rel=1e-14)
@@ -229,13 +266,20 @@ factors = st.floats(1.0, 64.0)
 @given(dim=dims, base=bases, factor=factors)
 def test_linear_is_default_over_factor(dim: int, base: float, factor: float) -> None:
     plain, _ = posenc.rope_frequencies(dim, base=base)
-    inv_freq, scale = posenc.rope_frequencies(dim, base=base, scaling={"type": "linear", "factor": factor})
+    inv_freq, scale = posenc.rope_frequencies(
+        dim, base=base, scaling={"type": "linear", "factor": factor}
+    )
     torch.testing.assert_close(inv_freq, plain / factor, rtol=1e-15, atol=0)
     assert scale == 1.0
 
 
-@given(dim=dims, base=bases, factor=factors, max_position=st.integers(1, 10**6),
-       seq_len=st.integers(-10, 10**6))  # fmt: skip
+@given(
+    dim=dims,
+    base=bases,
+    factor=factors,
+    max_position=st.integers(1, 10**6),
+    seq_len=st.integers(-10, 10**6),
+)
 def test_dynamic_is_unscaled_within_max_position(dim, base, factor, max_position, seq_len) -> None:
     scaling = DynamicScaling(factor=factor, max_position=max_position)
     plain, _ = posenc.rope_frequencies(dim, base=base)
@@ -246,16 +290,17 @@ def test_dynamic_is_unscaled_within_max_position(dim, base, factor, max_position
     assert torch.equal(before, plain)
 
 
-@given(dim=dims.filter(lambda d: d >= 4), base=bases, factor=factors,
-       ratio=st.floats(1.0, 50.0))  # fmt: skip
+@given(dim=dims.filter(lambda d: d >= 4), base=bases, factor=factors, ratio=st.floats(1.0, 50.0))
 def test_dynamic_is_ntk_with_the_length_dependent_factor(dim, base, factor, ratio) -> None:
     """Dynamic NTK at seq_len = ratio * max_position is static NTK with factor f * ratio - (f - 1)."""
     max_position = 1000
     seq_len = ratio * max_position
     dynamic, _ = posenc.rope_frequencies(
-        dim, base=base, scaling=DynamicScaling(factor=factor, max_position=max_position),
+        dim,
+        base=base,
+        scaling=DynamicScaling(factor=factor, max_position=max_position),
         seq_len=seq_len,
-    )  # fmt: skip
+    )
     ntk, _ = posenc.rope_frequencies(
         dim, base=base, scaling=NTKScaling(factor=factor * ratio - (factor - 1))
     )
@@ -290,8 +335,13 @@ def test_longrope_switches_once_the_largest_position_reaches_the_original_contex
     short = plain / torch.tensor(scaling.short_factor, dtype=torch.float64)
     long = plain / torch.tensor(scaling.long_factor, dtype=torch.float64)
     # seq_len = largest position + 1: position ORIGINAL - 1 is short, position ORIGINAL is long
-    for seq_len, expected in [(None, short), (1, short), (ORIGINAL, short),
-                              (ORIGINAL + 1, long), (10**7, long)]:  # fmt: skip
+    for seq_len, expected in [
+        (None, short),
+        (1, short),
+        (ORIGINAL, short),
+        (ORIGINAL + 1, long),
+        (10**7, long),
+    ]:
         inv_freq, scale = posenc.rope_frequencies(8, scaling=scaling, seq_len=seq_len)
         torch.testing.assert_close(inv_freq, expected, rtol=1e-15, atol=0)
         assert scale == math.sqrt(1 + math.log(4.0) / math.log(ORIGINAL))
@@ -332,13 +382,24 @@ def test_config_round_trip(case: str) -> None:
 
 def test_parse_accepts_both_spellings() -> None:
     ours = {"type": "yarn", "factor": 4, "original_max_position": 1024, "beta_fast": 16}
-    theirs = {"rope_type": "yarn", "type": "yarn", "factor": 4.0,
-              "original_max_position_embeddings": 1024, "beta_fast": 16}  # fmt: skip
-    assert parse_scaling(ours) == parse_scaling(theirs) == YarnScaling(
-        factor=4.0, original_max_position=1024, beta_fast=16.0
+    theirs = {
+        "rope_type": "yarn",
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 1024,
+        "beta_fast": 16,
+    }
+    assert (
+        parse_scaling(ours)
+        == parse_scaling(theirs)
+        == YarnScaling(factor=4.0, original_max_position=1024, beta_fast=16.0)
     )
-    assert parse_scaling({"type": "su", "original_max_position": 8, "factor": 2,
-                          **_longrope_factors(4)}).type == "longrope"  # fmt: skip
+    assert (
+        parse_scaling(
+            {"type": "su", "original_max_position": 8, "factor": 2, **_longrope_factors(4)}
+        ).type
+        == "longrope"
+    )
     assert parse_scaling(None) is None and parse_scaling({"rope_type": "default"}) is None
     params = LinearScaling(factor=2)
     assert parse_scaling(params) is params
@@ -352,64 +413,206 @@ BAD_SCALINGS = [
     ("not-a-dict", "linear", "scaling must be None, a dict"),
     ("no-type", {"factor": 2.0}, "must hold a 'type'"),
     ("type-disagrees", {"type": "linear", "rope_type": "yarn", "factor": 2}, "disagree"),
-    ("unknown-type", {"type": "xpos", "factor": 2}, "scaling type must be one of 'default', 'linear'"),
-    ("unknown-key", {"type": "linear", "factor": 2, "fator": 3}, "unknown key 'fator'; allowed: factor"),
+    (
+        "unknown-type",
+        {"type": "xpos", "factor": 2},
+        "scaling type must be one of 'default', 'linear'",
+    ),
+    (
+        "unknown-key",
+        {"type": "linear", "factor": 2, "fator": 3},
+        "unknown key 'fator'; allowed: factor",
+    ),
     ("rope-theta", {"type": "linear", "factor": 2, "rope_theta": 1e4}, "pass it as base="),
-    ("duplicate-alias", {"type": "yarn", "factor": 2, "original_max_position": 8,
-                         "original_max_position_embeddings": 8}, "twice"),
+    (
+        "duplicate-alias",
+        {
+            "type": "yarn",
+            "factor": 2,
+            "original_max_position": 8,
+            "original_max_position_embeddings": 8,
+        },
+        "twice",
+    ),
     ("default-with-params", {"type": "default", "factor": 2}, "takes no parameters"),
     ("linear-missing-factor", {"type": "linear"}, "missing required key.*'factor'"),
-    ("linear-factor-below-1", {"type": "linear", "factor": 0.5}, r"linear scaling factor must be >= 1.0, got 0.5"),
+    (
+        "linear-factor-below-1",
+        {"type": "linear", "factor": 0.5},
+        r"linear scaling factor must be >= 1.0, got 0.5",
+    ),
     ("linear-factor-string", {"type": "linear", "factor": "2"}, "factor must be a number"),
     ("linear-factor-nan", {"type": "linear", "factor": float("nan")}, "factor must be finite"),
     ("ntk-factor-below-1", {"type": "ntk", "factor": 0.9}, "ntk scaling factor must be >= 1.0"),
-    ("dynamic-missing-max", {"type": "dynamic", "factor": 2}, "missing required key.*'max_position'"),
-    ("dynamic-max-zero", {"type": "dynamic", "factor": 2, "max_position": 0}, "max_position must be >= 1"),
-    ("dynamic-factor-below-1", {"type": "dynamic", "factor": 0, "max_position": 8}, "factor must be >= 1.0"),
-    ("yarn-missing-original", {"type": "yarn", "factor": 2}, "missing required key.*'original_max_position'"),
-    ("yarn-no-factor", {"type": "yarn", "original_max_position": 8}, "needs factor, or max_position"),
-    ("yarn-factor-below-1", {"type": "yarn", "factor": 0.5, "original_max_position": 8}, "factor must be >= 1.0"),
-    ("yarn-derived-factor-below-1", {"type": "yarn", "original_max_position": 8, "max_position": 4},
-     "factor must be >= 1.0, got 0.5"),
-    ("yarn-beta-order", {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_fast": 1,
-                         "beta_slow": 2}, "beta_fast must be >= beta_slow"),
-    ("yarn-beta-zero", {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_slow": 0},
-     "beta_slow must be > 0.0"),
-    ("yarn-attention-zero", {"type": "yarn", "factor": 2, "original_max_position": 8,
-                             "attention_factor": 0.0}, "attention_factor must be > 0.0"),
-    ("yarn-mscale-negative", {"type": "yarn", "factor": 2, "original_max_position": 8, "mscale": -1},
-     "mscale must be >= 0.0"),
-    ("yarn-truncate-string", {"type": "yarn", "factor": 2, "original_max_position": 8,
-                              "truncate": "yes"}, "truncate must be True or False"),
-    ("yarn-original-float", {"type": "yarn", "factor": 2, "original_max_position": 8.5},
-     "original_max_position must be an integer"),
-    ("longrope-missing-long", {"type": "longrope", "short_factor": [1.0], "original_max_position": 8,
-                               "factor": 2}, "missing required key.*'long_factor'"),
-    ("longrope-no-factor", {"type": "longrope", **LR, "original_max_position": 8}, "needs factor, or max_position"),
-    ("longrope-lengths", {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0, 2.0],
-                          "original_max_position": 8, "factor": 2}, "same length, got 1 and 2"),
-    ("longrope-empty", {"type": "longrope", "short_factor": [], "long_factor": [],
-                        "original_max_position": 8, "factor": 2}, "non-empty list"),
-    ("longrope-not-list", {"type": "longrope", "short_factor": 1.0, "long_factor": [1.0],
-                           "original_max_position": 8, "factor": 2}, "short_factor must be a non-empty list"),
-    ("longrope-nonpositive", {"type": "longrope", "short_factor": [1.0, 0.0], "long_factor": [1.0, 2.0],
-                              "original_max_position": 8, "factor": 2}, r"short_factor\[1\] must be > 0.0"),
-    ("longrope-factor-below-1", {"type": "longrope", **LR, "original_max_position": 8, "factor": 0.5},
-     "factor must be >= 1.0"),
-    ("longrope-max-below-original", {"type": "longrope", **LR, "original_max_position": 8,
-                                     "max_position": 4}, "max_position must be >= original_max_position"),
+    (
+        "dynamic-missing-max",
+        {"type": "dynamic", "factor": 2},
+        "missing required key.*'max_position'",
+    ),
+    (
+        "dynamic-max-zero",
+        {"type": "dynamic", "factor": 2, "max_position": 0},
+        "max_position must be >= 1",
+    ),
+    (
+        "dynamic-factor-below-1",
+        {"type": "dynamic", "factor": 0, "max_position": 8},
+        "factor must be >= 1.0",
+    ),
+    (
+        "yarn-missing-original",
+        {"type": "yarn", "factor": 2},
+        "missing required key.*'original_max_position'",
+    ),
+    (
+        "yarn-no-factor",
+        {"type": "yarn", "original_max_position": 8},
+        "needs factor, or max_position",
+    ),
+    (
+        "yarn-factor-below-1",
+        {"type": "yarn", "factor": 0.5, "original_max_position": 8},
+        "factor must be >= 1.0",
+    ),
+    (
+        "yarn-derived-factor-below-1",
+        {"type": "yarn", "original_max_position": 8, "max_position": 4},
+        "factor must be >= 1.0, got 0.5",
+    ),
+    (
+        "yarn-beta-order",
+        {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_fast": 1, "beta_slow": 2},
+        "beta_fast must be >= beta_slow",
+    ),
+    (
+        "yarn-beta-zero",
+        {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_slow": 0},
+        "beta_slow must be > 0.0",
+    ),
+    (
+        "yarn-attention-zero",
+        {"type": "yarn", "factor": 2, "original_max_position": 8, "attention_factor": 0.0},
+        "attention_factor must be > 0.0",
+    ),
+    (
+        "yarn-mscale-negative",
+        {"type": "yarn", "factor": 2, "original_max_position": 8, "mscale": -1},
+        "mscale must be >= 0.0",
+    ),
+    (
+        "yarn-truncate-string",
+        {"type": "yarn", "factor": 2, "original_max_position": 8, "truncate": "yes"},
+        "truncate must be True or False",
+    ),
+    (
+        "yarn-original-float",
+        {"type": "yarn", "factor": 2, "original_max_position": 8.5},
+        "original_max_position must be an integer",
+    ),
+    (
+        "longrope-missing-long",
+        {"type": "longrope", "short_factor": [1.0], "original_max_position": 8, "factor": 2},
+        "missing required key.*'long_factor'",
+    ),
+    (
+        "longrope-no-factor",
+        {"type": "longrope", **LR, "original_max_position": 8},
+        "needs factor, or max_position",
+    ),
+    (
+        "longrope-lengths",
+        {
+            "type": "longrope",
+            "short_factor": [1.0],
+            "long_factor": [1.0, 2.0],
+            "original_max_position": 8,
+            "factor": 2,
+        },
+        "same length, got 1 and 2",
+    ),
+    (
+        "longrope-empty",
+        {
+            "type": "longrope",
+            "short_factor": [],
+            "long_factor": [],
+            "original_max_position": 8,
+            "factor": 2,
+        },
+        "non-empty list",
+    ),
+    (
+        "longrope-not-list",
+        {
+            "type": "longrope",
+            "short_factor": 1.0,
+            "long_factor": [1.0],
+            "original_max_position": 8,
+            "factor": 2,
+        },
+        "short_factor must be a non-empty list",
+    ),
+    (
+        "longrope-nonpositive",
+        {
+            "type": "longrope",
+            "short_factor": [1.0, 0.0],
+            "long_factor": [1.0, 2.0],
+            "original_max_position": 8,
+            "factor": 2,
+        },
+        r"short_factor\[1\] must be > 0.0",
+    ),
+    (
+        "longrope-factor-below-1",
+        {"type": "longrope", **LR, "original_max_position": 8, "factor": 0.5},
+        "factor must be >= 1.0",
+    ),
+    (
+        "longrope-max-below-original",
+        {"type": "longrope", **LR, "original_max_position": 8, "max_position": 4},
+        "max_position must be >= original_max_position",
+    ),
     ("llama3-missing", {"type": "llama3", "factor": 8}, "missing required key.*'low_freq_factor'"),
-    ("llama3-high-le-low", {"type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 4,
-                            "original_max_position": 8192}, "high_freq_factor must be > low_freq_factor"),
-    ("llama3-low-zero", {"type": "llama3", "factor": 8, "low_freq_factor": 0, "high_freq_factor": 4,
-                         "original_max_position": 8192}, "low_freq_factor must be > 0.0"),
-    ("llama3-factor-below-1", {"type": "llama3", "factor": 0.5, "low_freq_factor": 1,
-                               "high_freq_factor": 4, "original_max_position": 8192}, "factor must be >= 1.0"),
-]  # fmt: skip
+    (
+        "llama3-high-le-low",
+        {
+            "type": "llama3",
+            "factor": 8,
+            "low_freq_factor": 4,
+            "high_freq_factor": 4,
+            "original_max_position": 8192,
+        },
+        "high_freq_factor must be > low_freq_factor",
+    ),
+    (
+        "llama3-low-zero",
+        {
+            "type": "llama3",
+            "factor": 8,
+            "low_freq_factor": 0,
+            "high_freq_factor": 4,
+            "original_max_position": 8192,
+        },
+        "low_freq_factor must be > 0.0",
+    ),
+    (
+        "llama3-factor-below-1",
+        {
+            "type": "llama3",
+            "factor": 0.5,
+            "low_freq_factor": 1,
+            "high_freq_factor": 4,
+            "original_max_position": 8192,
+        },
+        "factor must be >= 1.0",
+    ),
+]
 
 
-@pytest.mark.parametrize(("scaling", "match"), [c[1:] for c in BAD_SCALINGS],
-                         ids=[c[0] for c in BAD_SCALINGS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("scaling", "match"), [c[1:] for c in BAD_SCALINGS], ids=[c[0] for c in BAD_SCALINGS]
+)
 def test_bad_scaling(scaling, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
         posenc.rope_frequencies(8, scaling=scaling)
@@ -424,16 +627,23 @@ BAD_CALLS = [
     ("base-nan", {"dim": 8, "base": float("nan")}, "base must be finite"),
     ("seq-len-nan", {"dim": 8, "seq_len": float("nan")}, "seq_len must be finite"),
     ("seq-len-string", {"dim": 8, "seq_len": "10"}, "seq_len must be a number"),
-    ("dynamic-dim-2", {"dim": 2, "scaling": DynamicScaling(factor=2, max_position=8), "seq_len": 20},
-     "dim must be >= 4 for dynamic scaling"),
+    (
+        "dynamic-dim-2",
+        {"dim": 2, "scaling": DynamicScaling(factor=2, max_position=8), "seq_len": 20},
+        "dim must be >= 4 for dynamic scaling",
+    ),
     ("ntk-dim-2", {"dim": 2, "scaling": {"type": "ntk", "factor": 2}}, "dim must be >= 4 for ntk"),
-    ("longrope-wrong-length", {"dim": 16, "scaling": {"type": "longrope", **LR, "original_max_position": 8,
-                                                      "factor": 2}}, "must have length dim // 2 = 8, got 4"),
-]  # fmt: skip
+    (
+        "longrope-wrong-length",
+        {"dim": 16, "scaling": {"type": "longrope", **LR, "original_max_position": 8, "factor": 2}},
+        "must have length dim // 2 = 8, got 4",
+    ),
+]
 
 
-@pytest.mark.parametrize(("kwargs", "match"), [c[1:] for c in BAD_CALLS],
-                         ids=[c[0] for c in BAD_CALLS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kwargs", "match"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
+)
 def test_bad_call(kwargs, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
         posenc.rope_frequencies(**kwargs)

@@ -68,8 +68,18 @@ def test_cpu_backward_equals_plain_autograd(case):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cpu_rows_split_over_threads(layout, threads):
     # Large enough to run in parallel; q and k rows are split across threads unevenly.
-    case = Case(head_dim=64, rotary_dim=48, hq=5, hk=3, batch=2, seq=301, layout=layout,
-                positions="batched", view="transposed", seq_dim=-3)  # fmt: skip
+    case = Case(
+        head_dim=64,
+        rotary_dim=48,
+        hq=5,
+        hk=3,
+        batch=2,
+        seq=301,
+        layout=layout,
+        positions="batched",
+        view="transposed",
+        seq_dim=-3,
+    )
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -101,8 +111,18 @@ def test_empty_inputs():
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 def test_gradcheck_float64(backend, layout):
     # double and second derivatives of the op (whose backward is the op itself)
-    case = Case(head_dim=6, rotary_dim=4, hq=2, hk=1, batch=1, seq=3, layout=layout,
-                dtype=torch.float64, positions="batched", view="sliced")  # fmt: skip
+    case = Case(
+        head_dim=6,
+        rotary_dim=4,
+        hq=2,
+        hk=1,
+        batch=1,
+        seq=3,
+        layout=layout,
+        dtype=torch.float64,
+        positions="batched",
+        view="sliced",
+    )
     _, _, cos, sin, _, (q_base, k_base) = make_inputs(case)
     q = q_base[1:, 1:-1, :-1, ::2].detach().requires_grad_()
     k = k_base[1:, 1:-1, :-1, ::2].detach().requires_grad_()
@@ -117,8 +137,9 @@ def test_gradcheck_float64(backend, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_compile_fullgraph(cpu_path, layout):
     torch._dynamo.reset()
-    case = Case(head_dim=16, rotary_dim=12, hq=4, hk=2, batch=2, seq=5, layout=layout,
-                positions="batched")  # fmt: skip
+    case = Case(
+        head_dim=16, rotary_dim=12, hq=4, hk=2, batch=2, seq=5, layout=layout, positions="batched"
+    )
     q, k, cos, sin, _, _ = make_inputs(case)
 
     def f(q, k):
@@ -226,13 +247,21 @@ BAD = [
     ("k-int", {"k": torch.ones(2, 2, 5, 8, dtype=torch.int32)}, "k must have a floating-point"),
     ("k-seq", {"k": torch.randn(2, 2, 4, 8)}, "k must have q's batch size, sequence length"),
     ("k-batch", {"k": torch.randn(1, 2, 5, 8)}, "k must have q's batch size"),
-    ("k-dim", {"k": torch.randn(2, 2, 5, 10)}, "k must have q's batch size, sequence length and head dim"),
+    (
+        "k-dim",
+        {"k": torch.randn(2, 2, 5, 10)},
+        "k must have q's batch size, sequence length and head dim",
+    ),
     ("k-dtype", {"k": torch.randn(2, 2, 5, 8, dtype=torch.float64)}, "k must have q's dtype"),
     ("cos-seq", {"cos": torch.randn(4, 3), "sin": torch.randn(4, 3)}, r"cos must be \[s, r/2\]"),
     ("cos-sin-shape", {"sin": torch.randn(5, 2)}, "cos and sin must have the same shape"),
     ("cos-batch", {"cos": torch.randn(3, 5, 3), "sin": torch.randn(3, 5, 3)}, "must have b == 2"),
-    ("rotary-too-big", {"cos": torch.randn(5, 5), "sin": torch.randn(5, 5)}, "rotary_dim must be <= q's last dimension 8, got 10"),
-]  # fmt: skip
+    (
+        "rotary-too-big",
+        {"cos": torch.randn(5, 5), "sin": torch.randn(5, 5)},
+        "rotary_dim must be <= q's last dimension 8, got 10",
+    ),
+]
 
 
 @pytest.mark.parametrize("change,match", [pytest.param(c, m, id=i) for i, c, m in BAD])
@@ -249,7 +278,7 @@ BAD_OPTIONS = [
     ("rotary_dim", {"rotary_dim": 4}, r"rotary_dim must equal 2 \* cos.shape\[-1\] = 6, got 4"),
     ("rotary_dim-type", {"rotary_dim": 6.0}, "rotary_dim must be an integer, got 6.0"),
     ("inplace", {"inplace": 1}, "inplace must be a bool, got 1"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("options,match", [pytest.param(o, m, id=i) for i, o, m in BAD_OPTIONS])

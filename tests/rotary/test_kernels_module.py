@@ -75,8 +75,11 @@ def test_decoding_and_seq_dim_identical_with_fast_path(layout):
     # [b, s, h, d] views of [b, h, s, d] buffers; one query against 7 keys
     q = torch.randn(3, 4, 1, 16, generator=gen).transpose(1, 2)
     k = torch.randn(3, 2, 7, 16, generator=gen).transpose(1, 2)
-    call = {"positions": torch.tensor([[6], [9], [2]]), "k_positions": torch.arange(7)[None] + 3,
-            "seq_dim": -3}  # fmt: skip
+    call = {
+        "positions": torch.tensor([[6], [9], [2]]),
+        "k_positions": torch.arange(7)[None] + 3,
+        "seq_dim": -3,
+    }
     _assert_identical(_run(rope, q, k, True, **call), _run(rope, q, k, False, **call))
 
 

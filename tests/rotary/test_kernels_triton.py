@@ -48,10 +48,26 @@ def test_triton_kernel_under_interpreter():
     checks = Path(__file__).with_name("_triton_checks.py")
     env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", str(checks), "-q", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "-p", "no:randomly", "-x"],
-        cwd=Path(__file__).parents[2], env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(checks),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:randomly",
+            "-x",
+        ],
+        cwd=Path(__file__).parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     tail = (result.stdout + result.stderr)[-6000:]
     assert result.returncode == 0, f"interpreter checks failed:\n{tail}"
     assert " passed" in tail and "skipped" not in tail, tail
@@ -60,8 +76,19 @@ def test_triton_kernel_under_interpreter():
 # --- GPU: the same checks at real sizes -------------------------------------------------
 
 GPU_CASES = [
-    Case(head_dim=d, rotary_dim=r, hq=hq, hk=hk, batch=b, seq=s, layout=layout, dtype=dtype,
-         seq_dim=seq_dim, positions=pos, view=view)
+    Case(
+        head_dim=d,
+        rotary_dim=r,
+        hq=hq,
+        hk=hk,
+        batch=b,
+        seq=s,
+        layout=layout,
+        dtype=dtype,
+        seq_dim=seq_dim,
+        positions=pos,
+        view=view,
+    )
     for (d, r, hq, hk, b, s, seq_dim, pos, view) in [
         (128, 128, 32, 8, 1, 1024, -2, "arange", "contiguous"),
         (128, 64, 16, 16, 2, 512, -3, "batched", "transposed"),

@@ -24,10 +24,16 @@ def _expected(rope, q, k, q_pos, k_pos, *, scaling=None, seq_len=None):
         rope.rotary_dim, base=rope.base, scaling=scaling_dict, seq_len=seq_len
     )
     qr, kr = ref.rotary_qk(
-        q.double().numpy(), k.double().numpy(), q_pos.numpy(), k_pos.numpy(), inv_freq,
-        layout=rope.layout, attention_scale=scale, sections=rope.sections,
+        q.double().numpy(),
+        k.double().numpy(),
+        q_pos.numpy(),
+        k_pos.numpy(),
+        inv_freq,
+        layout=rope.layout,
+        attention_scale=scale,
+        sections=rope.sections,
         xpos_scale_base=rope.xpos_scale_base,
-    )  # fmt: skip
+    )
     return torch.from_numpy(qr), torch.from_numpy(kr)
 
 
@@ -125,14 +131,22 @@ def test_score_depends_only_on_offset(layout, rotary_dim, m, n, shift):
         {"type": "linear", "factor": 4.0},
         {"type": "ntk", "factor": 2.0},
         {"type": "yarn", "factor": 4.0, "original_max_position": 32},
-        {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-         "original_max_position": 32},
+        {
+            "type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position": 32,
+        },
     ],
     ids=lambda s: s["type"],
-)  # fmt: skip
+)
 def test_static_scalings_match_reference(scaling):
     rope = RotaryEmbedding(16, scaling=scaling)
-    q, k = torch.randn(1, 2, 40, 16, dtype=torch.float64), torch.randn(1, 2, 40, 16, dtype=torch.float64)
+    q, k = (
+        torch.randn(1, 2, 40, 16, dtype=torch.float64),
+        torch.randn(1, 2, 40, 16, dtype=torch.float64),
+    )
     pos = torch.arange(40)
     got = rope(q, k, pos)
     want = _expected(rope, q, k, pos, pos, scaling=scaling)
@@ -160,8 +174,13 @@ def test_dynamic_recomputes_from_largest_position(length):
 
 @pytest.mark.parametrize("largest", [31, 32, 40])
 def test_longrope_switches_at_original_max_position(largest):
-    scaling = {"type": "longrope", "short_factor": [1.0, 1.5, 2.0, 2.5],
-               "long_factor": [3.0, 4.0, 5.0, 6.0], "original_max_position": 32, "factor": 4.0}  # fmt: skip
+    scaling = {
+        "type": "longrope",
+        "short_factor": [1.0, 1.5, 2.0, 2.5],
+        "long_factor": [3.0, 4.0, 5.0, 6.0],
+        "original_max_position": 32,
+        "factor": 4.0,
+    }
     rope = RotaryEmbedding(8, scaling=scaling)
     short, scale = ref.rope_frequencies(8, scaling=scaling)
     torch.testing.assert_close(rope.inv_freq, torch.from_numpy(short))
@@ -189,9 +208,13 @@ def test_no_state_and_to_bfloat16_keeps_precision():
 
 def test_meta_device_construction():
     with torch.device("meta"):
-        rope = RotaryEmbedding(64, scaling={"type": "yarn", "factor": 2.0, "original_max_position": 64})
+        rope = RotaryEmbedding(
+            64, scaling={"type": "yarn", "factor": 2.0, "original_max_position": 64}
+        )
     assert rope.inv_freq.device.type == "cpu"
-    plain = RotaryEmbedding(64, scaling={"type": "yarn", "factor": 2.0, "original_max_position": 64})
+    plain = RotaryEmbedding(
+        64, scaling={"type": "yarn", "factor": 2.0, "original_max_position": 64}
+    )
     torch.testing.assert_close(rope.inv_freq, plain.inv_freq, atol=0, rtol=0)
     rope.to_empty(device="cpu")
     q = torch.randn(1, 2, 3, 64)
@@ -204,13 +227,20 @@ def test_meta_device_construction():
         {},
         {"rotary_dim": 8, "layout": "interleaved", "base": 5e5},
         {"scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64}},
-        {"scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-                     "original_max_position": 64, "max_position": 256}},
+        {
+            "scaling": {
+                "type": "longrope",
+                "short_factor": [1.0] * 8,
+                "long_factor": [2.0] * 8,
+                "original_max_position": 64,
+                "max_position": 256,
+            }
+        },
         {"sections": (2, 3, 3)},
         {"xpos_scale_base": 256.0},
     ],
     ids=["default", "partial", "yarn", "longrope", "sections", "xpos"],
-)  # fmt: skip
+)
 def test_config_round_trip(kwargs):
     rope = posenc.build("rope", head_dim=16, **kwargs)
     assert isinstance(rope, RotaryEmbedding)
@@ -251,10 +281,13 @@ ROTATION_CASES = {
     "decode": ({}, torch.tensor([7, 8]), torch.arange(4) + 5),
     "xpos": ({"xpos_scale_base": 64.0}, torch.arange(4) + 3, None),
     "xpos-decode": ({"xpos_scale_base": 64.0}, None, torch.arange(4) + 2),
-    "dynamic": ({"scaling": {"type": "dynamic", "factor": 2.0, "max_position": 8}},
-                torch.arange(4) + 20, None),
+    "dynamic": (
+        {"scaling": {"type": "dynamic", "factor": 2.0, "max_position": 8}},
+        torch.arange(4) + 20,
+        None,
+    ),
     "partial-interleaved": ({"rotary_dim": 4, "layout": "interleaved"}, None, None),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -266,8 +299,14 @@ def test_rotation_then_rotate_equals_forward(case, dtype):
     sk = 4 if k_positions is None else k_positions.shape[-1]
     sq = sk if positions is None else positions.shape[-1]
     q, k = torch.randn(2, 4, sq, 8, dtype=dtype), torch.randn(2, 2, sk, 8, dtype=dtype)
-    rot = rope.rotation(sq, sk, positions=positions, k_positions=k_positions, batch=2,
-                        dtype=torch.float64 if dtype == torch.float64 else torch.float32)
+    rot = rope.rotation(
+        sq,
+        sk,
+        positions=positions,
+        k_positions=k_positions,
+        batch=2,
+        dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+    )
     for _ in range(2):  # reusable
         got = rope.rotate(q, k, rot)
         want = rope(q, k, positions, k_positions=k_positions)
@@ -283,40 +322,65 @@ _Q = torch.randn(1, 2, 3, 8)
     [
         (lambda: RotaryEmbedding(7), "head_dim must be even .*, got 7"),
         (lambda: RotaryEmbedding(8, rotary_dim=5), "rotary_dim must be even .*, got 5"),
-        (lambda: RotaryEmbedding(8, rotary_dim=10), r"rotary_dim must be <= head_dim \(8\), got 10"),
+        (
+            lambda: RotaryEmbedding(8, rotary_dim=10),
+            r"rotary_dim must be <= head_dim \(8\), got 10",
+        ),
         (lambda: RotaryEmbedding(8, layout="neox"), "layout must be one of 'half', 'interleaved'"),
         (lambda: RotaryEmbedding(8, base=1.0), "base must be > 1.0, got 1.0"),
-        (lambda: RotaryEmbedding(8, scaling={"type": "linear", "factor": 0.5}), "factor must be >= 1"),
+        (
+            lambda: RotaryEmbedding(8, scaling={"type": "linear", "factor": 0.5}),
+            "factor must be >= 1",
+        ),
         (lambda: RotaryEmbedding(8, scaling={"type": "what"}), "scaling type must be one of"),
-        (lambda: RotaryEmbedding(8, scaling={"type": "yarn", "factor": 2.0}),
-         "missing required key.*original_max_position"),
+        (
+            lambda: RotaryEmbedding(8, scaling={"type": "yarn", "factor": 2.0}),
+            "missing required key.*original_max_position",
+        ),
         (lambda: RotaryEmbedding(8, sections=(1, 2)), r"sections must sum to rotary_dim / 2 = 4"),
         (lambda: RotaryEmbedding(8, xpos_scale_base=0), "xpos_scale_base must be > 0"),
         (lambda: RotaryEmbedding(8)(torch.randn(1, 2, 3, 6), _Q), "q must have last dimension 8"),
         (lambda: RotaryEmbedding(8)(_Q, torch.randn(1, 2, 3, 6)), "k must have last dimension 8"),
         (lambda: RotaryEmbedding(8)(_Q[0], _Q), r"q must be \[b, h, s, d\]"),
         (lambda: RotaryEmbedding(8)(_Q, torch.randn(2, 2, 3, 8)), "same batch size"),
-        (lambda: RotaryEmbedding(8)(_Q, _Q, torch.arange(4)),
-         r"positions must have length 3 \(the sequence length\)"),
+        (
+            lambda: RotaryEmbedding(8)(_Q, _Q, torch.arange(4)),
+            r"positions must have length 3 \(the sequence length\)",
+        ),
         (lambda: RotaryEmbedding(8)(_Q, _Q, torch.zeros(2, 3)), r"must have b == 1"),
-        (lambda: RotaryEmbedding(8)(_Q, _Q, torch.tensor([0.0, float("nan"), 2.0])),
-         "positions must be finite"),
-        (lambda: RotaryEmbedding(8)(_Q, _Q, k_positions=torch.tensor([0.0, 1.0, float("inf")])),
-         "k_positions must be finite"),
-        (lambda: RotaryEmbedding(8)(_Q, torch.randn(1, 2, 5, 8), torch.arange(3)),
-         "k_positions must be given when q and k lengths differ"),
-        (lambda: RotaryEmbedding(8).rotate(_Q, _Q, RotaryEmbedding(8).rotation(4)),
-         r"cos must be \[s, r/2\] or \[b, s, r/2\] with s == 3"),
-        (lambda: RotaryEmbedding(8).rotate(_Q, _Q, RotaryEmbedding(4).rotation(3)),
-         r"rotation.cos_q must have 4 frequencies"),
+        (
+            lambda: RotaryEmbedding(8)(_Q, _Q, torch.tensor([0.0, float("nan"), 2.0])),
+            "positions must be finite",
+        ),
+        (
+            lambda: RotaryEmbedding(8)(_Q, _Q, k_positions=torch.tensor([0.0, 1.0, float("inf")])),
+            "k_positions must be finite",
+        ),
+        (
+            lambda: RotaryEmbedding(8)(_Q, torch.randn(1, 2, 5, 8), torch.arange(3)),
+            "k_positions must be given when q and k lengths differ",
+        ),
+        (
+            lambda: RotaryEmbedding(8).rotate(_Q, _Q, RotaryEmbedding(8).rotation(4)),
+            r"cos must be \[s, r/2\] or \[b, s, r/2\] with s == 3",
+        ),
+        (
+            lambda: RotaryEmbedding(8).rotate(_Q, _Q, RotaryEmbedding(4).rotation(3)),
+            r"rotation.cos_q must have 4 frequencies",
+        ),
         (lambda: RotaryEmbedding(8).rotate(_Q, _Q, (1, 2, 3, 4)), "rotation must be a Rotation"),
-        (lambda: RotaryEmbedding(8).rotation(3, dtype=torch.bfloat16), "dtype must be torch.float32"),
+        (
+            lambda: RotaryEmbedding(8).rotation(3, dtype=torch.bfloat16),
+            "dtype must be torch.float32",
+        ),
         (lambda: RotaryEmbedding(8).rotation(0), "q_len must be >= 1"),
         (lambda: RotaryEmbedding(8)(_Q, _Q, seq_dim=-1), "seq_dim must be one of -2, -3, got -1"),
-        (lambda: RotaryEmbedding(8, sections=(2, 2))(_Q, _Q, torch.zeros(3, 3)),
-         r"positions must be \[s, 2\] or \[b, s, 2\]"),
+        (
+            lambda: RotaryEmbedding(8, sections=(2, 2))(_Q, _Q, torch.zeros(3, 3)),
+            r"positions must be \[s, 2\] or \[b, s, 2\]",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_input(call, match):
     with pytest.raises(PosEncError, match=match):
         call()

@@ -17,9 +17,14 @@ TOL = {torch.float64: {"atol": 1e-12, "rtol": 1e-12}, torch.float32: {"atol": 2e
 
 def _reference(q, k, q_pos, k_pos, inv_freq, sections, layout):
     qr, kr = ref.rotary_qk(
-        q.double().numpy(), k.double().numpy(), q_pos.numpy(), k_pos.numpy(), np.asarray(inv_freq),
-        layout=layout, sections=sections,
-    )  # fmt: skip
+        q.double().numpy(),
+        k.double().numpy(),
+        q_pos.numpy(),
+        k_pos.numpy(),
+        np.asarray(inv_freq),
+        layout=layout,
+        sections=sections,
+    )
     return torch.from_numpy(qr), torch.from_numpy(kr)
 
 
@@ -84,7 +89,9 @@ def test_axial_matches_reference(dtype, layout, n_axes, axis_dims):
     q, k = torch.randn(1, 2, s, 24).to(dtype), torch.randn(1, 1, s, 24).to(dtype)
     q_out, k_out = rope(q, k, positions)
     sections = tuple(d // 2 for d in dims)
-    eq, ek = _reference(q, k, positions, positions, ref.axial_frequencies(dims, 100.0), sections, layout)
+    eq, ek = _reference(
+        q, k, positions, positions, ref.axial_frequencies(dims, 100.0), sections, layout
+    )
     torch.testing.assert_close(q_out.double(), eq, **TOL[dtype])
     torch.testing.assert_close(k_out.double(), ek, **TOL[dtype])
 
@@ -175,33 +182,55 @@ _Q = torch.randn(1, 2, 4, 16)
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 4)),
-         r"sections must sum to rotary_dim / 2 = 8, got \[2, 3, 4\] \(sum 9\)"),
+        (
+            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 4)),
+            r"sections must sum to rotary_dim / 2 = 8, got \[2, 3, 4\] \(sum 9\)",
+        ),
         (lambda: MultimodalRotaryEmbedding(16, sections=None), "sections must be given"),
         (lambda: MultimodalRotaryEmbedding(16, sections=(4, 0, 4)), r"sections\[1\] must be >= 1"),
         (lambda: MultimodalRotaryEmbedding(16, sections="448"), "sections must be a sequence"),
-        (lambda: RotaryEmbedding(16, sections=(4, 4), xpos_scale_base=512),
-         "xpos_scale_base cannot be combined with sections"),
-        (lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(4)),
-         r"positions must be \[s, 3\] or \[b, s, 3\]"),
-        (lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(5, 3)),
-         r"with s == 4, got shape \(5, 3\)"),
-        (lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(2, 4, 3)),
-         r"must have b == 1"),
-        (lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(
-            _Q, _Q, torch.full((4, 3), float("nan"))), "positions must be finite"),
+        (
+            lambda: RotaryEmbedding(16, sections=(4, 4), xpos_scale_base=512),
+            "xpos_scale_base cannot be combined with sections",
+        ),
+        (
+            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(4)),
+            r"positions must be \[s, 3\] or \[b, s, 3\]",
+        ),
+        (
+            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(5, 3)),
+            r"with s == 4, got shape \(5, 3\)",
+        ),
+        (
+            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(2, 4, 3)),
+            r"must have b == 1",
+        ),
+        (
+            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(
+                _Q, _Q, torch.full((4, 3), float("nan"))
+            ),
+            "positions must be finite",
+        ),
         (lambda: AxialRotaryEmbedding(16, 3), r"divisible by 2 \* n_axes = 6 .* got 16"),
         (lambda: AxialRotaryEmbedding(16, 0), "n_axes must be >= 1, got 0"),
         (lambda: AxialRotaryEmbedding(15, 2), "head_dim must be even"),
         (lambda: AxialRotaryEmbedding(16, 2, axis_dims=(8, 5)), r"axis_dims\[1\] must be even"),
         (lambda: AxialRotaryEmbedding(16, 2, axis_dims=(8,)), "axis_dims must have n_axes = 2"),
-        (lambda: AxialRotaryEmbedding(16, 2, axis_dims=(8, 10)), "axis_dims must sum to <= head_dim"),
-        (lambda: AxialRotaryEmbedding(16, 2, rotary_dim=12, axis_dims=(8, 8)),
-         "axis_dims must sum to rotary_dim = 12"),
-        (lambda: AxialRotaryEmbedding(16, 2)(_Q, _Q, torch.zeros(4, 3)), r"positions must be \[s, 2\]"),
+        (
+            lambda: AxialRotaryEmbedding(16, 2, axis_dims=(8, 10)),
+            "axis_dims must sum to <= head_dim",
+        ),
+        (
+            lambda: AxialRotaryEmbedding(16, 2, rotary_dim=12, axis_dims=(8, 8)),
+            "axis_dims must sum to rotary_dim = 12",
+        ),
+        (
+            lambda: AxialRotaryEmbedding(16, 2)(_Q, _Q, torch.zeros(4, 3)),
+            r"positions must be \[s, 2\]",
+        ),
         (lambda: axial_frequencies(()), "axis_dims must name at least one axis"),
     ],
-)  # fmt: skip
+)
 def test_bad_input(call, match):
     with pytest.raises(PosEncError, match=match):
         call()

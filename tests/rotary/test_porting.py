@@ -31,16 +31,37 @@ def test_matches_convert_llama_weights(num_heads: int, head_dim: int) -> None:
 
 def test_permutation_small_cases() -> None:
     assert layout_permutation(8, source="interleaved", target="half").tolist() == [
-        0, 2, 4, 6, 1, 3, 5, 7,
-    ]  # fmt: skip
+        0,
+        2,
+        4,
+        6,
+        1,
+        3,
+        5,
+        7,
+    ]
     assert layout_permutation(8, source="half", target="interleaved").tolist() == [
-        0, 4, 1, 5, 2, 6, 3, 7,
-    ]  # fmt: skip
+        0,
+        4,
+        1,
+        5,
+        2,
+        6,
+        3,
+        7,
+    ]
     assert layout_permutation(8, source="half", target="half").tolist() == list(range(8))
     # partial rotary: only the first rotary_dim channels move
     assert layout_permutation(8, source="interleaved", target="half", rotary_dim=4).tolist() == [
-        0, 2, 1, 3, 4, 5, 6, 7,
-    ]  # fmt: skip
+        0,
+        2,
+        1,
+        3,
+        4,
+        5,
+        6,
+        7,
+    ]
 
 
 @given(
@@ -57,8 +78,9 @@ def test_round_trip(num_heads, half, data, in_features, bias) -> None:
     w = torch.randn(shape, dtype=torch.float64)
     for source, target in LAYOUT_PAIRS:
         moved = permute_qk_weight(w, num_heads, source=source, target=target, rotary_dim=rotary_dim)
-        back = permute_qk_weight(moved, num_heads, source=target, target=source,
-                                 rotary_dim=rotary_dim)  # fmt: skip
+        back = permute_qk_weight(
+            moved, num_heads, source=target, target=source, rotary_dim=rotary_dim
+        )
         assert torch.equal(back, w)
         # a permutation: same multiset of rows, pass-through channels untouched
         assert torch.equal(moved.sort(dim=0).values, w.sort(dim=0).values)
@@ -96,21 +118,29 @@ def _scores(q, k):
 def test_attention_scores_unchanged(source, target, rotary_dim, bias, dtype) -> None:
     hq, hk, head_dim, d_model = 4, 2, 16, 24
     x = torch.randn(2, 10, d_model, dtype=dtype)
-    wq, wk = torch.randn(hq * head_dim, d_model, dtype=dtype), torch.randn(hk * head_dim, d_model, dtype=dtype)
+    wq, wk = (
+        torch.randn(hq * head_dim, d_model, dtype=dtype),
+        torch.randn(hk * head_dim, d_model, dtype=dtype),
+    )
     bq = torch.randn(hq * head_dim, dtype=dtype) if bias else None
     bk = torch.randn(hk * head_dim, dtype=dtype) if bias else None
     positions = torch.stack([torch.arange(10) + 3, torch.arange(10) * 7 + 1000])  # [b, s]
 
     def port(t, heads):
-        return None if t is None else permute_qk_weight(
-            t, heads, source=source, target=target, rotary_dim=rotary_dim
-        )  # fmt: skip
+        return (
+            None
+            if t is None
+            else permute_qk_weight(t, heads, source=source, target=target, rotary_dim=rotary_dim)
+        )
 
     before = RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=source, base=500.0)
     after = RotaryEmbedding(head_dim, rotary_dim=rotary_dim, layout=target, base=500.0)
     q0, k0 = before(_project(x, wq, bq, hq), _project(x, wk, bk, hk), positions)
-    q1, k1 = after(_project(x, port(wq, hq), port(bq, hq), hq),
-                   _project(x, port(wk, hk), port(bk, hk), hk), positions)  # fmt: skip
+    q1, k1 = after(
+        _project(x, port(wq, hq), port(bq, hq), hq),
+        _project(x, port(wk, hk), port(bk, hk), hk),
+        positions,
+    )
     tol = {torch.float32: 2e-4, torch.float64: 1e-10}[dtype]  # logits are O(100) here
     torch.testing.assert_close(_scores(q1, k1), _scores(q0, k0), rtol=tol, atol=tol)
     # the rotated heads themselves are the permuted ones
@@ -127,18 +157,25 @@ def test_meta_checkpoint_ported_to_transformers_llama() -> None:
 
     hq, hk, head_dim, d_model = 4, 2, 16, 32
     cfg = transformers.LlamaConfig(
-        hidden_size=d_model * 2, num_attention_heads=hq, num_key_value_heads=hk,
-        head_dim=head_dim, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-    )  # fmt: skip
+        hidden_size=d_model * 2,
+        num_attention_heads=hq,
+        num_key_value_heads=hk,
+        head_dim=head_dim,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
     x = torch.randn(2, 9, d_model, dtype=torch.float64)
-    wq, wk = torch.randn(hq * head_dim, d_model, dtype=torch.float64), torch.randn(hk * head_dim, d_model, dtype=torch.float64)
+    wq, wk = (
+        torch.randn(hq * head_dim, d_model, dtype=torch.float64),
+        torch.randn(hk * head_dim, d_model, dtype=torch.float64),
+    )
     positions = torch.stack([torch.arange(9), torch.arange(9) + 40])
 
     meta = RotaryEmbedding(head_dim, layout="interleaved")
     q0, k0 = meta(_project(x, wq, None, hq), _project(x, wk, None, hk), positions)
 
-    q1, k1 = _project(x, _convert_llama_permute(wq, hq), None, hq), _project(
-        x, _convert_llama_permute(wk, hk), None, hk
+    q1, k1 = (
+        _project(x, _convert_llama_permute(wq, hq), None, hq),
+        _project(x, _convert_llama_permute(wk, hk), None, hk),
     )
     cos, sin = LlamaRotaryEmbedding(cfg)(q1, positions)  # float32 angles, cast to float64
     q1, k1 = apply_rotary_pos_emb(q1, k1, cos, sin)
@@ -149,15 +186,30 @@ def test_meta_checkpoint_ported_to_transformers_llama() -> None:
 BAD = [
     ("not-tensor", dict(weight=[1.0, 2.0], num_heads=1), "weight must be a torch.Tensor"),
     ("3-d", dict(weight=torch.zeros(2, 4, 4), num_heads=1), r"weight must be a weight \[out, in\]"),
-    ("heads-not-dividing", dict(weight=torch.zeros(10, 3), num_heads=3), "not divisible by num_heads=3"),
+    (
+        "heads-not-dividing",
+        dict(weight=torch.zeros(10, 3), num_heads=3),
+        "not divisible by num_heads=3",
+    ),
     ("odd-head-dim", dict(weight=torch.zeros(6, 3), num_heads=2), "must be even, got 3"),
     ("zero-heads", dict(weight=torch.zeros(8, 3), num_heads=0), "num_heads must be >= 1"),
-    ("odd-rotary-dim", dict(weight=torch.zeros(8, 3), num_heads=1, rotary_dim=3), "rotary_dim must be even"),
-    ("rotary-too-big", dict(weight=torch.zeros(8, 3), num_heads=1, rotary_dim=10), "rotary_dim must be <= head_dim"),
+    (
+        "odd-rotary-dim",
+        dict(weight=torch.zeros(8, 3), num_heads=1, rotary_dim=3),
+        "rotary_dim must be even",
+    ),
+    (
+        "rotary-too-big",
+        dict(weight=torch.zeros(8, 3), num_heads=1, rotary_dim=10),
+        "rotary_dim must be <= head_dim",
+    ),
     ("bad-axis", dict(weight=torch.zeros(8, 3), num_heads=1, dim=2), "dim must be <= 1"),
-    ("bad-layout", dict(weight=torch.zeros(8, 3), num_heads=1, source="neox"),
-     "source must be one of 'half', 'interleaved'"),
-]  # fmt: skip
+    (
+        "bad-layout",
+        dict(weight=torch.zeros(8, 3), num_heads=1, source="neox"),
+        "source must be one of 'half', 'interleaved'",
+    ),
+]
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])

@@ -64,8 +64,14 @@ def test_module_output_at_long_positions(base, layout):
     k = torch.randn(2, 1, 64, 64)
     q_out, k_out = rope(q, k, positions)
     inv_freq, _ = ref.rope_frequencies(64, base=base)
-    eq, ek = ref.rotary_qk(q.double().numpy(), k.double().numpy(), positions.numpy(),
-                           positions.numpy(), inv_freq, layout=layout)  # fmt: skip
+    eq, ek = ref.rotary_qk(
+        q.double().numpy(),
+        k.double().numpy(),
+        positions.numpy(),
+        positions.numpy(),
+        inv_freq,
+        layout=layout,
+    )
     # x * cos - y * sin with |x|, |y| <~ 4: 1e-6 on cos/sin plus float32 rounding of the result
     torch.testing.assert_close(q_out.double(), torch.from_numpy(eq), atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(k_out.double(), torch.from_numpy(ek), atol=1e-5, rtol=1e-6)
@@ -97,8 +103,9 @@ def test_half_precision_input_float32_math_rounded_once(dtype):
     torch.testing.assert_close(q_out, q32.to(dtype), atol=0, rtol=0)
     torch.testing.assert_close(k_out, k32.to(dtype), atol=0, rtol=0)
     inv_freq, _ = ref.rope_frequencies(64, base=5e5)
-    eq, _ = ref.rotary_qk(q.double().numpy(), k.double().numpy(), positions.numpy(),
-                          positions.numpy(), inv_freq)  # fmt: skip
+    eq, _ = ref.rotary_qk(
+        q.double().numpy(), k.double().numpy(), positions.numpy(), positions.numpy(), inv_freq
+    )
     # within one rounding of the float64 result: half an ulp of the output dtype (plus slack)
     ulp = 2.0**-7 if dtype == torch.bfloat16 else 2.0**-10
     torch.testing.assert_close(q_out.double(), torch.from_numpy(eq), atol=1e-5, rtol=ulp)

@@ -53,8 +53,10 @@ REF_ATOL = 2e-6
 
 def _lr(dim: int) -> dict:
     half = dim // 2
-    return {"short_factor": [1.0 + 0.05 * i for i in range(half)],
-            "long_factor": [1.0 + 0.7 * i for i in range(half)]}  # fmt: skip
+    return {
+        "short_factor": [1.0 + 0.05 * i for i in range(half)],
+        "long_factor": [1.0 + 0.7 * i for i in range(half)],
+    }
 
 
 LLAMA_CASES: dict[str, dict] = {
@@ -62,23 +64,44 @@ LLAMA_CASES: dict[str, dict] = {
     "linear": {"rope_type": "linear", "factor": 4.0},
     "dynamic": {"rope_type": "dynamic", "factor": 2.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
-    "yarn-mscale": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": ORIGINAL,
-                    "mscale": 0.707, "mscale_all_dim": 1.0, "beta_fast": 16.0},
-    "yarn-factor-none": {"rope_type": "yarn", "factor": None,
-                         "original_max_position_embeddings": ORIGINAL},
-    "longrope": {"rope_type": "longrope", "factor": 4.0,
-                 "original_max_position_embeddings": ORIGINAL, **_lr(HEAD_DIM)},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": ORIGINAL},
-}  # fmt: skip
+    "yarn-mscale": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "original_max_position_embeddings": ORIGINAL,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 16.0,
+    },
+    "yarn-factor-none": {
+        "rope_type": "yarn",
+        "factor": None,
+        "original_max_position_embeddings": ORIGINAL,
+    },
+    "longrope": {
+        "rope_type": "longrope",
+        "factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL,
+        **_lr(HEAD_DIM),
+    },
+    "llama3": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL,
+    },
+}
 
 
 def _llama(rope_parameters: dict, base: float = 10000.0):
     return transformers.LlamaConfig(
-        hidden_size=HEAD_DIM * HEADS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        head_dim=HEAD_DIM, max_position_embeddings=MAX_POS,
+        hidden_size=HEAD_DIM * HEADS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POS,
         rope_parameters={**rope_parameters, "rope_theta": base},
-    )  # fmt: skip
+    )
 
 
 def _qk(batch: int = 2, seq: int = SEQ, head_dim: int = HEAD_DIM):
@@ -99,9 +122,16 @@ def _reference_qk(rope: RotaryEmbedding, q, k, positions, axes_last=None):
     inv_freq, scale = reference.rope_frequencies(
         rope.rotary_dim, base=rope.base, scaling=spec, seq_len=float(pos.max()) + 1
     )
-    qr, kr = rotary_qk(q.double().numpy(), k.double().numpy(), pos.numpy(), pos.numpy(),
-                       inv_freq, layout=rope.layout, attention_scale=scale,
-                       sections=rope.sections)  # fmt: skip
+    qr, kr = rotary_qk(
+        q.double().numpy(),
+        k.double().numpy(),
+        pos.numpy(),
+        pos.numpy(),
+        inv_freq,
+        layout=rope.layout,
+        attention_scale=scale,
+        sections=rope.sections,
+    )
     return torch.from_numpy(qr), torch.from_numpy(kr)
 
 
@@ -178,15 +208,21 @@ def test_dict_config_builds_the_same_module(case: str) -> None:
 
 def test_legacy_rope_scaling_dict() -> None:
     """A transformers 4 style config.json: rope_scaling + rope_theta as top-level keys."""
-    legacy = {"hidden_size": 128, "num_attention_heads": 4, "max_position_embeddings": MAX_POS,
-              "rope_theta": 500000.0, "rope_scaling": {"type": "linear", "factor": 2.0}}  # fmt: skip
+    legacy = {
+        "hidden_size": 128,
+        "num_attention_heads": 4,
+        "max_position_embeddings": MAX_POS,
+        "rope_theta": 500000.0,
+        "rope_scaling": {"type": "linear", "factor": 2.0},
+    }
     rope = rotary_from_config(legacy)
     cfg = transformers.LlamaConfig(**legacy)
     q, k = _qk()
     positions = _positions(POSITION_CASES["past-original"])
     theirs = _transformers_llama(cfg, q, k, positions)
-    _check(rope(q, k, positions), theirs, _reference_qk(rope, q, k, positions), (q, k),
-           positions, rope)  # fmt: skip
+    _check(
+        rope(q, k, positions), theirs, _reference_qk(rope, q, k, positions), (q, k), positions, rope
+    )
     assert rope.base == 500000.0 and rope.scaling.factor == 2.0
 
 
@@ -200,9 +236,11 @@ def test_gpt_neox_partial_rotary(where: str, scaling) -> None:
 
     rope_parameters = {"rope_theta": 10000.0, "partial_rotary_factor": 0.25, **(scaling or {})}
     cfg = transformers.GPTNeoXConfig(
-        hidden_size=HEAD_DIM * 2 * HEADS, num_attention_heads=HEADS,
-        max_position_embeddings=MAX_POS, rope_parameters=rope_parameters,
-    )  # fmt: skip
+        hidden_size=HEAD_DIM * 2 * HEADS,
+        num_attention_heads=HEADS,
+        max_position_embeddings=MAX_POS,
+        rope_parameters=rope_parameters,
+    )
     rope = rotary_from_config(cfg)
     assert (rope.head_dim, rope.rotary_dim) == (2 * HEAD_DIM, HEAD_DIM // 2)
     q, k = _qk(head_dim=2 * HEAD_DIM)
@@ -213,13 +251,19 @@ def test_gpt_neox_partial_rotary(where: str, scaling) -> None:
     ours = rope(q, k, positions)
     _check(ours, theirs, _reference_qk(rope, q, k, positions), (q, k), positions, rope)
     for x, y in zip((q, k), ours):  # the channels past rotary_dim pass through untouched
-        assert torch.equal(y[..., rope.rotary_dim:], x[..., rope.rotary_dim:])
+        assert torch.equal(y[..., rope.rotary_dim :], x[..., rope.rotary_dim :])
 
 
 def test_gpt_neox_legacy_attributes() -> None:
     """Older GPT-NeoX config.json: rotary_pct and rotary_emb_base as top-level keys."""
-    legacy = {"model_type": "gpt_neox", "hidden_size": 256, "num_attention_heads": 4,
-              "rotary_pct": 0.5, "rotary_emb_base": 1000, "max_position_embeddings": 2048}  # fmt: skip
+    legacy = {
+        "model_type": "gpt_neox",
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "rotary_pct": 0.5,
+        "rotary_emb_base": 1000,
+        "max_position_embeddings": 2048,
+    }
     rope = rotary_from_config(legacy)
     cfg = transformers.GPTNeoXConfig(**legacy)
     assert (rope.rotary_dim, rope.base) == (32, 1000.0)
@@ -234,10 +278,13 @@ def test_phi3_longrope(where: str) -> None:
     from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding, apply_rotary_pos_emb
 
     cfg = transformers.Phi3Config(
-        hidden_size=HEAD_DIM * HEADS, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-        max_position_embeddings=MAX_POS, original_max_position_embeddings=ORIGINAL,
+        hidden_size=HEAD_DIM * HEADS,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        max_position_embeddings=MAX_POS,
+        original_max_position_embeddings=ORIGINAL,
         rope_parameters={"rope_type": "longrope", **_lr(HEAD_DIM)},
-    )  # fmt: skip
+    )
     rope = rotary_from_config(cfg)
     assert rope.scaling.original_max_position == ORIGINAL and rope.scaling.factor is None
     module = Phi3RotaryEmbedding(cfg)
@@ -264,11 +311,15 @@ def test_qwen2_vl_mrope(legacy: bool) -> None:
     rope_parameters = {"rope_theta": 10000.0, "mrope_section": sections}
     if legacy:
         rope_parameters["type"] = "mrope"
-    cfg = transformers.Qwen2VLConfig(text_config={
-        "hidden_size": HEAD_DIM * HEADS, "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS, "max_position_embeddings": MAX_POS,
-        "rope_parameters": rope_parameters,
-    })  # fmt: skip
+    cfg = transformers.Qwen2VLConfig(
+        text_config={
+            "hidden_size": HEAD_DIM * HEADS,
+            "num_attention_heads": HEADS,
+            "num_key_value_heads": KV_HEADS,
+            "max_position_embeddings": MAX_POS,
+            "rope_parameters": rope_parameters,
+        }
+    )
     rope = rotary_from_config(cfg)
     assert rope.sections == tuple(sections)
     assert rotary_from_config(cfg.to_dict()).to_config() == rope.to_config()
@@ -293,44 +344,81 @@ def test_qwen2_vl_mrope(legacy: bool) -> None:
 GOOD = {"hidden_size": 128, "num_attention_heads": 4, "max_position_embeddings": 1024}
 
 BAD_CONFIGS = [
-    ("unknown-type", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}},
-     "scaling type must be one of 'default', 'linear'"),
-    ("missing-factor", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}},
-     "missing required key.*'factor'"),
-    ("factor-below-1", {"rope_scaling": {"type": "linear", "factor": 0.5}}, "factor must be >= 1.0"),
-    ("unknown-key", {"rope_scaling": {"type": "linear", "factor": 2, "mrope_interleaved": True}},
-     "unknown key 'mrope_interleaved'"),
-    ("llama3-missing", {"rope_scaling": {"rope_type": "llama3", "factor": 8}},
-     "missing required key.*'low_freq_factor'"),
-    ("default-with-factor", {"rope_scaling": {"rope_type": "default", "factor": 2}},
-     "takes no scaling parameters"),
-    ("dynamic-no-max", {"rope_scaling": {"type": "dynamic", "factor": 2}, "max_position_embeddings": None},
-     "missing required key.*'max_position'"),
+    (
+        "unknown-type",
+        {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}},
+        "scaling type must be one of 'default', 'linear'",
+    ),
+    (
+        "missing-factor",
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}},
+        "missing required key.*'factor'",
+    ),
+    (
+        "factor-below-1",
+        {"rope_scaling": {"type": "linear", "factor": 0.5}},
+        "factor must be >= 1.0",
+    ),
+    (
+        "unknown-key",
+        {"rope_scaling": {"type": "linear", "factor": 2, "mrope_interleaved": True}},
+        "unknown key 'mrope_interleaved'",
+    ),
+    (
+        "llama3-missing",
+        {"rope_scaling": {"rope_type": "llama3", "factor": 8}},
+        "missing required key.*'low_freq_factor'",
+    ),
+    (
+        "default-with-factor",
+        {"rope_scaling": {"rope_type": "default", "factor": 2}},
+        "takes no scaling parameters",
+    ),
+    (
+        "dynamic-no-max",
+        {"rope_scaling": {"type": "dynamic", "factor": 2}, "max_position_embeddings": None},
+        "missing required key.*'max_position'",
+    ),
     ("no-head-dim", {"hidden_size": None}, "head_dim, or hidden_size and num_attention_heads"),
     ("odd-rotary-dim", {"partial_rotary_factor": 0.3}, r"int\(32 \* 0.3\) must be even"),
     ("partial-zero", {"partial_rotary_factor": 0.0}, "partial_rotary_factor must be > 0.0"),
     ("partial-above-1", {"rotary_pct": 1.5}, "partial_rotary_factor must be <= 1.0"),
     ("theta-one", {"rope_theta": 1.0}, "rope_theta must be > 1.0"),
-    ("bad-sections", {"rope_parameters": {"rope_type": "default", "mrope_section": [4, 4, 4]}},
-     "sections"),
+    (
+        "bad-sections",
+        {"rope_parameters": {"rope_type": "default", "mrope_section": [4, 4, 4]}},
+        "sections",
+    ),
     ("rope-not-dict", {"rope_parameters": [1, 2]}, "rope_parameters must be a dict"),
-    ("nested-no-layer-type", {"rope_parameters": {"full_attention": {"rope_type": "default"},
-                                                  "sliding_attention": None}}, "pass layer_type="),
-]  # fmt: skip
+    (
+        "nested-no-layer-type",
+        {
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default"},
+                "sliding_attention": None,
+            }
+        },
+        "pass layer_type=",
+    ),
+]
 
 
-@pytest.mark.parametrize(("update", "match"), [c[1:] for c in BAD_CONFIGS],
-                         ids=[c[0] for c in BAD_CONFIGS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("update", "match"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
+)
 def test_bad_config(update: dict, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
         rotary_from_config({**GOOD, **update})
 
 
 def test_layer_types() -> None:
-    nested = {**GOOD, "rope_parameters": {
-        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
-        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
-    }}  # fmt: skip
+    nested = {
+        **GOOD,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    }
     full = rotary_from_config(nested, layer_type="full_attention")
     sliding = rotary_from_config(nested, layer_type="sliding_attention")
     assert (full.base, full.scaling.factor) == (1e6, 8.0)

@@ -23,9 +23,14 @@ def test_xpos_matches_reference(dtype, layout, rotary_dim):
     q_out, k_out = xpos(q, k, q_pos, k_positions=k_pos)
     inv_freq, _ = ref.rope_frequencies(xpos.rotary_dim)
     eq, ek = ref.rotary_qk(
-        q.double().numpy(), k.double().numpy(), q_pos.numpy(), k_pos.numpy(), inv_freq,
-        layout=layout, xpos_scale_base=64.0,
-    )  # fmt: skip
+        q.double().numpy(),
+        k.double().numpy(),
+        q_pos.numpy(),
+        k_pos.numpy(),
+        inv_freq,
+        layout=layout,
+        xpos_scale_base=64.0,
+    )
     tol = {"atol": 1e-10, "rtol": 1e-10} if dtype == torch.float64 else {"atol": 1e-5, "rtol": 2e-6}
     torch.testing.assert_close(q_out.double(), torch.from_numpy(eq), **tol)
     torch.testing.assert_close(k_out.double(), torch.from_numpy(ek), **tol)
@@ -40,9 +45,13 @@ def _peer(rotary_dim, scale_base, inv_freq, seq_dim=-2):
     """The peer in float64: our float64 frequencies, and its zeta (computed in float32 at
     construction) recomputed in float64, so only the formulas are compared."""
     peer = PeerRotary(
-        rotary_dim, custom_freqs=inv_freq.clone(), use_xpos=True, xpos_scale_base=scale_base,
-        cache_if_possible=False, seq_before_head_dim=seq_dim == -3,
-    ).double()  # fmt: skip
+        rotary_dim,
+        custom_freqs=inv_freq.clone(),
+        use_xpos=True,
+        xpos_scale_base=scale_base,
+        cache_if_possible=False,
+        seq_before_head_dim=seq_dim == -3,
+    ).double()
     torch.testing.assert_close(peer.scale, _zeta(rotary_dim), atol=0, rtol=1e-7)
     peer.scale.copy_(_zeta(rotary_dim))
     return peer
@@ -54,7 +63,9 @@ def test_xpos_matches_rotary_embedding_torch(head_dim, rotary_dim, s, seq_dim):
     """rotary-embedding-torch scales by centred positions n - s // 2: the scores are equal, and
     q / k differ by zeta^(+-(s // 2) / scale_base) on the rotated channels."""
     scale_base = 32.0
-    xpos = XPosEmbedding(head_dim, scale_base=scale_base, rotary_dim=rotary_dim, layout="interleaved")
+    xpos = XPosEmbedding(
+        head_dim, scale_base=scale_base, rotary_dim=rotary_dim, layout="interleaved"
+    )
     peer = _peer(rotary_dim, scale_base, xpos.inv_freq, seq_dim)
     q = torch.randn(2, 3, s, head_dim, dtype=torch.float64)
     k = torch.randn(2, 3, s, head_dim, dtype=torch.float64)

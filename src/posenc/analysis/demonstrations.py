@@ -212,10 +212,14 @@ def order_sensitivity(
     w1, w2 = words_a[0], words_a[-1]
     e1, e2 = table[vocab.index(w1)], table[vocab.index(w2)]
     swamping = SwampingDemo(
-        position=swamp_position, position_norm=float(pe_far.norm()), token_norm=token_scale,
-        ratio=float(pe_far.norm()) / token_scale, words=(w1, w2),
-        token_cosine=_cosine(e1, e2), encoded_cosine=_cosine(e1 + pe_far, e2 + pe_far),
-    )  # fmt: skip
+        position=swamp_position,
+        position_norm=float(pe_far.norm()),
+        token_norm=token_scale,
+        ratio=float(pe_far.norm()) / token_scale,
+        words=(w1, w2),
+        token_cosine=_cosine(e1, e2),
+        encoded_cosine=_cosine(e1 + pe_far, e2 + pe_far),
+    )
 
     demos = []
     for label, name, where, causal in ATTENTION_SETTINGS:
@@ -246,7 +250,13 @@ def order_sensitivity(
             )
         )
     return OrderSensitivity(
-        sentences=(" ".join(words_a), " ".join(words_b)), vocabulary=tuple(vocab), dim=dim,
-        num_heads=num_heads, seed=seed, mean_pooling=pooled("none"),
-        index_pooling=pooled("index"), index_swamping=swamping, attention=tuple(demos),
-    )  # fmt: skip
+        sentences=(" ".join(words_a), " ".join(words_b)),
+        vocabulary=tuple(vocab),
+        dim=dim,
+        num_heads=num_heads,
+        seed=seed,
+        mean_pooling=pooled("none"),
+        index_pooling=pooled("index"),
+        index_swamping=swamping,
+        attention=tuple(demos),
+    )

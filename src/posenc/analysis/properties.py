@@ -169,14 +169,22 @@ def boundedness(
     ratios = norms / reference_norm
     swamped = torch.nonzero(ratios > swamp_ratio).flatten()
     return Boundedness(
-        encoding=enc.name, kind=enc.kind, unit=unit, measure=measure,
-        positions=_values(pos), norms=tuple(norms.tolist()),
-        reference_norm=reference_norm, reference=reference, swamp_ratio=swamp_ratio,
-        max_norm=float(norms.max()), max_ratio=float(ratios.max()),
+        encoding=enc.name,
+        kind=enc.kind,
+        unit=unit,
+        measure=measure,
+        positions=_values(pos),
+        norms=tuple(norms.tolist()),
+        reference_norm=reference_norm,
+        reference=reference,
+        swamp_ratio=swamp_ratio,
+        max_norm=float(norms.max()),
+        max_ratio=float(ratios.max()),
         first_swamping=float(pos[swamped[0]]) if swamped.numel() else None,
-        growth=second / first if first > 0 else None, growth_rtol=growth_rtol,
+        growth=second / first if first > 0 else None,
+        growth_rtol=growth_rtol,
         bounded=second <= first * (1 + growth_rtol) + 1e-12,
-    )  # fmt: skip
+    )
 
 
 # --- uniqueness ----------------------------------------------------------------------------
@@ -269,9 +277,18 @@ def uniqueness(
         for a, b in close[order].tolist()
     )
     return Uniqueness(
-        encoding=enc.name, kind=enc.kind, unit=unit, dtype=_dtype_name(dtype) or "",
-        position_dtype=_dtype_name(position_dtype), num_positions=n,
-        min_distance=float(dist[i, j]), closest_pair=(float(pos[i]), float(pos[j])),
-        scale=scale, rtol=rtol, atol=atol, num_collisions=int(close.shape[0]),
-        collisions=examples, unique=close.shape[0] == 0,
-    )  # fmt: skip
+        encoding=enc.name,
+        kind=enc.kind,
+        unit=unit,
+        dtype=_dtype_name(dtype) or "",
+        position_dtype=_dtype_name(position_dtype),
+        num_positions=n,
+        min_distance=float(dist[i, j]),
+        closest_pair=(float(pos[i]), float(pos[j])),
+        scale=scale,
+        rtol=rtol,
+        atol=atol,
+        num_collisions=int(close.shape[0]),
+        collisions=examples,
+        unique=close.shape[0] == 0,
+    )

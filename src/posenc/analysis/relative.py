@@ -125,11 +125,17 @@ def shift_structure(
                         worst = max(worst, float(row.max() - row.min()))
             spreads.append(worst / top if top > 0 else 0.0)
         return ShiftStructure(
-            encoding=enc.name, kind=enc.kind,
-            measure="bias(p + k, p) and bias(p, p + k) over p (per head)", offsets=ks,
-            linear_map_residuals=None, linear_map_determined=None, linear_map_holds=None,
-            dot_spreads=tuple(spreads), dot_depends_only_on_offset=max(spreads) <= tol, tol=tol,
-        )  # fmt: skip
+            encoding=enc.name,
+            kind=enc.kind,
+            measure="bias(p + k, p) and bias(p, p + k) over p (per head)",
+            offsets=ks,
+            linear_map_residuals=None,
+            linear_map_determined=None,
+            linear_map_holds=None,
+            dot_spreads=tuple(spreads),
+            dot_depends_only_on_offset=max(spreads) <= tol,
+            tol=tol,
+        )
     if enc.kind == "rotary":
         rq, rk = rotary_matrices(enc, pos, dtype=dtype)  # [n, d, d]
         maps, keys = rq, rk.reshape(n, -1)
@@ -152,11 +158,17 @@ def shift_structure(
         residuals.append(residual)
         determined = determined and enough
     return ShiftStructure(
-        encoding=enc.name, kind=enc.kind, measure=measure, offsets=ks,
-        linear_map_residuals=tuple(residuals), linear_map_determined=determined,
+        encoding=enc.name,
+        kind=enc.kind,
+        measure=measure,
+        offsets=ks,
+        linear_map_residuals=tuple(residuals),
+        linear_map_determined=determined,
         linear_map_holds=determined and max(residuals) <= tol,
-        dot_spreads=tuple(spreads), dot_depends_only_on_offset=max(spreads) <= tol, tol=tol,
-    )  # fmt: skip
+        dot_spreads=tuple(spreads),
+        dot_depends_only_on_offset=max(spreads) <= tol,
+        tol=tol,
+    )
 
 
 # --- decay ---------------------------------------------------------------------------------
@@ -250,7 +262,13 @@ def decay(
         if float(sim[0]) != 0.0:
             normalized = tuple((sim / sim[0]).tolist())
     return Decay(
-        encoding=enc.name, kind=enc.kind, measure=measure, distances=tuple(dist.tolist()),
-        similarity=tuple(sim.tolist()), normalized=normalized, per_head=per_head,
-        bound=bound, bound_normalized=bound_normalized,
-    )  # fmt: skip
+        encoding=enc.name,
+        kind=enc.kind,
+        measure=measure,
+        distances=tuple(dist.tolist()),
+        similarity=tuple(sim.tolist()),
+        normalized=normalized,
+        per_head=per_head,
+        bound=bound,
+        bound_normalized=bound_normalized,
+    )

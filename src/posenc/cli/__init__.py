@@ -11,9 +11,7 @@ import sys
 try:
     import typer
 except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "the posenc command needs the 'cli' extra: pip install 'posenc[cli]'"
-    ) from e
+    raise ImportError("the posenc command needs the 'cli' extra: pip install 'posenc[cli]'") from e
 
 try:  # recent typer vendors its own copy of click
     from typer._click import exceptions as _click_errors

@@ -49,26 +49,32 @@ def property_rows(props: Any) -> list[tuple[str, str, str]]:
         if u.collisions
         else ""
     )
-    rows.append((
-        "uniqueness",
-        "unique" if u.unique else f"{u.num_collisions} collisions",
-        f"min distance {_g(u.min_distance)} ({_g(u.min_distance / u.scale if u.scale else 0.0)} "
-        f"of the rms norm) between {unit}s {u.closest_pair[0]:g} and {u.closest_pair[1]:g} "
-        f"over {u.num_positions} {unit}s{first}",
-    ))  # fmt: skip
+    rows.append(
+        (
+            "uniqueness",
+            "unique" if u.unique else f"{u.num_collisions} collisions",
+            f"min distance {_g(u.min_distance)} ({_g(u.min_distance / u.scale if u.scale else 0.0)} "
+            f"of the rms norm) between {unit}s {u.closest_pair[0]:g} and {u.closest_pair[1]:g} "
+            f"over {u.num_positions} {unit}s{first}",
+        )
+    )
     if s.linear_map_residuals is not None:
-        rows.append((
-            "shift: PE(p+k) = M_k PE(p)",
-            _yes(s.linear_map_holds, "holds", "fails"),
-            f"max relative residual {_g(max(s.linear_map_residuals))} over k = "
-            f"{', '.join(map(str, s.offsets))}"
-            + ("" if s.linear_map_determined else " (too few positions: any table fits)"),
-        ))  # fmt: skip
-    rows.append((
-        "shift: depends only on k",
-        _yes(s.dot_depends_only_on_offset, "yes", "no"),
-        f"{s.measure}: max relative spread over p {_g(max(s.dot_spreads))}",
-    ))  # fmt: skip
+        rows.append(
+            (
+                "shift: PE(p+k) = M_k PE(p)",
+                _yes(s.linear_map_holds, "holds", "fails"),
+                f"max relative residual {_g(max(s.linear_map_residuals))} over k = "
+                f"{', '.join(map(str, s.offsets))}"
+                + ("" if s.linear_map_determined else " (too few positions: any table fits)"),
+            )
+        )
+    rows.append(
+        (
+            "shift: depends only on k",
+            _yes(s.dot_depends_only_on_offset, "yes", "no"),
+            f"{s.measure}: max relative spread over p {_g(max(s.dot_spreads))}",
+        )
+    )
     picks = [k for k in (1, 4, 16, 64, 256, 1024) if k < len(d.distances)] + [d.distances[-1]]
     curve = d.normalized if d.normalized is not None else d.similarity
     values = ", ".join(f"k={k}: {curve[k]:.3g}" for k in dict.fromkeys(picks))
@@ -99,9 +105,11 @@ def inspect(
         check_int("--length", length, min=2)
         check_int("--max-distance", max_distance, min=1)
         props = properties(
-            encoding_config(encoding, param), length, shift_positions=min(length, 256),
+            encoding_config(encoding, param),
+            length,
+            shift_positions=min(length, 256),
             max_distance=max_distance,
-        )  # fmt: skip
+        )
     except PosEncError as e:
         fail(str(e))
         return
@@ -116,9 +124,11 @@ def inspect(
     console = Console(highlight=False)
     config = ", ".join(f"{k}={v}" for k, v in props.config.items() if k != "name")
     grid = Table(
-        title=Text(f"{props.encoding} ({props.kind}) {config}"), box=box.SIMPLE_HEAD,
-        title_justify="left", show_lines=False,
-    )  # fmt: skip
+        title=Text(f"{props.encoding} ({props.kind}) {config}"),
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+        show_lines=False,
+    )
     grid.add_column("property", style="bold", no_wrap=True)
     grid.add_column("result", no_wrap=True)
     grid.add_column("detail")

@@ -49,8 +49,9 @@ def _summary(results: dict) -> None:
     from rich.table import Table
 
     metric = results["metric"]
-    table = Table(title=f"{results['task']}: {metric} at each eval length "
-                  f"(trained at {results['train_len']})")  # fmt: skip
+    table = Table(
+        title=f"{results['task']}: {metric} at each eval length (trained at {results['train_len']})"
+    )
     table.add_column("encoding")
     for length in results["eval_lens"]:
         table.add_column(str(length), justify="right")
@@ -60,8 +61,15 @@ def _summary(results: dict) -> None:
         for length in results["eval_lens"]:
             cell = run["eval"][str(length)]
             value = cell.get(metric)
-            cells.append("error" if "error" in cell else "-" if value is None else
-                         f"{value:.3g}" if metric == "ppl" else f"{value:.2f}")  # fmt: skip
+            cells.append(
+                "error"
+                if "error" in cell
+                else "-"
+                if value is None
+                else f"{value:.3g}"
+                if metric == "ppl"
+                else f"{value:.2f}"
+            )
         table.add_row(run["encoding"], *cells, f"{run['train']['seconds']:.1f}")
     Console().print(table)
 
@@ -130,13 +138,30 @@ def lengthgen(
         lens = None if eval_lens is None else _lengths(eval_lens, base_len)
         methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
         options: dict[str, Any] = dict(
-            train_len=train_len, eval_lens=lens, steps=steps, out_dir=out, device=device,
-            seed=seed, preset=preset, batch_size=batch_size, dim=dim, num_layers=layers,
-            num_heads=heads, lr=lr, warmup=warmup, random_positions=random_positions,
-            extend=methods, extend_factor=extend_factor, finetune_steps=finetune_steps,
-            checkpoint_every=checkpoint_every, eval_tokens=eval_tokens,
-            eval_examples=eval_examples, resume=resume, plot=plot, threads=threads,
-        )  # fmt: skip
+            train_len=train_len,
+            eval_lens=lens,
+            steps=steps,
+            out_dir=out,
+            device=device,
+            seed=seed,
+            preset=preset,
+            batch_size=batch_size,
+            dim=dim,
+            num_layers=layers,
+            num_heads=heads,
+            lr=lr,
+            warmup=warmup,
+            random_positions=random_positions,
+            extend=methods,
+            extend_factor=extend_factor,
+            finetune_steps=finetune_steps,
+            checkpoint_every=checkpoint_every,
+            eval_tokens=eval_tokens,
+            eval_examples=eval_examples,
+            resume=resume,
+            plot=plot,
+            threads=threads,
+        )
         if quiet or not main_rank:
             results = run_study(task, encodings, **options)
         else:
@@ -149,4 +174,6 @@ def lengthgen(
         return
     if main_rank and not quiet:
         _summary(results)
-        typer.echo(f"wrote {out / 'results.json'}" + (f" and {out / 'lengthgen.png'}" if plot else ""))
+        typer.echo(
+            f"wrote {out / 'results.json'}" + (f" and {out / 'lengthgen.png'}" if plot else "")
+        )

@@ -71,9 +71,18 @@ def table(
     dpi: Dpi = 100,
 ) -> None:
     """The table as a heatmap (rotary: cos/sin of every angle; bias: per-head maps)."""
-    _draw(out, lambda plot, size: plot.plot_table(
-        encoding_config(encoding, param), positions_arg(positions), figsize=size, dpi=dpi,
-    ), (8.0, 4.5), width, height)  # fmt: skip
+    _draw(
+        out,
+        lambda plot, size: plot.plot_table(
+            encoding_config(encoding, param),
+            positions_arg(positions),
+            figsize=size,
+            dpi=dpi,
+        ),
+        (8.0, 4.5),
+        width,
+        height,
+    )
 
 
 @plot_app.command("similarity")
@@ -87,9 +96,18 @@ def similarity(
     dpi: Dpi = 100,
 ) -> None:
     """Cosine similarity of every pair of positions (additive and rotary encodings)."""
-    _draw(out, lambda plot, size: plot.plot_similarity(
-        encoding_config(encoding, param), positions_arg(positions), figsize=size, dpi=dpi,
-    ), (5.5, 4.5), width, height)  # fmt: skip
+    _draw(
+        out,
+        lambda plot, size: plot.plot_similarity(
+            encoding_config(encoding, param),
+            positions_arg(positions),
+            figsize=size,
+            dpi=dpi,
+        ),
+        (5.5, 4.5),
+        width,
+        height,
+    )
 
 
 @plot_app.command("decay")
@@ -104,9 +122,18 @@ def decay(
     dpi: Dpi = 100,
 ) -> None:
     """Similarity (bias: mean bias) against distance, one curve per encoding."""
-    _draw(out, lambda plot, size: plot.plot_decay(
-        [encoding_config(name, None) for name in encoding], max_distance, figsize=size, dpi=dpi,
-    ), (9.0, 4.0), width, height)  # fmt: skip
+    _draw(
+        out,
+        lambda plot, size: plot.plot_decay(
+            [encoding_config(name, None) for name in encoding],
+            max_distance,
+            figsize=size,
+            dpi=dpi,
+        ),
+        (9.0, 4.0),
+        width,
+        height,
+    )
 
 
 @plot_app.command("bias")
@@ -121,10 +148,19 @@ def bias(
     dpi: Dpi = 100,
 ) -> None:
     """The bias b[h, query, key] of each head (bias encodings)."""
-    _draw(out, lambda plot, size: plot.plot_bias(
-        encoding_config(encoding, param), positions_arg(positions), max_heads=max_heads,
-        figsize=size, dpi=dpi,
-    ), (10.0, 5.0), width, height)  # fmt: skip
+    _draw(
+        out,
+        lambda plot, size: plot.plot_bias(
+            encoding_config(encoding, param),
+            positions_arg(positions),
+            max_heads=max_heads,
+            figsize=size,
+            dpi=dpi,
+        ),
+        (10.0, 5.0),
+        width,
+        height,
+    )
 
 
 @plot_app.command("clock")
@@ -138,6 +174,15 @@ def clock(
     dpi: Dpi = 100,
 ) -> None:
     """Rotary angles as clock hands, one clock per frequency (rotary encodings)."""
-    _draw(out, lambda plot, size: plot.plot_clock_hands(
-        encoding_config(encoding, param), positions_arg(positions), figsize=size, dpi=dpi,
-    ), (10.0, 3.0), width, height)  # fmt: skip
+    _draw(
+        out,
+        lambda plot, size: plot.plot_clock_hands(
+            encoding_config(encoding, param),
+            positions_arg(positions),
+            figsize=size,
+            dpi=dpi,
+        ),
+        (10.0, 3.0),
+        width,
+        height,
+    )

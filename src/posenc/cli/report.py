@@ -41,8 +41,13 @@ def report(
         fail(str(e))
         return
     console = Console(stderr=True)
-    columns = (TextColumn("{task.fields[stage]:<10}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.description}"), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        TextColumn("{task.fields[stage]:<10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console, transient=False) as bar:
         tasks: dict[str, Any] = {}
 
@@ -62,10 +67,14 @@ def report(
             fail(f"cannot write to --out {out!r}: {e.strerror or e}")
             return
     errors = [e["name"] for e in data["encodings"] if e["error"]]
-    typer.echo(f"wrote {path / 'index.html'}, {path / 'report.json'} and "
-               f"{len(data['figures'])} figures in {data['seconds']['total']:.0f} s")  # fmt: skip
+    typer.echo(
+        f"wrote {path / 'index.html'}, {path / 'report.json'} and "
+        f"{len(data['figures'])} figures in {data['seconds']['total']:.0f} s"
+    )
     if errors:
         typer.echo(f"could not measure: {', '.join(errors)} (see the report)", err=True)
     if data["lengthgen"]["status"] != "ok":
-        typer.echo(f"length generalization: {data['lengthgen']['status']} "
-                   f"({data['lengthgen']['reason']})", err=True)  # fmt: skip
+        typer.echo(
+            f"length generalization: {data['lengthgen']['status']} ({data['lengthgen']['reason']})",
+            err=True,
+        )

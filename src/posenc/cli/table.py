@@ -125,7 +125,9 @@ def _sinusoidal(pos: torch.Tensor, dim: int, opts: dict[str, Any]) -> _Table:
         else:
             pairs.append((first, c) if c < n_first else (second, c - n_first))
     freqs = [base ** (-2.0 * i / dim) for i in range(n_first)]
-    shown = ", ".join(f"ω{str(i).translate(_SUBSCRIPTS)} = {w:.4g}" for i, w in enumerate(freqs[:6]))
+    shown = ", ".join(
+        f"ω{str(i).translate(_SUBSCRIPTS)} = {w:.4g}" for i, w in enumerate(freqs[:6])
+    )
     more = ", ..." if len(freqs) > 6 else ""
     return _Table(
         values=values,
@@ -192,7 +194,12 @@ def _fmt_position(p: int | float) -> str:
 
 
 def _print_text(
-    t: _Table, rows: list[list[float]], encoding: str, dim: int, pos: list, chans: list[int],
+    t: _Table,
+    rows: list[list[float]],
+    encoding: str,
+    dim: int,
+    pos: list,
+    chans: list[int],
     digits: int,
 ) -> None:
     console = Console(highlight=False)
@@ -201,10 +208,17 @@ def _print_text(
     def text(s: str) -> str:
         return s if utf8 else s.translate(_ASCII)
 
-    opts = " · ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-                      for k, v in t.options.items() if v is not None)  # fmt: skip
-    grid = Table(box=box.SIMPLE_HEAD if utf8 else box.ASCII2, header_style="bold", pad_edge=False,
-                 show_edge=False)
+    opts = " · ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in t.options.items()
+        if v is not None
+    )
+    grid = Table(
+        box=box.SIMPLE_HEAD if utf8 else box.ASCII2,
+        header_style="bold",
+        pad_edge=False,
+        show_edge=False,
+    )
     grid.add_column("p", justify="right", style="bold")
     for c in chans:
         grid.add_column(text(f"{c}\n{t.headers[c]}"), justify="right")
@@ -229,13 +243,23 @@ def _print_csv(
 
 
 def _print_json(
-    t: _Table, rows: list[list[float]], encoding: str, dim: int, pos: list, chans: list[int],
+    t: _Table,
+    rows: list[list[float]],
+    encoding: str,
+    dim: int,
+    pos: list,
+    chans: list[int],
     digits: int | None,
 ) -> None:
     head = {
-        "encoding": encoding, "dim": dim, "options": t.options, **t.extra,
-        "positions": pos, "channels": chans, "columns": [t.labels[c] for c in chans],
-    }  # fmt: skip
+        "encoding": encoding,
+        "dim": dim,
+        "options": t.options,
+        **t.extra,
+        "positions": pos,
+        "channels": chans,
+        "columns": [t.labels[c] for c in chans],
+    }
     rows = [[_clean(v, digits) for v in row] for row in rows]
     # one row of the table per line: readable, and still plain JSON
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
@@ -253,7 +277,8 @@ def table(
     positions: Annotated[
         str,
         typer.Option(
-            "--positions", "-p",
+            "--positions",
+            "-p",
             help="Positions: 'a:b' (end excluded), 'a:b:step', or a comma list such as "
             "'0:4,10,100.5'. Floats and negatives allowed.",
         ),
@@ -285,8 +310,13 @@ def table(
     try:
         name = _resolve_encoding(encoding)
         builder, takes = TABLES[name]
-        given = {"layout": layout, "order": order, "base": base, "normalize": normalize,
-                 "length": length}  # fmt: skip
+        given = {
+            "layout": layout,
+            "order": order,
+            "base": base,
+            "normalize": normalize,
+            "length": length,
+        }
         for option, value in given.items():
             if value is not None and option not in takes:
                 users = [n for n, (_, opts) in TABLES.items() if option in opts]

@@ -31,7 +31,14 @@ import torch
 
 from posenc._errors import PosEncError
 
-__all__ = ["FORMAT", "atomic_write", "get_rng_state", "load_checkpoint", "save_checkpoint", "set_rng_state"]
+__all__ = [
+    "FORMAT",
+    "atomic_write",
+    "get_rng_state",
+    "load_checkpoint",
+    "save_checkpoint",
+    "set_rng_state",
+]
 
 FORMAT = 1
 _KEYS = ("format", "config", "step", "model", "optimizer", "rng", "data", "seconds", "loss")
@@ -117,7 +124,10 @@ def _differences(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
 
 
 def load_checkpoint(
-    path: str | os.PathLike[str], *, config: dict[str, Any], map_location: str | torch.device = "cpu"
+    path: str | os.PathLike[str],
+    *,
+    config: dict[str, Any],
+    map_location: str | torch.device = "cpu",
 ) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` for the run ``config``.
 

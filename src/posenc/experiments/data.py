@@ -31,7 +31,15 @@ import torch
 
 from posenc._errors import PosEncError, check_int
 
-__all__ = ["VOCAB_SIZE", "Corpus", "decode", "encode", "load_stdlib_corpus", "split_of", "stdlib_files"]
+__all__ = [
+    "VOCAB_SIZE",
+    "Corpus",
+    "decode",
+    "encode",
+    "load_stdlib_corpus",
+    "split_of",
+    "stdlib_files",
+]
 
 VOCAB_SIZE = 256
 _SKIP_DIRS = frozenset({"site-packages", "dist-packages", "test", "tests", "__pycache__"})
@@ -47,7 +55,11 @@ def encode(text: str | bytes) -> torch.Tensor:
         [104, 105]
     """
     data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    return (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data
+        else torch.empty(0, dtype=torch.uint8)
+    )
 
 
 def decode(tokens: torch.Tensor) -> str:
@@ -112,7 +124,9 @@ class Corpus:
 
 
 @functools.lru_cache(maxsize=4)
-def _load(root: str, max_train_bytes: int, max_validation_bytes: int, validation_percent: int) -> Corpus:
+def _load(
+    root: str, max_train_bytes: int, max_validation_bytes: int, validation_percent: int
+) -> Corpus:
     budgets = {"train": max_train_bytes, "validation": max_validation_bytes}
     chunks: dict[str, list[bytes]] = {"train": [], "validation": []}
     sizes = {"train": 0, "validation": 0}

@@ -87,10 +87,16 @@ def _sums(
         logits = model(tokens, positions).float().cpu()  # [b, E, vocab]
         targets = batch.targets
         scored = targets != IGNORE  # [b, E]
-        nll = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-            ignore_index=IGNORE, reduction="none",
-        ).reshape(targets.shape).double()  # fmt: skip
+        nll = (
+            F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                targets.reshape(-1),
+                ignore_index=IGNORE,
+                reduction="none",
+            )
+            .reshape(targets.shape)
+            .double()
+        )
         sums[_LOSS] += nll.sum()
         sums[_COUNT] += scored.sum()
         sums[_PAST_LOSS] += nll[:, past].sum()
@@ -170,9 +176,15 @@ def evaluate(
                 with torch.no_grad():
                     rows = max(1, min(max_tokens // length, max_scores // (heads * length**2)))
                     sums = _sums(
-                        model, task, length, train_len=train_len, seed=seed, dist=dist,
-                        random_positions=random_positions, max_tokens=rows * length,
-                    )  # fmt: skip
+                        model,
+                        task,
+                        length,
+                        train_len=train_len,
+                        seed=seed,
+                        dist=dist,
+                        random_positions=random_positions,
+                        max_tokens=rows * length,
+                    )
             except (PosEncError, IndexError) as e:
                 error = str(e).splitlines()[0] if str(e) else type(e).__name__
             # Every rank must take part in the reduction, and agree on errors.

@@ -30,8 +30,15 @@ def _style(label: str, base_colors: Mapping[str, Any], extension_panel: bool) ->
     return {"color": color, "linestyle": "--", "marker": "^"}
 
 
-def _panel(ax: Any, results: Mapping[str, Any], runs: Sequence[Mapping[str, Any]], key: str,
-           ylabel: str, base_colors: Mapping[str, Any], extension_panel: bool) -> None:  # fmt: skip
+def _panel(
+    ax: Any,
+    results: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    key: str,
+    ylabel: str,
+    base_colors: Mapping[str, Any],
+    extension_panel: bool,
+) -> None:
     lengths = [int(e) for e in results["eval_lens"]]
     values = []
     for run in runs:

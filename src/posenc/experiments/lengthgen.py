@@ -79,8 +79,15 @@ def _train_record(result: TrainResult, **extra: Any) -> dict[str, Any]:
 class _Runner:
     """Trains, extends and evaluates the runs of one study."""
 
-    def __init__(self, study: Study, task: Task, dist: Dist, ckpt_dir: Path | None,
-                 resume: bool, on_event: Event | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        study: Study,
+        task: Task,
+        dist: Dist,
+        ckpt_dir: Path | None,
+        resume: bool,
+        on_event: Event | None,
+    ) -> None:
         self.s, self.task, self.dist = study, task, dist
         self.ckpt_dir, self.resume, self.on_event = ckpt_dir, resume, on_event
         # The longest position any training step sees (sizes learned tables).
@@ -104,34 +111,49 @@ class _Runner:
 
     def build(self, spec: Mapping[str, Any]) -> TinyTransformer:
         return build_model(
-            self.task.vocab_size, spec, self.s.model, max_len=self.max_len,
+            self.task.vocab_size,
+            spec,
+            self.s.model,
+            max_len=self.max_len,
             seed=derive_seed(self.s.train.seed, "init"),
-        )  # fmt: skip
+        )
 
-    def check_resumable(self, label: str, model: TinyTransformer, settings: TrainSettings,
-                        **extra: Any) -> None:  # fmt: skip
+    def check_resumable(
+        self, label: str, model: TinyTransformer, settings: TrainSettings, **extra: Any
+    ) -> None:
         path = self._ckpt(label)
         if self.resume and path is not None and path.exists():
             config = run_config(self._config(label, model, **extra), settings, self.dist.world_size)
             load_checkpoint(path, config=config)
 
-    def fit(self, label: str, model: TinyTransformer, settings: TrainSettings,
-            **extra: Any) -> TrainResult:  # fmt: skip
+    def fit(
+        self, label: str, model: TinyTransformer, settings: TrainSettings, **extra: Any
+    ) -> TrainResult:
         self._emit("run", label=label, steps=settings.steps)
         result = train(
-            model, self.task, settings, dist=self.dist, checkpoint=self._ckpt(label),
-            config=self._config(label, model, **extra), resume=self.resume,
+            model,
+            self.task,
+            settings,
+            dist=self.dist,
+            checkpoint=self._ckpt(label),
+            config=self._config(label, model, **extra),
+            resume=self.resume,
             on_step=lambda info: self._emit("step", label=label, info=info),
-        )  # fmt: skip
+        )
         return result
 
     def evaluate(self, label: str, model: TinyTransformer) -> dict[str, Any]:
         self._emit("eval", label=label)
         out = evaluate(
-            model, self.task, self.s.eval_lens, train_len=self.s.train_len,
-            seed=self.s.train.seed, dist=self.dist,
-            random_positions=self.s.train.random_positions, max_tokens=_EVAL_MAX_TOKENS,
-        )  # fmt: skip
+            model,
+            self.task,
+            self.s.eval_lens,
+            train_len=self.s.train_len,
+            seed=self.s.train.seed,
+            dist=self.dist,
+            random_positions=self.s.train.random_positions,
+            max_tokens=_EVAL_MAX_TOKENS,
+        )
         self._emit("done", label=label)
         return out
 
@@ -141,8 +163,14 @@ class _Runner:
         return dataclasses.replace(
             base,
             steps=self.s.finetune_steps,
-            batch_size=max(self.dist.world_size, base.batch_size * base.seq_len // length
-                           // self.dist.world_size * self.dist.world_size),
+            batch_size=max(
+                self.dist.world_size,
+                base.batch_size
+                * base.seq_len
+                // length
+                // self.dist.world_size
+                * self.dist.world_size,
+            ),
             seq_len=length,
             lr=base.lr / 3,
             warmup=max(1, self.s.finetune_steps // 10),
@@ -166,8 +194,9 @@ def _dry_run(label: str, model: TinyTransformer, study: Study) -> None:
         raise PosEncError(f"encoding {label!r} cannot run on token sequences here: {e}") from e
 
 
-def _extension_runs(runner: _Runner, base: TinyTransformer, base_train: dict[str, Any],
-                    validate_only: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+def _extension_runs(
+    runner: _Runner, base: TinyTransformer, base_train: dict[str, Any], validate_only: bool = False
+) -> list[dict[str, Any]]:
     s = runner.s
     runs = []
     state = base.state_dict()
@@ -185,21 +214,32 @@ def _extension_runs(runner: _Runner, base: TinyTransformer, base_train: dict[str
                 runner.check_resumable(ft_label, extended, ft_settings, base="rope")
             continue
         extended.to(runner.dist.device)
-        runs.append({
-            "encoding": label,
-            "config": extended.encoding.to_config(),
-            "train": {"steps": 0, "final_loss": None, "seconds": 0.0, "from": "rope",
-                      "base_final_loss": base_train.get("final_loss")},
-            "eval": runner.evaluate(label, extended),
-        })  # fmt: skip
+        runs.append(
+            {
+                "encoding": label,
+                "config": extended.encoding.to_config(),
+                "train": {
+                    "steps": 0,
+                    "final_loss": None,
+                    "seconds": 0.0,
+                    "from": "rope",
+                    "base_final_loss": base_train.get("final_loss"),
+                },
+                "eval": runner.evaluate(label, extended),
+            }
+        )
         if ft_settings is not None:
             result = runner.fit(ft_label, extended, ft_settings, base="rope")
-            runs.append({
-                "encoding": ft_label,
-                "config": extended.encoding.to_config(),
-                "train": _train_record(result, **{"from": "rope", "seq_len": ft_settings.seq_len}),
-                "eval": runner.evaluate(ft_label, extended),
-            })  # fmt: skip
+            runs.append(
+                {
+                    "encoding": ft_label,
+                    "config": extended.encoding.to_config(),
+                    "train": _train_record(
+                        result, **{"from": "rope", "seq_len": ft_settings.seq_len}
+                    ),
+                    "eval": runner.evaluate(ft_label, extended),
+                }
+            )
     return runs
 
 
@@ -283,16 +323,30 @@ def run_study(
         if threads is not None:
             torch.set_num_threads(threads)
         study = resolve(
-            task, encodings,
-            {"preset": preset, "train_len": train_len, "eval_lens": eval_lens, "steps": steps,
-             "batch_size": batch_size, "dim": dim, "num_layers": num_layers,
-             "num_heads": num_heads, "lr": lr, "warmup": warmup,
-             "random_positions": random_positions, "extend": extend,
-             "extend_factor": extend_factor, "finetune_steps": finetune_steps,
-             "checkpoint_every": checkpoint_every, "eval_tokens": eval_tokens,
-             "eval_examples": eval_examples, "seed": seed},
+            task,
+            encodings,
+            {
+                "preset": preset,
+                "train_len": train_len,
+                "eval_lens": eval_lens,
+                "steps": steps,
+                "batch_size": batch_size,
+                "dim": dim,
+                "num_layers": num_layers,
+                "num_heads": num_heads,
+                "lr": lr,
+                "warmup": warmup,
+                "random_positions": random_positions,
+                "extend": extend,
+                "extend_factor": extend_factor,
+                "finetune_steps": finetune_steps,
+                "checkpoint_every": checkpoint_every,
+                "eval_tokens": eval_tokens,
+                "eval_examples": eval_examples,
+                "seed": seed,
+            },
             dist.world_size,
-        )  # fmt: skip
+        )
         if resume and out_dir is None:
             raise PosEncError("resume needs out_dir (where the checkpoints are), got None")
         out = None if out_dir is None else Path(out_dir)
@@ -306,8 +360,9 @@ def run_study(
             task_obj.check_length("eval_lens entry", length)
         if study.finetune_steps:
             task_obj.check_length("eval_lens entry", max(study.eval_lens))
-        runner = _Runner(study, task_obj, dist, None if out is None else out / "checkpoints",
-                         resume, on_event)  # fmt: skip
+        runner = _Runner(
+            study, task_obj, dist, None if out is None else out / "checkpoints", resume, on_event
+        )
         with torch.random.fork_rng(devices=[]):
             # Build and try every model (and check every checkpoint) before anything trains.
             for label, spec in zip(study.labels, study.specs):
@@ -321,12 +376,14 @@ def run_study(
                 model = runner.build(spec)
                 result = runner.fit(label, model, study.train)
                 record = _train_record(result)
-                runs.append({
-                    "encoding": label,
-                    "config": model.encoding.to_config(),
-                    "train": record,
-                    "eval": runner.evaluate(label, model),
-                })  # fmt: skip
+                runs.append(
+                    {
+                        "encoding": label,
+                        "config": model.encoding.to_config(),
+                        "train": record,
+                        "eval": runner.evaluate(label, model),
+                    }
+                )
                 if label == "rope" and study.extend:
                     runs.extend(_extension_runs(runner, model, record))
         results = _results(study, task_obj, runs, dist, device, time.perf_counter() - started)
@@ -343,8 +400,9 @@ def run_study(
         dist.close()
 
 
-def _results(study: Study, task: Task, runs: list[dict[str, Any]], dist: Dist, device: str,
-             seconds: float) -> dict[str, Any]:  # fmt: skip
+def _results(
+    study: Study, task: Task, runs: list[dict[str, Any]], dist: Dist, device: str, seconds: float
+) -> dict[str, Any]:
     settings = {
         "model": study.model.to_dict(),
         "train": study.train.to_dict(),
@@ -378,4 +436,3 @@ def _results(study: Study, task: Task, runs: list[dict[str, Any]], dist: Dist, d
         "runs": runs,
         "seconds": seconds,
     }
-

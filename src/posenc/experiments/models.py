@@ -61,9 +61,7 @@ def encoding_label(spec: str | Mapping[str, Any]) -> str:
         raise PosEncError(f"encoding must be a registry name or a config dict, got {spec!r}")
     key = ALIASES.get(name.lower(), name.lower())
     if key not in names():
-        raise PosEncError(
-            f"encoding must be one of {', '.join(map(repr, names()))}, got {name!r}"
-        )
+        raise PosEncError(f"encoding must be one of {', '.join(map(repr, names()))}, got {name!r}")
     return key
 
 

@@ -28,7 +28,9 @@ class StudyProgress:
                 TimeRemainingColumn,
             )
         except ImportError as e:
-            raise ImportError("progress bars need the 'cli' extra: pip install 'posenc[cli]'") from e
+            raise ImportError(
+                "progress bars need the 'cli' extra: pip install 'posenc[cli]'"
+            ) from e
         self._progress = Progress(
             TextColumn("{task.description:<14}"),
             BarColumn(),
@@ -65,7 +67,9 @@ class StudyProgress:
             )
         elif kind == "eval":
             if label not in self._tasks:
-                self._tasks[label] = self._progress.add_task(label, total=1, loss="  -  ", speed="-")
+                self._tasks[label] = self._progress.add_task(
+                    label, total=1, loss="  -  ", speed="-"
+                )
             self._progress.update(self._tasks[label], description=f"{label} (eval)")
         elif kind == "done" and label in self._tasks:
             task = self._tasks[label]

@@ -106,7 +106,9 @@ class Task:
         raise NotImplementedError
 
 
-def _chunks(rows: int, length: int, max_tokens: int, rank: int, world: int) -> Iterator[torch.Tensor]:
+def _chunks(
+    rows: int, length: int, max_tokens: int, rank: int, world: int
+) -> Iterator[torch.Tensor]:
     mine = torch.arange(rank, rows, world)
     per = max(1, max_tokens // length)
     yield from mine.split(per)
@@ -263,7 +265,9 @@ class RecallTask(_SyntheticTask):
         values = torch.randint(DIGIT0, DIGIT0 + 10, (rows, n), generator=g)
         pairs = torch.stack([keys + LETTER_A, values], dim=-1).reshape(rows, 2 * n)
         answer = values.gather(1, slot)
-        seq = torch.cat([_column(rows, BOS), pairs, _column(rows, SEP), query + LETTER_A, answer], 1)
+        seq = torch.cat(
+            [_column(rows, BOS), pairs, _column(rows, SEP), query + LETTER_A, answer], 1
+        )
         return seq, 2 * n + 3
 
 
@@ -283,8 +287,14 @@ class AdditionTask(_SyntheticTask):
             c[:, i], carry = total % 10, total // 10
         c[:, n] = carry
         seq = torch.cat(
-            [_column(rows, BOS), a + DIGIT0, _column(rows, PLUS), b + DIGIT0, _column(rows, EQ),
-             c + DIGIT0],
+            [
+                _column(rows, BOS),
+                a + DIGIT0,
+                _column(rows, PLUS),
+                b + DIGIT0,
+                _column(rows, EQ),
+                c + DIGIT0,
+            ],
             1,
         )
         return seq, 2 * n + 3

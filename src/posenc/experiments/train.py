@@ -124,9 +124,7 @@ class TrainResult:
 def run_config(config: dict[str, Any], settings: TrainSettings, world_size: int) -> dict[str, Any]:
     """What a checkpoint records as its run's configuration (and resuming must match):
     ``config`` plus the training settings and the world size, as plain JSON values."""
-    return json.loads(
-        json.dumps({**config, "train": settings.to_dict(), "world_size": world_size})
-    )
+    return json.loads(json.dumps({**config, "train": settings.to_dict(), "world_size": world_size}))
 
 
 def _optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
@@ -218,17 +216,22 @@ def train(
         if positions is not None:
             positions = positions.to(dist.device)
         lr = warmup_cosine(
-            step, steps=settings.steps, peak=settings.lr, warmup=settings.warmup,
+            step,
+            steps=settings.steps,
+            peak=settings.lr,
+            warmup=settings.warmup,
             min_ratio=settings.min_lr_ratio,
-        )  # fmt: skip
+        )
         for group in optimizer.param_groups:
             group["lr"] = lr
 
         logits = wrapped(tokens, positions)  # [b, s, vocab]
         loss_sum = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
-            ignore_index=IGNORE, reduction="sum",
-        )  # fmt: skip
+            logits.reshape(-1, logits.shape[-1]).float(),
+            targets.reshape(-1),
+            ignore_index=IGNORE,
+            reduction="sum",
+        )
         optimizer.zero_grad(set_to_none=True)
         (loss_sum * (dist.world_size / count)).backward()
         if settings.grad_clip > 0:
@@ -244,14 +247,18 @@ def train(
         local_seconds += elapsed
         done = step + 1
         if checkpoint is not None and (
-            done == settings.steps or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
+            done == settings.steps
+            or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
         ):
             _save(checkpoint, model, optimizer, full_config, done, seconds, losses, dist)
         if on_step is not None:
             on_step(StepInfo(done, settings.steps, loss, tokens_per_step / max(elapsed, 1e-9)))
 
-    ran, spent = (settings.steps - start, local_seconds) if start < settings.steps else (
-        settings.steps, seconds)  # fmt: skip
+    ran, spent = (
+        (settings.steps - start, local_seconds)
+        if start < settings.steps
+        else (settings.steps, seconds)
+    )
     return TrainResult(
         steps=settings.steps,
         final_loss=sum(losses) / len(losses),

@@ -71,8 +71,10 @@ def _rope_parameters(cfg: _Reader, layer_type: str | None) -> dict[str, Any]:
             raise PosEncError(f"layer_type {layer_type!r} has no RoPE (its parameters are None)")
         return dict(rope[layer_type])
     if layer_type is not None:
-        raise PosEncError(f"layer_type must be None for a config with one set of RoPE "
-                          f"parameters, got {layer_type!r}")  # fmt: skip
+        raise PosEncError(
+            f"layer_type must be None for a config with one set of RoPE "
+            f"parameters, got {layer_type!r}"
+        )
     return dict(rope)
 
 
@@ -130,14 +132,32 @@ def rotary_from_config(
     kind = _first(rope.get("rope_type"), rope.get("type"), "default")  # rope_type wins
     if kind == "mrope":  # Qwen2-VL's legacy spelling of default RoPE with sections
         kind = "default"
-    base = check_float("rope_theta", _first(
-        rope.get("rope_theta"), cfg.get("rope_theta"), cfg.get("rotary_emb_base"),
-        defaults.get("rope_theta"), _DEFAULT_THETA,
-    ), min=1.0, min_exclusive=True)  # fmt: skip
-    partial = check_float("partial_rotary_factor", _first(
-        rope.get("partial_rotary_factor"), cfg.get("partial_rotary_factor"),
-        rope.get("rotary_pct"), cfg.get("rotary_pct"), defaults.get("partial_rotary_factor"), 1.0,
-    ), min=0.0, max=1.0, min_exclusive=True)  # fmt: skip
+    base = check_float(
+        "rope_theta",
+        _first(
+            rope.get("rope_theta"),
+            cfg.get("rope_theta"),
+            cfg.get("rotary_emb_base"),
+            defaults.get("rope_theta"),
+            _DEFAULT_THETA,
+        ),
+        min=1.0,
+        min_exclusive=True,
+    )
+    partial = check_float(
+        "partial_rotary_factor",
+        _first(
+            rope.get("partial_rotary_factor"),
+            cfg.get("partial_rotary_factor"),
+            rope.get("rotary_pct"),
+            cfg.get("rotary_pct"),
+            defaults.get("partial_rotary_factor"),
+            1.0,
+        ),
+        min=0.0,
+        max=1.0,
+        min_exclusive=True,
+    )
 
     head_dim = cfg.get("head_dim")
     if head_dim is None:
@@ -178,12 +198,17 @@ def rotary_from_config(
         ):
             scaling["max_position_embeddings"] = max_position
     else:
-        extra = sorted(k for k, v in rope.items()
-                       if v is not None and k not in (*_GENERAL_KEYS, "rotary_pct"))  # fmt: skip
+        extra = sorted(
+            k for k, v in rope.items() if v is not None and k not in (*_GENERAL_KEYS, "rotary_pct")
+        )
         if extra:
             raise PosEncError(f"rope type 'default' takes no scaling parameters, got {extra}")
 
     return RotaryEmbedding(
-        head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
+        head_dim,
+        base=base,
+        rotary_dim=rotary_dim,
+        layout=layout,
+        scaling=scaling,
         sections=None if sections is None else list(sections),
-    )  # fmt: skip
+    )

@@ -95,9 +95,14 @@ class _Attention(nn.Module):
         if cache is not None:
             k, v = cache._update(layer, k, v)  # [b, h, t + s, d]
         out = attention(
-            q, k, v, encoding=bias, causal=causal, attn_mask=mask,
+            q,
+            k,
+            v,
+            encoding=bias,
+            causal=causal,
+            attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
-        )  # fmt: skip
+        )
         return self.proj(out.transpose(1, 2).reshape(b, s, dim))  # [b, s, dim]
 
 
@@ -352,15 +357,27 @@ class TinyTransformer(nn.Module):
         inner = None
         if self.encoding.kind == "rotary":  # the new tokens, queries and keys alike
             inner = prepare_encoding(
-                self.encoding, q_len=s, num_heads=self.num_heads, head_dim=self.head_dim,
-                batch=b, q_positions=q_pos, k_positions=q_pos, device=device,
-            )  # fmt: skip
+                self.encoding,
+                q_len=s,
+                num_heads=self.num_heads,
+                head_dim=self.head_dim,
+                batch=b,
+                q_positions=q_pos,
+                k_positions=q_pos,
+                device=device,
+            )
         elif self.encoding.kind == "bias":  # the new queries against every key
             inner = prepare_encoding(
-                self.encoding, q_len=s, k_len=k_pos.shape[-1], num_heads=self.num_heads,
-                head_dim=self.head_dim, batch=b, q_positions=q_pos, k_positions=k_pos,
+                self.encoding,
+                q_len=s,
+                k_len=k_pos.shape[-1],
+                num_heads=self.num_heads,
+                head_dim=self.head_dim,
+                batch=b,
+                q_positions=q_pos,
+                k_positions=k_pos,
                 device=device,
-            )  # fmt: skip
+            )
         for i, block in enumerate(self.blocks):
             x = block(x, inner, causal=self.causal, mask=mask, cache=cache, layer=i)
         x = self.norm(x)

@@ -134,9 +134,11 @@ def t5_relative_bias(
 
     def value(h, i, j):
         bucket = t5_relative_bucket(
-            int(j - i), bidirectional=bidirectional, num_buckets=num_buckets,
+            int(j - i),
+            bidirectional=bidirectional,
+            num_buckets=num_buckets,
             max_distance=max_distance,
-        )  # fmt: skip
+        )
         return table[bucket, h]
 
     return _pairwise(q_positions, k_positions, num_heads, value)

@@ -107,8 +107,9 @@ def resample_table(
     prefix, body = t[:num_prefix_tokens], t[num_prefix_tokens:]
     if grid is None:
         mode = mode or "linear"
-        w = resample_weights(len(body), size - num_prefix_tokens, mode=mode,
-                             align_corners=align_corners)  # fmt: skip
+        w = resample_weights(
+            len(body), size - num_prefix_tokens, mode=mode, align_corners=align_corners
+        )
         out = w @ body
     else:
         mode = mode or "bicubic"

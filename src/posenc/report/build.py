@@ -31,11 +31,21 @@ Progress = Callable[[str, int, int, str], None]
 #: its "quick" preset, shortened further for ``--quick``. Tiny on purpose: the report
 #: shows the pipeline and the shape of the comparison; ``posenc lengthgen`` runs real ones.
 LENGTHGEN_SETTINGS: dict[bool, dict[str, Any]] = {
-    False: {"task": "lm", "encodings": ("none", "sinusoidal", "learned", "rope", "alibi", "t5"),
-            "preset": "quick", "steps": 40, "eval_lens": (32, 64, 128)},
-    True: {"task": "lm", "encodings": ("none", "sinusoidal", "rope", "alibi"),
-           "preset": "quick", "steps": 6, "eval_lens": (32, 64)},
-}  # fmt: skip
+    False: {
+        "task": "lm",
+        "encodings": ("none", "sinusoidal", "learned", "rope", "alibi", "t5"),
+        "preset": "quick",
+        "steps": 40,
+        "eval_lens": (32, 64, 128),
+    },
+    True: {
+        "task": "lm",
+        "encodings": ("none", "sinusoidal", "rope", "alibi"),
+        "preset": "quick",
+        "steps": 6,
+        "eval_lens": (32, 64),
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,10 +65,26 @@ class Settings:
 def settings_for(quick: bool) -> Settings:
     """The report's sizes: the default run, or the ``--quick`` one (under a minute)."""
     if quick:
-        return Settings(True, positions=128, shift_positions=128, max_distance=64,
-                        figure_positions=64, dpi=72, similarity_figures=False, bias_heads=4)  # fmt: skip
-    return Settings(False, positions=512, shift_positions=256, max_distance=128,
-                    figure_positions=128, dpi=90, similarity_figures=True, bias_heads=8)  # fmt: skip
+        return Settings(
+            True,
+            positions=128,
+            shift_positions=128,
+            max_distance=64,
+            figure_positions=64,
+            dpi=72,
+            similarity_figures=False,
+            bias_heads=4,
+        )
+    return Settings(
+        False,
+        positions=512,
+        shift_positions=256,
+        max_distance=128,
+        figure_positions=128,
+        dpi=90,
+        similarity_figures=True,
+        bias_heads=8,
+    )
 
 
 class _Figures:
@@ -76,8 +102,16 @@ class _Figures:
         fig = draw(self.dpi)
         width, height = fig.canvas.get_width_height()
         (self.out / file).write_bytes(figure_bytes(fig))
-        self.records.append({"file": file, "title": title, "section": section,
-                             "encoding": encoding, "width": width, "height": height})  # fmt: skip
+        self.records.append(
+            {
+                "file": file,
+                "title": title,
+                "section": section,
+                "encoding": encoding,
+                "width": width,
+                "height": height,
+            }
+        )
         self.seconds += time.perf_counter() - start
         return file
 
@@ -86,32 +120,60 @@ def _encoding_entry(name: str, s: Settings, figs: _Figures) -> dict[str, Any]:
     """Properties and figures of one registered encoding; errors are recorded, not raised."""
     from posenc import plot
 
-    entry: dict[str, Any] = {"name": name, "kind": None, "config": None, "summary": None,
-                             "properties": None, "figures": [], "error": None}  # fmt: skip
+    entry: dict[str, Any] = {
+        "name": name,
+        "kind": None,
+        "config": None,
+        "summary": None,
+        "properties": None,
+        "figures": [],
+        "error": None,
+    }
     try:
         enc = resolve_encoding(name)
         entry["kind"], entry["config"] = enc.kind, enc.to_config()
-        props = properties(enc, s.positions, shift_positions=s.shift_positions,
-                           max_distance=s.max_distance)  # fmt: skip
+        props = properties(
+            enc, s.positions, shift_positions=s.shift_positions, max_distance=s.max_distance
+        )
         entry["summary"], entry["properties"] = props.summary(), props.to_dict()
         n = s.figure_positions
         if enc.kind == "bias":
             rows = -(-min(s.bias_heads, size(enc, "num_heads")) // 4)  # 4 heads a row
-            entry["figures"].append(figs.add(
-                f"bias_{name}.png", f"{name}: bias of each head", "encodings", name,
-                lambda dpi: plot.plot_bias(enc, min(n, 48), max_heads=s.bias_heads,
-                                           figsize=(8, 0.9 + 2.1 * rows), dpi=dpi),
-            ))  # fmt: skip
+            entry["figures"].append(
+                figs.add(
+                    f"bias_{name}.png",
+                    f"{name}: bias of each head",
+                    "encodings",
+                    name,
+                    lambda dpi: plot.plot_bias(
+                        enc,
+                        min(n, 48),
+                        max_heads=s.bias_heads,
+                        figsize=(8, 0.9 + 2.1 * rows),
+                        dpi=dpi,
+                    ),
+                )
+            )
         else:
-            entry["figures"].append(figs.add(
-                f"table_{name}.png", f"{name}: table", "encodings", name,
-                lambda dpi: plot.plot_table(enc, n, figsize=(6.5, 3.6), dpi=dpi),
-            ))  # fmt: skip
+            entry["figures"].append(
+                figs.add(
+                    f"table_{name}.png",
+                    f"{name}: table",
+                    "encodings",
+                    name,
+                    lambda dpi: plot.plot_table(enc, n, figsize=(6.5, 3.6), dpi=dpi),
+                )
+            )
             if enc.kind != "none" and s.similarity_figures:
-                entry["figures"].append(figs.add(
-                    f"similarity_{name}.png", f"{name}: similarity of positions", "encodings",
-                    name, lambda dpi: plot.plot_similarity(enc, n, figsize=(4.4, 3.6), dpi=dpi),
-                ))  # fmt: skip
+                entry["figures"].append(
+                    figs.add(
+                        f"similarity_{name}.png",
+                        f"{name}: similarity of positions",
+                        "encodings",
+                        name,
+                        lambda dpi: plot.plot_similarity(enc, n, figsize=(4.4, 3.6), dpi=dpi),
+                    )
+                )
     except Exception as e:  # a new encoding the defaults cannot build must not sink the report
         entry["error"] = f"{type(e).__name__}: {e}"
     return entry
@@ -119,8 +181,13 @@ def _encoding_entry(name: str, s: Settings, figs: _Figures) -> dict[str, Any]:
 
 def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> dict[str, Any]:
     settings = dict(LENGTHGEN_SETTINGS[quick])
-    record: dict[str, Any] = {"status": "absent", "reason": None, "settings": None,
-                              "results": None, "figure": None}  # fmt: skip
+    record: dict[str, Any] = {
+        "status": "absent",
+        "reason": None,
+        "settings": None,
+        "results": None,
+        "figure": None,
+    }
     try:
         from posenc.experiments.lengthgen import run_study
     except ImportError as e:
@@ -128,28 +195,37 @@ def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> di
         return record
     names = set(registry.names())
     settings["encodings"] = tuple(n for n in settings["encodings"] if n in names)
-    record["settings"] = {**settings, "encodings": list(settings["encodings"]),
-                          "eval_lens": list(settings["eval_lens"])}  # fmt: skip
+    record["settings"] = {
+        **settings,
+        "encodings": list(settings["encodings"]),
+        "eval_lens": list(settings["eval_lens"]),
+    }
     total = settings["steps"] * len(settings["encodings"])
     done: dict[str, int] = {}
 
     def on_event(kind: str, fields: dict[str, Any]) -> None:
         if kind == "step":
             done[fields["label"]] = int(fields["info"].step)
-            progress("lengthgen", min(sum(done.values()), total), total,
-                     f"training {fields['label']}")  # fmt: skip
+            progress(
+                "lengthgen", min(sum(done.values()), total), total, f"training {fields['label']}"
+            )
         elif kind == "eval":
-            progress("lengthgen", min(sum(done.values()), total), total,
-                     f"evaluating {fields['label']}")  # fmt: skip
+            progress(
+                "lengthgen", min(sum(done.values()), total), total, f"evaluating {fields['label']}"
+            )
 
     progress("lengthgen", 0, total, "length generalization")
     try:
         results = run_study(
-            settings["task"], list(settings["encodings"]), preset=settings["preset"],
-            steps=settings["steps"], eval_lens=list(settings["eval_lens"]), plot=False,
+            settings["task"],
+            list(settings["encodings"]),
+            preset=settings["preset"],
+            steps=settings["steps"],
+            eval_lens=list(settings["eval_lens"]),
+            plot=False,
             threads=1,  # tiny models: one thread beats two (as `posenc lengthgen` defaults)
             on_event=on_event,
-        )  # fmt: skip
+        )
     except Exception as e:  # the analysis half of the report is still worth writing
         record["status"] = "error"
         record["reason"] = f"{type(e).__name__}: {e}"
@@ -165,9 +241,16 @@ def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> di
 
         with Image.open(path) as im:
             width, height = im.size
-        figs.records.append({"file": "lengthgen.png", "title": "length generalization",
-                             "section": "lengthgen", "encoding": None, "width": width,
-                             "height": height})  # fmt: skip
+        figs.records.append(
+            {
+                "file": "lengthgen.png",
+                "title": "length generalization",
+                "section": "lengthgen",
+                "encoding": None,
+                "width": width,
+                "height": height,
+            }
+        )
         figs.seconds += time.perf_counter() - start
         record["figure"] = "lengthgen.png"
     except Exception as e:  # no figure; the table of numbers stays
@@ -242,13 +325,23 @@ def build_report(
 
     ok = [e["name"] for e in entries if e["error"] is None]
     if ok:
-        figs.add("decay.png", "similarity and bias against distance", "decay", None,
-                 lambda dpi: plot.plot_decay(ok, s.max_distance, figsize=(12, 4.6), dpi=dpi))  # fmt: skip
+        figs.add(
+            "decay.png",
+            "similarity and bias against distance",
+            "decay",
+            None,
+            lambda dpi: plot.plot_decay(ok, s.max_distance, figsize=(12, 4.6), dpi=dpi),
+        )
     rotary = [e["name"] for e in entries if e["kind"] == "rotary" and e["error"] is None]
     if rotary:
         clock = "rope" if "rope" in rotary else rotary[0]
-        figs.add(f"clock_{clock}.png", f"{clock}: rotation angles as clock hands", "decay",
-                 clock, lambda dpi: plot.plot_clock_hands(clock, figsize=(12, 3.0), dpi=dpi))  # fmt: skip
+        figs.add(
+            f"clock_{clock}.png",
+            f"{clock}: rotation angles as clock hands",
+            "decay",
+            clock,
+            lambda dpi: plot.plot_clock_hands(clock, figsize=(12, 3.0), dpi=dpi),
+        )
 
     progress("analysis", len(names) + 1, total, "demonstrations")
     t0 = time.perf_counter()
@@ -259,8 +352,13 @@ def build_report(
     if lengthgen:
         study = _lengthgen(out, bool(quick), figs, progress)
     else:
-        study = {"status": "skipped", "reason": "turned off (lengthgen=False)", "settings": None,
-                 "results": None, "figure": None}  # fmt: skip
+        study = {
+            "status": "skipped",
+            "reason": "turned off (lengthgen=False)",
+            "settings": None,
+            "results": None,
+            "figure": None,
+        }
     lengthgen_seconds = time.perf_counter() - t0  # with its figure
 
     progress("analysis", len(names) + 2, total, "writing the page")

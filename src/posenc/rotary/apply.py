@@ -126,8 +126,7 @@ def check_sections(sections: Any, half: int) -> tuple[int, ...]:
     values = tuple(check_int(f"sections[{i}]", n, min=1) for i, n in enumerate(sections))
     if not values or sum(values) != half:
         raise PosEncError(
-            f"sections must sum to rotary_dim / 2 = {half}, got {list(values)} "
-            f"(sum {sum(values)})"
+            f"sections must sum to rotary_dim / 2 = {half}, got {list(values)} (sum {sum(values)})"
         )
     return values
 
@@ -240,9 +239,7 @@ def apply_rotary(
         rotary_dim = 2 * half
     rotary_dim = check_int("rotary_dim", rotary_dim, min=2)
     if rotary_dim != 2 * half:
-        raise PosEncError(
-            f"rotary_dim must equal 2 * cos.shape[-1] = {2 * half}, got {rotary_dim}"
-        )
+        raise PosEncError(f"rotary_dim must equal 2 * cos.shape[-1] = {2 * half}, got {rotary_dim}")
     if rotary_dim > x.shape[-1]:
         raise PosEncError(
             f"rotary_dim must be <= x's last dimension {x.shape[-1]}, got {rotary_dim}"

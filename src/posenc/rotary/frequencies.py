@@ -145,8 +145,11 @@ class YarnScaling:
 
     def __post_init__(self) -> None:
         kind = self.type
-        _set(self, "original_max_position",
-             _length(kind, "original_max_position", self.original_max_position))  # fmt: skip
+        _set(
+            self,
+            "original_max_position",
+            _length(kind, "original_max_position", self.original_max_position),
+        )
         if self.max_position is not None:
             _set(self, "max_position", _length(kind, "max_position", self.max_position))
         if self.factor is None:
@@ -157,10 +160,16 @@ class YarnScaling:
                 )
             _set(self, "factor", self.max_position / self.original_max_position)
         _set(self, "factor", _factor(kind, self.factor))
-        _set(self, "beta_fast", check_float("yarn scaling beta_fast", self.beta_fast, min=0.0,
-                                            min_exclusive=True))  # fmt: skip
-        _set(self, "beta_slow", check_float("yarn scaling beta_slow", self.beta_slow, min=0.0,
-                                            min_exclusive=True))  # fmt: skip
+        _set(
+            self,
+            "beta_fast",
+            check_float("yarn scaling beta_fast", self.beta_fast, min=0.0, min_exclusive=True),
+        )
+        _set(
+            self,
+            "beta_slow",
+            check_float("yarn scaling beta_slow", self.beta_slow, min=0.0, min_exclusive=True),
+        )
         if self.beta_fast < self.beta_slow:
             raise PosEncError(
                 f"yarn scaling beta_fast must be >= beta_slow ({self.beta_slow}), "
@@ -170,9 +179,16 @@ class YarnScaling:
             if getattr(self, name) is not None:
                 _set(self, name, check_float(f"yarn scaling {name}", getattr(self, name), min=0.0))
         if self.attention_factor is not None:
-            _set(self, "attention_factor", check_float(
-                "yarn scaling attention_factor", self.attention_factor, min=0.0, min_exclusive=True
-            ))  # fmt: skip
+            _set(
+                self,
+                "attention_factor",
+                check_float(
+                    "yarn scaling attention_factor",
+                    self.attention_factor,
+                    min=0.0,
+                    min_exclusive=True,
+                ),
+            )
         if not isinstance(self.truncate, bool):
             raise PosEncError(f"yarn scaling truncate must be True or False, got {self.truncate!r}")
 
@@ -209,19 +225,27 @@ class LongRopeScaling:
             if isinstance(value, torch.Tensor):
                 value = value.tolist()
             if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not len(value):
-                raise PosEncError(f"{kind} scaling {name} must be a non-empty list of numbers, "
-                                  f"got {value!r}")  # fmt: skip
-            _set(self, name, tuple(
-                check_float(f"{kind} scaling {name}[{i}]", v, min=0.0, min_exclusive=True)
-                for i, v in enumerate(value)
-            ))  # fmt: skip
+                raise PosEncError(
+                    f"{kind} scaling {name} must be a non-empty list of numbers, got {value!r}"
+                )
+            _set(
+                self,
+                name,
+                tuple(
+                    check_float(f"{kind} scaling {name}[{i}]", v, min=0.0, min_exclusive=True)
+                    for i, v in enumerate(value)
+                ),
+            )
         if len(self.short_factor) != len(self.long_factor):
             raise PosEncError(
                 f"{kind} scaling short_factor and long_factor must have the same length, "
                 f"got {len(self.short_factor)} and {len(self.long_factor)}"
             )
-        _set(self, "original_max_position",
-             _length(kind, "original_max_position", self.original_max_position))  # fmt: skip
+        _set(
+            self,
+            "original_max_position",
+            _length(kind, "original_max_position", self.original_max_position),
+        )
         if self.max_position is not None:
             _set(self, "max_position", _length(kind, "max_position", self.max_position))
         if self.factor is None and self.max_position is None:
@@ -237,10 +261,16 @@ class LongRopeScaling:
                 f"({self.original_max_position}) when factor is not given, got {self.max_position}"
             )
         if self.attention_factor is not None:
-            _set(self, "attention_factor", check_float(
-                "longrope scaling attention_factor", self.attention_factor, min=0.0,
-                min_exclusive=True,
-            ))  # fmt: skip
+            _set(
+                self,
+                "attention_factor",
+                check_float(
+                    "longrope scaling attention_factor",
+                    self.attention_factor,
+                    min=0.0,
+                    min_exclusive=True,
+                ),
+            )
 
 
 @_frozen
@@ -266,9 +296,13 @@ class Llama3Scaling:
     def __post_init__(self) -> None:
         kind = self.type
         _set(self, "factor", _factor(kind, self.factor))
-        _set(self, "low_freq_factor", check_float(
-            "llama3 scaling low_freq_factor", self.low_freq_factor, min=0.0, min_exclusive=True
-        ))  # fmt: skip
+        _set(
+            self,
+            "low_freq_factor",
+            check_float(
+                "llama3 scaling low_freq_factor", self.low_freq_factor, min=0.0, min_exclusive=True
+            ),
+        )
         high = check_float("llama3 scaling high_freq_factor", self.high_freq_factor)
         if high <= self.low_freq_factor:
             raise PosEncError(
@@ -276,8 +310,11 @@ class Llama3Scaling:
                 f"({self.low_freq_factor}), got {high}"
             )
         _set(self, "high_freq_factor", high)
-        _set(self, "original_max_position",
-             _length(kind, "original_max_position", self.original_max_position))  # fmt: skip
+        _set(
+            self,
+            "original_max_position",
+            _length(kind, "original_max_position", self.original_max_position),
+        )
 
 
 Scaling = (
@@ -313,8 +350,9 @@ def _default(dim: int, base: float) -> torch.Tensor:
 
 def _ntk_exponent(kind: str, dim: int) -> float:
     if dim < 4:
-        raise PosEncError(f"dim must be >= 4 for {kind} scaling (base exponent dim / (dim - 2)), "
-                          f"got {dim}")  # fmt: skip
+        raise PosEncError(
+            f"dim must be >= 4 for {kind} scaling (base exponent dim / (dim - 2)), got {dim}"
+        )
     return dim / (dim - 2)
 
 
@@ -355,8 +393,10 @@ def _yarn(p: YarnScaling, dim: int, base: float, seq_len: float | None):
 
     def correction_dim(rotations: float) -> float:
         # the channel index whose wavelength fits `rotations` times in the original context
-        return dim * math.log(p.original_max_position / (rotations * 2 * math.pi)) / (
-            2 * math.log(base)
+        return (
+            dim
+            * math.log(p.original_max_position / (rotations * 2 * math.pi))
+            / (2 * math.log(base))
         )
 
     low, high = correction_dim(p.beta_fast), correction_dim(p.beta_slow)
@@ -453,7 +493,9 @@ def parse_scaling(scaling: Any) -> Scaling | None:
     spec = dict(scaling)
     kinds = {spec.pop(k) for k in ("type", "rope_type") if k in spec}
     if not kinds:
-        raise PosEncError(f"scaling must hold a 'type' (or 'rope_type') key, got keys {sorted(spec)}")
+        raise PosEncError(
+            f"scaling must hold a 'type' (or 'rope_type') key, got keys {sorted(spec)}"
+        )
     if len(kinds) > 1:
         raise PosEncError(f"scaling 'type' and 'rope_type' disagree: {sorted(map(str, kinds))}")
     kind = kinds.pop()
@@ -470,7 +512,9 @@ def parse_scaling(scaling: Any) -> Scaling | None:
     for key, value in spec.items():
         name = _KEY_ALIASES.get(key, key)
         if name in _NOT_SCALING and name not in fields:
-            raise PosEncError(f"scaling key {key!r} is not a scaling parameter: {_NOT_SCALING[name]}")
+            raise PosEncError(
+                f"scaling key {key!r} is not a scaling parameter: {_NOT_SCALING[name]}"
+            )
         if name not in fields:
             raise PosEncError(
                 f"scaling {kind!r} got unknown key {key!r}; allowed: {', '.join(fields)}"
@@ -482,8 +526,11 @@ def parse_scaling(scaling: Any) -> Scaling | None:
                 args[name] = False  # transformers: rope_parameters.get("truncate", True) is falsy
             continue
         args[name] = value
-    required = [n for n, f in fields.items()
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]  # fmt: skip
+    required = [
+        n
+        for n, f in fields.items()
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     missing = [n for n in required if n not in args]
     if missing:
         optional = [n for n in fields if n not in required]

@@ -51,7 +51,6 @@ from posenc.rotary.kernels import dispatch_rotary
 __all__ = ["RotaryEmbedding", "Rotation"]
 
 
-
 class Rotation(NamedTuple):
     """cos/sin of the queries' and the keys' positions, one value per frequency
     (``[.., s, rotary_dim / 2]``), xPos scales included; ``cos_k is cos_q`` when the
@@ -185,9 +184,14 @@ class RotaryEmbedding(RotaryEncoding):
         self._attention_scale = scale
         self._device_cache: dict[Any, torch.Tensor] = {}
         self._set_config(
-            head_dim=self._head_dim, base=self._base, rotary_dim=rotary_dim, layout=layout,
-            scaling=self._scaling, sections=self._sections, xpos_scale_base=self._xpos_scale_base,
-        )  # fmt: skip
+            head_dim=self._head_dim,
+            base=self._base,
+            rotary_dim=rotary_dim,
+            layout=layout,
+            scaling=self._scaling,
+            sections=self._sections,
+            xpos_scale_base=self._xpos_scale_base,
+        )
 
     # --- read-only attributes (the frequency cache depends on them) -------------------------
 
@@ -253,16 +257,21 @@ class RotaryEmbedding(RotaryEncoding):
         """The frequencies (on ``device``) and cos/sin scale for a call with these positions."""
         scaling = self._scaling
         if scaling is None or not scaling.position_dependent:
-            return self._on_device("inv_freq", device, lambda: self._inv_freq64), self._attention_scale
+            return self._on_device(
+                "inv_freq", device, lambda: self._inv_freq64
+            ), self._attention_scale
         maxima = [p.max().to(torch.float64) for p in positions if p.numel()]
         if not maxima:
-            return self._on_device("inv_freq", device, lambda: self._inv_freq64), self._attention_scale
+            return self._on_device(
+                "inv_freq", device, lambda: self._inv_freq64
+            ), self._attention_scale
         largest = torch.stack(maxima).max()  # a device scalar
         if isinstance(scaling, LongRopeScaling):  # choose short / long on the device: no sync
             short = self._on_device("inv_freq", device, lambda: self._inv_freq64)
             long = self._on_device("long_inv_freq", device, lambda: self._long_inv_freq)
-            return torch.where(largest + 1 > scaling.original_max_position, long, short), \
-                self._attention_scale  # fmt: skip
+            return torch.where(
+                largest + 1 > scaling.original_max_position, long, short
+            ), self._attention_scale
         # dynamic: the frequencies depend on the value, so it must come to the host.
         seq_len = float(largest.item()) + 1.0
         if isinstance(scaling, DynamicScaling):  # below max_position: the unscaled ones
@@ -277,8 +286,9 @@ class RotaryEmbedding(RotaryEncoding):
         check_tensor(name, x, floating=True)
         if x.ndim != 4:
             layout = "[b, h, s, d]" if seq_dim == -2 else "[b, s, h, d]"
-            raise PosEncError(f"{name} must be {layout} (seq_dim={seq_dim}), got shape "
-                              f"{tuple(x.shape)}")  # fmt: skip
+            raise PosEncError(
+                f"{name} must be {layout} (seq_dim={seq_dim}), got shape {tuple(x.shape)}"
+            )
         check_last_dim(name, x, self._head_dim)
         return x
 
@@ -303,9 +313,15 @@ class RotaryEmbedding(RotaryEncoding):
             k_positions = positions
         coords = None if self._sections is None else len(self._sections)
         return _positions.resolve_pair(
-            sq, sk, positions, k_positions, batch=batch, device=device, coords=coords,
+            sq,
+            sk,
+            positions,
+            k_positions,
+            batch=batch,
+            device=device,
+            coords=coords,
             names=("positions", "k_positions"),
-        )  # fmt: skip
+        )
 
     def cos_sin(
         self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
@@ -333,8 +349,10 @@ class RotaryEmbedding(RotaryEncoding):
         self._check_qk("q", q, seq_dim)
         self._check_qk("k", k, seq_dim)
         if q.shape[0] != k.shape[0]:
-            raise PosEncError(f"q and k must have the same batch size, got shapes "
-                              f"{tuple(q.shape)} and {tuple(k.shape)}")  # fmt: skip
+            raise PosEncError(
+                f"q and k must have the same batch size, got shapes "
+                f"{tuple(q.shape)} and {tuple(k.shape)}"
+            )
         sq, sk, batch, device = q.shape[seq_dim], k.shape[seq_dim], q.shape[0], q.device
         q_pos, k_pos = self._resolve(positions, k_positions, sq, sk, batch, device)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
@@ -391,13 +409,16 @@ class RotaryEmbedding(RotaryEncoding):
     def _rotation(self, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """:meth:`rotation` of resolved positions (``k_pos is q_pos`` when shared)."""
         shared = q_pos is k_pos
-        inv_freq, scale = self._call_frequencies([q_pos] if shared else [q_pos, k_pos],
-                                                 q_pos.device)  # fmt: skip
+        inv_freq, scale = self._call_frequencies(
+            [q_pos] if shared else [q_pos, k_pos], q_pos.device
+        )
         if self._xpos_scale_base is None:
             cos_q, sin_q = _cos_sin(q_pos, inv_freq, scale, self._sections, dtype)  # [.., s, r/2]
-            cos_k, sin_k = (cos_q, sin_q) if shared else _cos_sin(
-                k_pos, inv_freq, scale, self._sections, dtype
-            )  # fmt: skip
+            cos_k, sin_k = (
+                (cos_q, sin_q)
+                if shared
+                else _cos_sin(k_pos, inv_freq, scale, self._sections, dtype)
+            )
         else:  # xPos: q gets zeta^(n / base), k zeta^(-n / base); one rounding, after the product
             cos, sin = _cos_sin(q_pos, inv_freq, scale, None, torch.float64)
             zq = xpos_scale(q_pos, self._rotary_dim, self._xpos_scale_base)
@@ -440,8 +461,9 @@ class RotaryEmbedding(RotaryEncoding):
         """:meth:`rotate` on validated arguments."""
         layout = self._layout
         if rotation.cos_k is rotation.cos_q:  # the same tokens: q and k in one fused pass
-            q_out, k_out = dispatch_rotary(q, k, rotation.cos_q, rotation.sin_q, layout=layout,
-                                           seq_dim=seq_dim)  # fmt: skip
+            q_out, k_out = dispatch_rotary(
+                q, k, rotation.cos_q, rotation.sin_q, layout=layout, seq_dim=seq_dim
+            )
             return q_out, k_out
         q_out = _rotate(q, rotation.cos_q, rotation.sin_q, layout, seq_dim)
         k_out = _rotate(k, rotation.cos_k, rotation.sin_k, layout, seq_dim)

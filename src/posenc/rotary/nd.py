@@ -107,13 +107,21 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         if sections is None:
             raise PosEncError("sections must be given for M-RoPE (e.g. (16, 24, 24)), got None")
         super().__init__(
-            head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling,
+            head_dim,
+            base=base,
+            rotary_dim=rotary_dim,
+            layout=layout,
+            scaling=scaling,
             sections=sections,
-        )  # fmt: skip
+        )
         self._set_config(
-            head_dim=self.head_dim, sections=self.sections, base=self.base, rotary_dim=rotary_dim,
-            layout=layout, scaling=self.scaling,
-        )  # fmt: skip
+            head_dim=self.head_dim,
+            sections=self.sections,
+            base=self.base,
+            rotary_dim=rotary_dim,
+            layout=layout,
+            scaling=self.scaling,
+        )
 
 
 def _axis_dims(head_dim: int, n_axes: Any, rotary_dim: Any, axis_dims: Any) -> tuple[int, ...]:
@@ -200,13 +208,20 @@ class AxialRotaryEmbedding(RotaryEmbedding):
         # Read by _frequencies() inside RotaryEmbedding.__init__ (a plain attribute).
         self._axis_dims = dims
         super().__init__(
-            head_dim, base=base, rotary_dim=sum(dims), layout=layout,
+            head_dim,
+            base=base,
+            rotary_dim=sum(dims),
+            layout=layout,
             sections=tuple(d // 2 for d in dims),
-        )  # fmt: skip
+        )
         self._set_config(
-            head_dim=head_dim, n_axes=n_axes, base=self.base, rotary_dim=rotary_dim,
-            layout=layout, axis_dims=None if axis_dims is None else dims,
-        )  # fmt: skip
+            head_dim=head_dim,
+            n_axes=n_axes,
+            base=self.base,
+            rotary_dim=rotary_dim,
+            layout=layout,
+            axis_dims=None if axis_dims is None else dims,
+        )
 
     @property
     def axis_dims(self) -> tuple[int, ...]:

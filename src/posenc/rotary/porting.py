@@ -31,7 +31,9 @@ def _check_head(head_dim: Any, rotary_dim: Any) -> tuple[int, int]:
         raise PosEncError(f"head_dim must be even (RoPE rotates pairs of channels), got {head_dim}")
     rotary_dim = head_dim if rotary_dim is None else check_int("rotary_dim", rotary_dim, min=2)
     if rotary_dim % 2:
-        raise PosEncError(f"rotary_dim must be even (RoPE rotates pairs of channels), got {rotary_dim}")
+        raise PosEncError(
+            f"rotary_dim must be even (RoPE rotates pairs of channels), got {rotary_dim}"
+        )
     if rotary_dim > head_dim:
         raise PosEncError(f"rotary_dim must be <= head_dim ({head_dim}), got {rotary_dim}")
     return head_dim, rotary_dim
@@ -111,8 +113,9 @@ def permute_qk_weight(
     check_tensor("weight", weight)
     num_heads = check_int("num_heads", num_heads, min=1)
     if weight.ndim not in (1, 2):
-        raise PosEncError(f"weight must be a weight [out, in] or a bias [out], got shape "
-                          f"{tuple(weight.shape)}")  # fmt: skip
+        raise PosEncError(
+            f"weight must be a weight [out, in] or a bias [out], got shape {tuple(weight.shape)}"
+        )
     dim = check_int("dim", dim, min=-weight.ndim, max=weight.ndim - 1) % weight.ndim
     out = weight.shape[dim]
     if out % num_heads:

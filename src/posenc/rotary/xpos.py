@@ -71,6 +71,9 @@ class XPosEmbedding(RotaryEmbedding):
             head_dim, base=base, rotary_dim=rotary_dim, layout=layout, xpos_scale_base=scale_base
         )
         self._set_config(
-            head_dim=self.head_dim, scale_base=self.xpos_scale_base, base=self.base,
-            rotary_dim=rotary_dim, layout=layout,
-        )  # fmt: skip
+            head_dim=self.head_dim,
+            scale_base=self.xpos_scale_base,
+            base=self.base,
+            rotary_dim=rotary_dim,
+            layout=layout,
+        )

@@ -186,14 +186,18 @@ def dispatch_rotary(
     from posenc.rotary.kernels.ops import rotary_op, rotary_op_, rotate_eager
 
     interleaved = layout == "interleaved"
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k)
-    )
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k))
     if not needs_grad and not torch.compiler.is_compiling():
         return rotate_eager(
-            q, k, cos, sin,
-            interleaved=interleaved, seq_dim=seq_dim, backend=backend, inplace=inplace,
-        )  # fmt: skip
+            q,
+            k,
+            cos,
+            sin,
+            interleaved=interleaved,
+            seq_dim=seq_dim,
+            backend=backend,
+            inplace=inplace,
+        )
     if inplace:
         rotary_op_(q, k, cos, sin, interleaved, False, seq_dim, backend)
         return q, k
@@ -289,13 +293,13 @@ def fused_rotary(
                 f"rotary_dim must equal 2 * cos.shape[-1] = {2 * half}, got {rotary_dim}"
             )
     if 2 * half > q.shape[-1]:
-        raise PosEncError(
-            f"rotary_dim must be <= q's last dimension {q.shape[-1]}, got {2 * half}"
-        )
+        raise PosEncError(f"rotary_dim must be <= q's last dimension {q.shape[-1]}, got {2 * half}")
     if not isinstance(inplace, bool):
         raise PosEncError(f"inplace must be a bool, got {inplace!r}")
-    if inplace and torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (q, k)
+    if (
+        inplace
+        and torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (q, k))
     ):
         raise PosEncError(
             "inplace=True cannot be used on tensors that require grad "

@@ -29,7 +29,12 @@ __all__ = ["build", "cache_dir", "launch_cpu"]
 
 _SOURCE = Path(__file__).with_name("rope_cpu.c")
 _FLAGS = (
-    "-O3", "-march=native", "-ffp-contract=off", "-fno-strict-aliasing", "-fPIC", "-shared",
+    "-O3",
+    "-march=native",
+    "-ffp-contract=off",
+    "-fno-strict-aliasing",
+    "-fPIC",
+    "-shared",
     "-std=c11",
 )
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}

@@ -70,9 +70,17 @@ def _launch(
     else:
         from posenc.rotary.kernels.triton_rope import launch_triton as launch
     launch(
-        views, xs, y_strides, ys, cos, sin, cs,
-        interleaved=interleaved, conjugate=conjugate, inplace=inplace,
-    )  # fmt: skip
+        views,
+        xs,
+        y_strides,
+        ys,
+        cos,
+        sin,
+        cs,
+        interleaved=interleaved,
+        conjugate=conjugate,
+        inplace=inplace,
+    )
 
 
 def rotate_eager(
@@ -91,9 +99,16 @@ def rotate_eager(
     xs = [q] if k is None else [q, k]
     ys = xs if inplace else [_empty_like(x) for x in xs]
     _launch(
-        backend, xs, ys, cos, sin,
-        interleaved=interleaved, conjugate=False, seq_dim=seq_dim, inplace=inplace,
-    )  # fmt: skip
+        backend,
+        xs,
+        ys,
+        cos,
+        sin,
+        interleaved=interleaved,
+        conjugate=False,
+        seq_dim=seq_dim,
+        inplace=inplace,
+    )
     return ys[0], ys[1] if k is not None else None
 
 
@@ -112,9 +127,16 @@ def rotary_op(
     xs = [q] if k is None else [q, k]
     ys = [_empty_like(x) for x in xs]
     _launch(
-        backend, xs, ys, cos, sin,
-        interleaved=interleaved, conjugate=conjugate, seq_dim=seq_dim, inplace=False,
-    )  # fmt: skip
+        backend,
+        xs,
+        ys,
+        cos,
+        sin,
+        interleaved=interleaved,
+        conjugate=conjugate,
+        seq_dim=seq_dim,
+        inplace=False,
+    )
     return ys[0], ys[1] if k is not None else q.new_empty(0)
 
 
@@ -154,9 +176,16 @@ def rotary_op_(
     """Rotate q (and k) in place; channels past rotary_dim are not touched."""
     xs = [q] if k is None else [q, k]
     _launch(
-        backend, xs, xs, cos, sin,
-        interleaved=interleaved, conjugate=conjugate, seq_dim=seq_dim, inplace=True,
-    )  # fmt: skip
+        backend,
+        xs,
+        xs,
+        cos,
+        sin,
+        interleaved=interleaved,
+        conjugate=conjugate,
+        seq_dim=seq_dim,
+        inplace=True,
+    )
 
 
 @rotary_op_.register_fake

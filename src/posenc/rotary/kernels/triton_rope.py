@@ -156,16 +156,50 @@ def _rope_kernel(
         s = -s
     # ... and reused for every head of q and of k.
     _rotate_heads(
-        Q, QO, b * sqb + s_idx * sqs, b * sob + s_idx * sos, sqh, sqd, soh, sod,
-        g * q_per_group, tl.minimum((g + 1) * q_per_group, HQ), c, s, R2, D,
-        COMPUTE, INTERLEAVED, COPY_REST, BLOCK_H, BLOCK_F, BLOCK_P,
-    )  # fmt: skip
+        Q,
+        QO,
+        b * sqb + s_idx * sqs,
+        b * sob + s_idx * sos,
+        sqh,
+        sqd,
+        soh,
+        sod,
+        g * q_per_group,
+        tl.minimum((g + 1) * q_per_group, HQ),
+        c,
+        s,
+        R2,
+        D,
+        COMPUTE,
+        INTERLEAVED,
+        COPY_REST,
+        BLOCK_H,
+        BLOCK_F,
+        BLOCK_P,
+    )
     if HAS_K:
         _rotate_heads(
-            K, KO, b * skb + s_idx * sks, b * spb + s_idx * sps, skh, skd, sph, spd,
-            g * k_per_group, tl.minimum((g + 1) * k_per_group, HK), c, s, R2, D,
-            COMPUTE, INTERLEAVED, COPY_REST, BLOCK_H, BLOCK_F, BLOCK_P,
-        )  # fmt: skip
+            K,
+            KO,
+            b * skb + s_idx * sks,
+            b * spb + s_idx * sps,
+            skh,
+            skd,
+            sph,
+            spd,
+            g * k_per_group,
+            tl.minimum((g + 1) * k_per_group, HK),
+            c,
+            s,
+            R2,
+            D,
+            COMPUTE,
+            INTERLEAVED,
+            COPY_REST,
+            BLOCK_H,
+            BLOCK_F,
+            BLOCK_P,
+        )
 
 
 def launch_triton(
@@ -206,10 +240,23 @@ def launch_triton(
     k_strides = xs[1][1] if has_k else q_strides
     ko_strides = y_strides[1] if has_k else y_strides[0]
     _rope_kernel[(tokens, groups)](
-        q, qo, k, ko, cos, sin,
-        seq, hq, hk, r2, d,
-        triton.cdiv(hq, groups), triton.cdiv(hk, groups),
-        *q_strides, *y_strides[0], *k_strides, *ko_strides,
+        q,
+        qo,
+        k,
+        ko,
+        cos,
+        sin,
+        seq,
+        hq,
+        hk,
+        r2,
+        d,
+        triton.cdiv(hq, groups),
+        triton.cdiv(hk, groups),
+        *q_strides,
+        *y_strides[0],
+        *k_strides,
+        *ko_strides,
         *cos_strides,
         COMPUTE=tl.float64 if q.dtype == torch.float64 else tl.float32,
         CONJUGATE=conjugate,
@@ -221,4 +268,4 @@ def launch_triton(
         BLOCK_P=block_p,
         num_warps=4,
         enable_fp_fusion=False,
-    )  # fmt: skip
+    )
