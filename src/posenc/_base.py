@@ -53,6 +53,14 @@ class Encoding(nn.Module):
     def _set_config(self, **config: Any) -> None:
         self._config = {k: _jsonable(v) for k, v in config.items()}
 
+    @classmethod
+    def upgrade_config(cls, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """``(registry name, constructor arguments)`` of a config saved by an earlier posenc
+        (its ``"name"`` is this class's): keys renamed or moved since are translated here,
+        so :func:`posenc.build` loads every config posenc ever wrote. The default changes
+        nothing."""
+        return cls.name, args
+
     def to_config(self) -> dict[str, Any]:
         """A JSON-serialisable dict, ``{"name": ..., **constructor arguments}``."""
         return {"name": self.name, **getattr(self, "_config", {})}
@@ -68,9 +76,40 @@ class AdditiveEncoding(Encoding):
 
 
 class RotaryEncoding(Encoding):
-    """An encoding that rotates queries and keys inside attention."""
+    """An encoding that rotates queries and keys inside attention.
+
+    The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
+
+    - :attr:`position_coords`: ``None`` when a position is one number (``[s]`` / ``[b, s]``),
+      ``n`` when it is ``n`` coordinates (``[s, n]`` / ``[b, s, n]``: M-RoPE, axial RoPE);
+      :func:`posenc.positions.resolve_pair` takes it as ``coords``.
+    - :meth:`rotation_at`: the rotation (cos/sin, or whatever the member needs) of positions
+      already resolved by :func:`posenc.positions.resolve_pair`: no validation, no defaults;
+      ``k_positions is q_positions`` means the queries and keys are the same tokens.
+    - :meth:`rotate`: apply a rotation to ``q`` and ``k``.
+
+    ``forward(q, k, q_positions, k_positions=...)`` is ``rotate(q, k, rotation(...))``;
+    a model computes the rotation once per forward pass and rotates every layer with it.
+    """
 
     kind: ClassVar[Kind] = "rotary"
+
+    @property
+    def position_coords(self) -> int | None:
+        """Coordinates per position: ``None`` for scalar positions, else ``n``."""
+        return None
+
+    def rotation_at(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor, *, dtype: torch.dtype
+    ) -> Any:
+        """The rotation of resolved positions, in ``dtype`` (float32 or float64)."""
+        raise NotImplementedError
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, rotation: Any, *, seq_dim: int = -2
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q`` and ``k`` rotated by a rotation from :meth:`rotation_at`."""
+        raise NotImplementedError
 
 
 class BiasEncoding(Encoding):
@@ -96,6 +135,35 @@ class BiasEncoding(Encoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         raise NotImplementedError
+
+    def bias_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
+        (no validation, no defaults): ``[h, q, k]``, or ``[b, h, q, k]`` for batched
+        positions. Query-dependent encodings take ``q`` (already multiplied by the scale).
+
+        The default calls :meth:`bias`, which validates the positions again; every posenc
+        family overrides it."""
+        extra = {} if q is None else {"q": q}
+        q_len, k_len = int(q_positions.shape[-1]), int(k_positions.shape[-1])
+        return self.bias(q_len, k_len, q_positions=q_positions, k_positions=k_positions, **extra)
+
+    def value_bias_at(
+        self, probs: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Value-dependent encodings: the term added to ``probs @ v`` for resolved positions.
+
+        The default calls ``value_bias``, which validates the positions again; every posenc
+        family overrides it."""
+        value_bias: Any = getattr(self, "value_bias", None)
+        if value_bias is None:
+            raise NotImplementedError(f"{type(self).__name__} is not value-dependent")
+        return value_bias(probs, q_positions=q_positions, k_positions=k_positions)
 
     def score_mod(
         self,

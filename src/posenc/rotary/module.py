@@ -224,6 +224,11 @@ class RotaryEmbedding(RotaryEncoding):
         return self._xpos_scale_base
 
     @property
+    def position_coords(self) -> int | None:
+        """Coordinates per position: ``len(sections)`` for M-RoPE / axial, else ``None``."""
+        return None if self._sections is None else len(self._sections)
+
+    @property
     def inv_freq(self) -> torch.Tensor:
         """The float64 frequencies ``[rotary_dim / 2]`` at construction (CPU)."""
         return self._inv_freq64
@@ -311,7 +316,7 @@ class RotaryEmbedding(RotaryEncoding):
                     f"is given, got q length {sq} and k length {sk}"
                 )
             k_positions = positions
-        coords = None if self._sections is None else len(self._sections)
+        coords = self.position_coords
         return _positions.resolve_pair(
             sq,
             sk,
@@ -356,7 +361,7 @@ class RotaryEmbedding(RotaryEncoding):
         sq, sk, batch, device = q.shape[seq_dim], k.shape[seq_dim], q.shape[0], q.device
         q_pos, k_pos = self._resolve(positions, k_positions, sq, sk, batch, device)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
-        return self._rotate_qk(q, k, self._rotation(q_pos, k_pos, dtype), seq_dim)
+        return self._rotate_qk(q, k, self.rotation_at(q_pos, k_pos, dtype=dtype), seq_dim)
 
     def rotation(
         self,
@@ -404,9 +409,11 @@ class RotaryEmbedding(RotaryEncoding):
             given = [p for p in (positions, k_positions) if isinstance(p, torch.Tensor)]
             device = given[0].device if given else torch.device("cpu")
         q_pos, k_pos = self._resolve(positions, k_positions, sq, sk, batch, torch.device(device))
-        return self._rotation(q_pos, k_pos, dtype)
+        return self.rotation_at(q_pos, k_pos, dtype=dtype)
 
-    def _rotation(self, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype) -> Rotation:
+    def rotation_at(
+        self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, dtype: torch.dtype
+    ) -> Rotation:
         """:meth:`rotation` of resolved positions (``k_pos is q_pos`` when shared)."""
         shared = q_pos is k_pos
         inv_freq, scale = self._call_frequencies(
