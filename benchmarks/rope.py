@@ -49,8 +49,8 @@ import torch
 
 import posenc
 from posenc.rotary import kernels
-from posenc.rotary.apply import _apply_rotary_torch
 from posenc.rotary.kernels import fused_rotary
+from posenc.rotary.kernels.plain import apply_rotary_torch
 
 # name -> (b, hq, hk, s, d)
 SIZES: dict[str, tuple[int, int, int, int, int]] = {
@@ -99,7 +99,7 @@ def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callabl
 
     def plain_path(q, k):  # the plain path written out, for torch.compile
         cos, sin = rope.cos_sin(positions)
-        return _apply_rotary_torch(q, cos, sin), _apply_rotary_torch(k, cos, sin)
+        return apply_rotary_torch(q, cos, sin), apply_rotary_torch(k, cos, sin)
 
     cos, sin = rope.cos_sin(positions)
 

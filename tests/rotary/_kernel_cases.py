@@ -18,11 +18,11 @@ import torch
 
 import posenc
 from posenc import reference as ref
-from posenc.rotary.apply import _apply_rotary_torch
 from posenc.rotary.kernels import fused_rotary, ops
+from posenc.rotary.kernels.plain import apply_rotary_torch
+from posenc.rotary.layout import LAYOUTS
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-LAYOUTS = ("half", "interleaved")
 # Against the float64 reference: the input is exact, cos/sin are float32 (float64 for
 # float64 inputs; their angles p * w, with p up to 2^16, carry float64 rounding of ~1e-11)
 # and the result is rounded once to the dtype.
@@ -126,7 +126,7 @@ def reference(case: Case, x: torch.Tensor, positions: torch.Tensor) -> torch.Ten
 def plain(case: Case, x: torch.Tensor | None, cos, sin) -> torch.Tensor | None:
     if x is None:
         return None
-    return _apply_rotary_torch(x, cos, sin, layout=case.layout, seq_dim=case.seq_dim)
+    return apply_rotary_torch(x, cos, sin, layout=case.layout, seq_dim=case.seq_dim)
 
 
 @contextlib.contextmanager
@@ -271,10 +271,10 @@ def check_rounding_ties(backend: str, dtype: torch.dtype, device="cpu") -> None:
     k = torch.randint(6, 14, (64, 8), generator=gen).double()
     cos = torch.ones(64, 8, dtype=torch.float32, device=device)
     sin = (-(2.0**-k)).float().to(device)
-    expected = _apply_rotary_torch(x, cos, sin)
+    expected = apply_rotary_torch(x, cos, sin)
     out, _ = fused_rotary(x, None, cos, sin, backend=backend)
     _assert_equal(out, expected, f"{dtype} ties")
     # the float32 results do hold ties (truncation or rounding half up would differ)
-    exact = _apply_rotary_torch(x.float(), cos, sin)
+    exact = apply_rotary_torch(x.float(), cos, sin)
     bits = exact.view(torch.int32) & (0xFFFF if dtype == torch.bfloat16 else 0x1FFF)
     assert (bits == (0x8000 if dtype == torch.bfloat16 else 0x1000)).sum() > 10

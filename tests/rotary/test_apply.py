@@ -10,9 +10,10 @@ from rotary_embedding_torch import RotaryEmbedding as PeerRotary
 import posenc
 from posenc import PosEncError
 from posenc import reference as ref
-from posenc.rotary.apply import _apply_rotary_torch, xpos_scale
+from posenc.rotary.kernels.plain import apply_rotary_torch
+from posenc.rotary.layout import LAYOUTS
+from posenc.rotary.xpos import xpos_scale
 
-LAYOUTS = ("half", "interleaved")
 DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
 HEAD_DIM = 16
 TOL = {
@@ -135,7 +136,7 @@ def test_torch_twin_equals_public_function():
     cos, sin = posenc.rotary_cos_sin(positions, inv_freq)
     for layout in LAYOUTS:
         torch.testing.assert_close(
-            _apply_rotary_torch(x.float(), cos, sin, layout=layout),
+            apply_rotary_torch(x.float(), cos, sin, layout=layout),
             posenc.apply_rotary(x.float(), cos, sin, layout=layout, rotary_dim=8),
             atol=0,
             rtol=0,

@@ -1,5 +1,8 @@
 """rope_frequencies and the scaling registry: against the float64 reference, against
-transformers' ROPE_INIT_FUNCTIONS for every shared rope type, mathematical facts, bad input.
+transformers' ROPE_INIT_FUNCTIONS for every shared rope type (its dicts read by
+posenc.integrations.transformers.scaling_from_transformers), mathematical facts, the
+registry. Parsing and the position-dependent hook: test_scalings.py; bad input:
+test_scaling_errors.py.
 
 Tolerances: posenc and the reference both compute in float64 (rtol 1e-12). transformers
 computes ``base ** (2i / dim)`` in float32, so its frequencies carry a relative error of a
@@ -18,7 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import posenc
-from posenc import PosEncError, reference
+from posenc import reference
+from posenc.integrations.transformers import scaling_from_transformers
 from posenc.rotary import (
     SCALINGS,
     DynamicScaling,
@@ -30,21 +34,15 @@ from posenc.rotary import (
     parse_scaling,
 )
 
+from ._scaling_cases import ORIGINAL
+from ._scaling_cases import longrope_factors as _longrope_factors
+
 TF_RTOL = 1e-6  # transformers' float32 frequencies
 REF_RTOL = 1e-12  # float64 against float64
 
 HEAD_DIM = 64
 MAX_POS = 2048  # transformers' max_position_embeddings in every config below
-ORIGINAL = 512  # the "original context" of yarn / longrope / llama3
 SEQ_LENS = [None, 300, ORIGINAL, ORIGINAL + 1, 1500, MAX_POS, 5000]  # inside and beyond
-
-
-def _longrope_factors(dim: int) -> dict:
-    half = dim // 2
-    return {
-        "short_factor": [1.0 + 0.02 * i for i in range(half)],
-        "long_factor": [1.0 + 0.5 * i for i in range(half)],
-    }
 
 
 # name -> transformers' rope_parameters (without rope_theta), in transformers' spelling.
@@ -139,11 +137,12 @@ def _tf_config(rope_parameters: dict, *, base: float, partial: float | None = No
     )
 
 
-def _ours(rope_parameters: dict) -> dict:
-    """transformers' dict plus what its functions read from the config (max_position_embeddings)."""
+def _ours(rope_parameters: dict):
+    """posenc's dataclass for transformers' dict plus what its functions read from the config
+    (max_position_embeddings)."""
     if rope_parameters["rope_type"] in ("dynamic", "yarn", "longrope"):
-        return {**rope_parameters, "max_position_embeddings": MAX_POS}
-    return dict(rope_parameters)
+        rope_parameters = {**rope_parameters, "max_position_embeddings": MAX_POS}
+    return scaling_from_transformers(rope_parameters)
 
 
 def _tf_frequencies(cfg, seq_len):
@@ -203,7 +202,8 @@ def test_default_matches_transformers() -> None:
 
     cfg = _tf_config({"rope_type": "default"}, base=10000.0)
     expected, expected_scale = LlamaRotaryEmbedding.compute_default_rope_parameters(cfg)
-    for scaling in (None, {"rope_type": "default"}, {"type": "default", "factor": None}):
+    default = scaling_from_transformers({"rope_type": "default"})
+    for scaling in (None, default, {"type": "default", "factor": None}):
         inv_freq, scale = posenc.rope_frequencies(HEAD_DIM, scaling=scaling)
         torch.testing.assert_close(inv_freq, expected.double(), rtol=TF_RTOL, atol=0)
         assert scale == expected_scale == 1.0
@@ -238,8 +238,8 @@ OWN_CASES: dict[str, object] = {
 @pytest.mark.parametrize("case", sorted(OWN_CASES))
 def test_matches_reference(case: str, dim: int) -> None:
     scaling = OWN_CASES[case]
-    if isinstance(scaling, dict) and scaling.get("rope_type") == "longrope":
-        scaling = {**scaling, **_longrope_factors(dim)}
+    if isinstance(scaling, LongRopeScaling):
+        scaling = dataclasses.replace(scaling, **_longrope_factors(dim))
     for base in (10000.0, 1e6):
         for seq_len in SEQ_LENS:
             inv_freq, scale = posenc.rope_frequencies(
@@ -378,272 +378,3 @@ def test_config_round_trip(case: str) -> None:
     assert again == params and again.type == params.type
     with pytest.raises(dataclasses.FrozenInstanceError):
         params.factor = 2.0  # type: ignore[misc]
-
-
-def test_parse_accepts_both_spellings() -> None:
-    ours = {"type": "yarn", "factor": 4, "original_max_position": 1024, "beta_fast": 16}
-    theirs = {
-        "rope_type": "yarn",
-        "type": "yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": 1024,
-        "beta_fast": 16,
-    }
-    assert (
-        parse_scaling(ours)
-        == parse_scaling(theirs)
-        == YarnScaling(factor=4.0, original_max_position=1024, beta_fast=16.0)
-    )
-    assert (
-        parse_scaling(
-            {"type": "su", "original_max_position": 8, "factor": 2, **_longrope_factors(4)}
-        ).type
-        == "longrope"
-    )
-    assert parse_scaling(None) is None and parse_scaling({"rope_type": "default"}) is None
-    params = LinearScaling(factor=2)
-    assert parse_scaling(params) is params
-
-
-# --- bad input ---------------------------------------------------------------------------------
-
-LR = _longrope_factors(8)
-
-BAD_SCALINGS = [
-    ("not-a-dict", "linear", "scaling must be None, a dict"),
-    ("no-type", {"factor": 2.0}, "must hold a 'type'"),
-    ("type-disagrees", {"type": "linear", "rope_type": "yarn", "factor": 2}, "disagree"),
-    (
-        "unknown-type",
-        {"type": "xpos", "factor": 2},
-        "scaling type must be one of 'default', 'linear'",
-    ),
-    (
-        "unknown-key",
-        {"type": "linear", "factor": 2, "fator": 3},
-        "unknown key 'fator'; allowed: factor",
-    ),
-    ("rope-theta", {"type": "linear", "factor": 2, "rope_theta": 1e4}, "pass it as base="),
-    (
-        "duplicate-alias",
-        {
-            "type": "yarn",
-            "factor": 2,
-            "original_max_position": 8,
-            "original_max_position_embeddings": 8,
-        },
-        "twice",
-    ),
-    ("default-with-params", {"type": "default", "factor": 2}, "takes no parameters"),
-    ("linear-missing-factor", {"type": "linear"}, "missing required key.*'factor'"),
-    (
-        "linear-factor-below-1",
-        {"type": "linear", "factor": 0.5},
-        r"linear scaling factor must be >= 1.0, got 0.5",
-    ),
-    ("linear-factor-string", {"type": "linear", "factor": "2"}, "factor must be a number"),
-    ("linear-factor-nan", {"type": "linear", "factor": float("nan")}, "factor must be finite"),
-    ("ntk-factor-below-1", {"type": "ntk", "factor": 0.9}, "ntk scaling factor must be >= 1.0"),
-    (
-        "dynamic-missing-max",
-        {"type": "dynamic", "factor": 2},
-        "missing required key.*'max_position'",
-    ),
-    (
-        "dynamic-max-zero",
-        {"type": "dynamic", "factor": 2, "max_position": 0},
-        "max_position must be >= 1",
-    ),
-    (
-        "dynamic-factor-below-1",
-        {"type": "dynamic", "factor": 0, "max_position": 8},
-        "factor must be >= 1.0",
-    ),
-    (
-        "yarn-missing-original",
-        {"type": "yarn", "factor": 2},
-        "missing required key.*'original_max_position'",
-    ),
-    (
-        "yarn-no-factor",
-        {"type": "yarn", "original_max_position": 8},
-        "needs factor, or max_position",
-    ),
-    (
-        "yarn-factor-below-1",
-        {"type": "yarn", "factor": 0.5, "original_max_position": 8},
-        "factor must be >= 1.0",
-    ),
-    (
-        "yarn-derived-factor-below-1",
-        {"type": "yarn", "original_max_position": 8, "max_position": 4},
-        "factor must be >= 1.0, got 0.5",
-    ),
-    (
-        "yarn-beta-order",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_fast": 1, "beta_slow": 2},
-        "beta_fast must be >= beta_slow",
-    ),
-    (
-        "yarn-beta-zero",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_slow": 0},
-        "beta_slow must be > 0.0",
-    ),
-    (
-        "yarn-attention-zero",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "attention_factor": 0.0},
-        "attention_factor must be > 0.0",
-    ),
-    (
-        "yarn-mscale-negative",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "mscale": -1},
-        "mscale must be >= 0.0",
-    ),
-    (
-        "yarn-truncate-string",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "truncate": "yes"},
-        "truncate must be True or False",
-    ),
-    (
-        "yarn-original-float",
-        {"type": "yarn", "factor": 2, "original_max_position": 8.5},
-        "original_max_position must be an integer",
-    ),
-    (
-        "longrope-missing-long",
-        {"type": "longrope", "short_factor": [1.0], "original_max_position": 8, "factor": 2},
-        "missing required key.*'long_factor'",
-    ),
-    (
-        "longrope-no-factor",
-        {"type": "longrope", **LR, "original_max_position": 8},
-        "needs factor, or max_position",
-    ),
-    (
-        "longrope-lengths",
-        {
-            "type": "longrope",
-            "short_factor": [1.0],
-            "long_factor": [1.0, 2.0],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        "same length, got 1 and 2",
-    ),
-    (
-        "longrope-empty",
-        {
-            "type": "longrope",
-            "short_factor": [],
-            "long_factor": [],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        "non-empty list",
-    ),
-    (
-        "longrope-not-list",
-        {
-            "type": "longrope",
-            "short_factor": 1.0,
-            "long_factor": [1.0],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        "short_factor must be a non-empty list",
-    ),
-    (
-        "longrope-nonpositive",
-        {
-            "type": "longrope",
-            "short_factor": [1.0, 0.0],
-            "long_factor": [1.0, 2.0],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        r"short_factor\[1\] must be > 0.0",
-    ),
-    (
-        "longrope-factor-below-1",
-        {"type": "longrope", **LR, "original_max_position": 8, "factor": 0.5},
-        "factor must be >= 1.0",
-    ),
-    (
-        "longrope-max-below-original",
-        {"type": "longrope", **LR, "original_max_position": 8, "max_position": 4},
-        "max_position must be >= original_max_position",
-    ),
-    ("llama3-missing", {"type": "llama3", "factor": 8}, "missing required key.*'low_freq_factor'"),
-    (
-        "llama3-high-le-low",
-        {
-            "type": "llama3",
-            "factor": 8,
-            "low_freq_factor": 4,
-            "high_freq_factor": 4,
-            "original_max_position": 8192,
-        },
-        "high_freq_factor must be > low_freq_factor",
-    ),
-    (
-        "llama3-low-zero",
-        {
-            "type": "llama3",
-            "factor": 8,
-            "low_freq_factor": 0,
-            "high_freq_factor": 4,
-            "original_max_position": 8192,
-        },
-        "low_freq_factor must be > 0.0",
-    ),
-    (
-        "llama3-factor-below-1",
-        {
-            "type": "llama3",
-            "factor": 0.5,
-            "low_freq_factor": 1,
-            "high_freq_factor": 4,
-            "original_max_position": 8192,
-        },
-        "factor must be >= 1.0",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("scaling", "match"), [c[1:] for c in BAD_SCALINGS], ids=[c[0] for c in BAD_SCALINGS]
-)
-def test_bad_scaling(scaling, match: str) -> None:
-    with pytest.raises(PosEncError, match=match):
-        posenc.rope_frequencies(8, scaling=scaling)
-
-
-BAD_CALLS = [
-    ("odd-dim", {"dim": 7}, "dim must be even"),
-    ("zero-dim", {"dim": 0}, "dim must be >= 2, got 0"),
-    ("float-dim", {"dim": 8.0}, "dim must be an integer"),
-    ("bool-dim", {"dim": True}, "dim must be an integer"),
-    ("base-one", {"dim": 8, "base": 1.0}, "base must be > 1.0"),
-    ("base-nan", {"dim": 8, "base": float("nan")}, "base must be finite"),
-    ("seq-len-nan", {"dim": 8, "seq_len": float("nan")}, "seq_len must be finite"),
-    ("seq-len-string", {"dim": 8, "seq_len": "10"}, "seq_len must be a number"),
-    (
-        "dynamic-dim-2",
-        {"dim": 2, "scaling": DynamicScaling(factor=2, max_position=8), "seq_len": 20},
-        "dim must be >= 4 for dynamic scaling",
-    ),
-    ("ntk-dim-2", {"dim": 2, "scaling": {"type": "ntk", "factor": 2}}, "dim must be >= 4 for ntk"),
-    (
-        "longrope-wrong-length",
-        {"dim": 16, "scaling": {"type": "longrope", **LR, "original_max_position": 8, "factor": 2}},
-        "must have length dim // 2 = 8, got 4",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "match"), [c[1:] for c in BAD_CALLS], ids=[c[0] for c in BAD_CALLS]
-)
-def test_bad_call(kwargs, match: str) -> None:
-    with pytest.raises(PosEncError, match=match):
-        posenc.rope_frequencies(**kwargs)

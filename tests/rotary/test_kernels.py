@@ -18,8 +18,8 @@ import torch
 import posenc
 from posenc import PosEncError
 from posenc.rotary import kernels
-from posenc.rotary.apply import _apply_rotary_torch
 from posenc.rotary.kernels import cpu, fused_rotary, select_backend
+from posenc.rotary.kernels.plain import apply_rotary_torch
 
 from ._kernel_cases import (
     LAYOUTS,
@@ -97,7 +97,7 @@ def test_cpu_int64_offsets():
     cos, sin = posenc.rotary_cos_sin(torch.arange(3), posenc.rope_frequencies(8)[0])
     with poisoned_outputs():
         out, _ = fused_rotary(x, None, cos, sin, backend="cpu")
-    torch.testing.assert_close(out, _apply_rotary_torch(x, cos, sin), atol=0, rtol=0)
+    torch.testing.assert_close(out, apply_rotary_torch(x, cos, sin), atol=0, rtol=0)
 
 
 def test_empty_inputs():
@@ -186,7 +186,7 @@ def test_auto_uses_the_cpu_path_when_enabled(cpu_path, monkeypatch):
     monkeypatch.setattr(cpu, "launch_cpu", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     q_out, _ = fused_rotary(q, k, cos, sin)
     assert calls == [1]
-    torch.testing.assert_close(q_out, _apply_rotary_torch(q, cos, sin), atol=0, rtol=0)
+    torch.testing.assert_close(q_out, apply_rotary_torch(q, cos, sin), atol=0, rtol=0)
 
 
 def test_env_var_turns_the_cpu_path_on(monkeypatch):

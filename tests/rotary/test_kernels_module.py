@@ -27,7 +27,7 @@ CONFIGS = {
     "default": {},
     "partial": {"rotary_dim": 24},
     "yarn": {"scaling": {"type": "yarn", "factor": 4.0, "original_max_position": 64}},
-    "xpos": {"xpos_scale_base": 512.0},
+    "xpos": {"name": "xpos", "scale_base": 512.0},
 }
 
 
@@ -58,13 +58,14 @@ def _assert_identical(fast, slow):
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_rotary_embedding_identical_with_fast_path(dtype, layout, config):
-    rope = posenc.RotaryEmbedding(32, layout=layout, **CONFIGS[config])
+    rope = posenc.build({"name": "rope", "head_dim": 32, "layout": layout, **CONFIGS[config]})
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 9, 32, generator=gen).to(dtype)  # GQA: 4 query heads, 2 kv heads
     k = torch.randn(2, 2, 9, 32, generator=gen).to(dtype)
     positions = torch.randint(0, 200, (2, 9), generator=gen)
     _assert_identical(
-        _run(rope, q, k, True, positions=positions), _run(rope, q, k, False, positions=positions)
+        _run(rope, q, k, True, q_positions=positions),
+        _run(rope, q, k, False, q_positions=positions),
     )
 
 
@@ -76,7 +77,7 @@ def test_decoding_and_seq_dim_identical_with_fast_path(layout):
     q = torch.randn(3, 4, 1, 16, generator=gen).transpose(1, 2)
     k = torch.randn(3, 2, 7, 16, generator=gen).transpose(1, 2)
     call = {
-        "positions": torch.tensor([[6], [9], [2]]),
+        "q_positions": torch.tensor([[6], [9], [2]]),
         "k_positions": torch.arange(7)[None] + 3,
         "seq_dim": -3,
     }

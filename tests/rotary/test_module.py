@@ -6,10 +6,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import posenc
-from posenc import PosEncError, RotaryEmbedding
+from posenc import PosEncError, RotaryEmbedding, XPosEmbedding
 from posenc import reference as ref
+from posenc.rotary.layout import LAYOUTS
 
-LAYOUTS = ("half", "interleaved")
 TOL = {  # float64: the product p * w itself rounds by ~1e-10 at p ~ 1e6 (in both)
     torch.float64: {"atol": 1e-9, "rtol": 1e-9},
     torch.float32: {"atol": 2e-6, "rtol": 1e-6},
@@ -32,7 +32,7 @@ def _expected(rope, q, k, q_pos, k_pos, *, scaling=None, seq_len=None):
         layout=rope.layout,
         attention_scale=scale,
         sections=rope.sections,
-        xpos_scale_base=rope.xpos_scale_base,
+        xpos_scale_base=getattr(rope, "scale_base", None),
     )
     return torch.from_numpy(qr), torch.from_numpy(kr)
 
@@ -226,7 +226,7 @@ def test_meta_device_construction():
     [
         {},
         {"rotary_dim": 8, "layout": "interleaved", "base": 5e5},
-        {"scaling": {"rope_type": "yarn", "factor": 4, "original_max_position_embeddings": 64}},
+        {"scaling": {"type": "yarn", "factor": 4, "original_max_position": 64}},
         {
             "scaling": {
                 "type": "longrope",
@@ -237,13 +237,15 @@ def test_meta_device_construction():
             }
         },
         {"sections": (2, 3, 3)},
-        {"xpos_scale_base": 256.0},
+        {"name": "xpos", "scale_base": 256.0},
+        {"name": "xpos", "scale_base": 256.0, "scaling": {"type": "linear", "factor": 2.0}},
     ],
-    ids=["default", "partial", "yarn", "longrope", "sections", "xpos"],
+    ids=["default", "partial", "yarn", "longrope", "sections", "xpos", "xpos-linear"],
 )
 def test_config_round_trip(kwargs):
-    rope = posenc.build("rope", head_dim=16, **kwargs)
+    rope = posenc.build({"name": "rope", "head_dim": 16, **kwargs})
     assert isinstance(rope, RotaryEmbedding)
+    assert "xpos_scale_base" not in rope.to_config()
     again = posenc.build(rope.to_config())
     assert again.to_config() == rope.to_config()
     torch.testing.assert_close(again.inv_freq, rope.inv_freq, atol=0, rtol=0)
@@ -279,8 +281,8 @@ ROTATION_CASES = {
     "rope": ({}, None, None),
     "batched": ({}, torch.randint(0, 50, (2, 4)), None),
     "decode": ({}, torch.tensor([7, 8]), torch.arange(4) + 5),
-    "xpos": ({"xpos_scale_base": 64.0}, torch.arange(4) + 3, None),
-    "xpos-decode": ({"xpos_scale_base": 64.0}, None, torch.arange(4) + 2),
+    "xpos": ({"scale_base": 64.0}, torch.arange(4) + 3, None),
+    "xpos-decode": ({"scale_base": 64.0}, None, torch.arange(4) + 2),
     "dynamic": (
         {"scaling": {"type": "dynamic", "factor": 2.0, "max_position": 8}},
         torch.arange(4) + 20,
@@ -295,14 +297,14 @@ ROTATION_CASES = {
 def test_rotation_then_rotate_equals_forward(case, dtype):
     """rotation() once + rotate() per (q, k) is forward() exactly, for every variant."""
     kwargs, positions, k_positions = ROTATION_CASES[case]
-    rope = RotaryEmbedding(8, **kwargs)
+    rope = (XPosEmbedding if "scale_base" in kwargs else RotaryEmbedding)(8, **kwargs)
     sk = 4 if k_positions is None else k_positions.shape[-1]
     sq = sk if positions is None else positions.shape[-1]
     q, k = torch.randn(2, 4, sq, 8, dtype=dtype), torch.randn(2, 2, sk, 8, dtype=dtype)
     rot = rope.rotation(
         sq,
         sk,
-        positions=positions,
+        q_positions=positions,
         k_positions=k_positions,
         batch=2,
         dtype=torch.float64 if dtype == torch.float64 else torch.float32,
@@ -338,7 +340,6 @@ _Q = torch.randn(1, 2, 3, 8)
             "missing required key.*original_max_position",
         ),
         (lambda: RotaryEmbedding(8, sections=(1, 2)), r"sections must sum to rotary_dim / 2 = 4"),
-        (lambda: RotaryEmbedding(8, xpos_scale_base=0), "xpos_scale_base must be > 0"),
         (lambda: RotaryEmbedding(8)(torch.randn(1, 2, 3, 6), _Q), "q must have last dimension 8"),
         (lambda: RotaryEmbedding(8)(_Q, torch.randn(1, 2, 3, 6)), "k must have last dimension 8"),
         (lambda: RotaryEmbedding(8)(_Q[0], _Q), r"q must be \[b, h, s, d\]"),

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 import posenc
 from posenc import AxialRotaryEmbedding, MultimodalRotaryEmbedding, PosEncError, RotaryEmbedding
 from posenc import reference as ref
+from posenc.rotary.layout import LAYOUTS
 from posenc.rotary.nd import axial_frequencies
 
-LAYOUTS = ("half", "interleaved")
 TOL = {torch.float64: {"atol": 1e-12, "rtol": 1e-12}, torch.float32: {"atol": 2e-6, "rtol": 1e-6}}
 
 
@@ -189,10 +189,6 @@ _Q = torch.randn(1, 2, 4, 16)
         (lambda: MultimodalRotaryEmbedding(16, sections=None), "sections must be given"),
         (lambda: MultimodalRotaryEmbedding(16, sections=(4, 0, 4)), r"sections\[1\] must be >= 1"),
         (lambda: MultimodalRotaryEmbedding(16, sections="448"), "sections must be a sequence"),
-        (
-            lambda: RotaryEmbedding(16, sections=(4, 4), xpos_scale_base=512),
-            "xpos_scale_base cannot be combined with sections",
-        ),
         (
             lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(4)),
             r"positions must be \[s, 3\] or \[b, s, 3\]",

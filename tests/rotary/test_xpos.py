@@ -9,8 +9,8 @@ from rotary_embedding_torch import RotaryEmbedding as PeerRotary
 import posenc
 from posenc import PosEncError, RotaryEmbedding, XPosEmbedding
 from posenc import reference as ref
-
-LAYOUTS = ("half", "interleaved")
+from posenc.rotary.layout import LAYOUTS
+from posenc.rotary.xpos import xpos_scale
 
 
 @pytest.mark.parametrize("rotary_dim", [None, 8], ids=lambda r: f"r{r}")
@@ -100,14 +100,21 @@ def test_xpos_matches_rotary_embedding_torch_float32():
     )
 
 
-def test_xpos_is_rotary_embedding_with_scale_base():
-    a = XPosEmbedding(8, scale_base=100.0)
-    b = RotaryEmbedding(8, xpos_scale_base=100.0)
+def test_xpos_is_rope_times_zeta_rounded_once():
+    """XPosEmbedding's cos/sin: RoPE's in float64 times xpos_scale(+-n), one rounding."""
+    xpos = XPosEmbedding(8, scale_base=100.0)
+    q_pos, k_pos = torch.arange(5) + 3, torch.arange(7)
+    rot = xpos.rotation(5, 7, q_positions=q_pos, k_positions=k_pos)
+    cos_q, sin_q = RotaryEmbedding(8).cos_sin(q_pos, dtype=torch.float64)
+    cos_k, sin_k = RotaryEmbedding(8).cos_sin(k_pos, dtype=torch.float64)
+    zq, zk = xpos_scale(q_pos, 8, 100.0), xpos_scale(k_pos, 8, -100.0)
+    for got, want in zip(rot, (cos_q * zq, sin_q * zq, cos_k * zk, sin_k * zk)):
+        assert torch.equal(got, want.float())
     q = torch.randn(1, 1, 5, 8)
-    torch.testing.assert_close(a(q, q)[0], b(q, q)[0], atol=0, rtol=0)
+    assert torch.equal(xpos(q, q)[0], xpos.rotate(q, q, xpos.rotation(5))[0])
     built = posenc.build("xpos", head_dim=8)
-    assert isinstance(built, XPosEmbedding) and built.xpos_scale_base == 512.0
-    assert posenc.build(a.to_config()).to_config() == a.to_config()
+    assert isinstance(built, XPosEmbedding) and built.scale_base == 512.0
+    assert posenc.build(xpos.to_config()).to_config() == xpos.to_config()
 
 
 @settings(max_examples=25)
@@ -140,8 +147,8 @@ def test_decoding_equals_full_pass():
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: XPosEmbedding(8, scale_base=0.0), "xpos_scale_base must be > 0.0, got 0.0"),
-        (lambda: XPosEmbedding(8, scale_base=float("inf")), "xpos_scale_base must be finite"),
+        (lambda: XPosEmbedding(8, scale_base=0.0), "scale_base must be > 0.0, got 0.0"),
+        (lambda: XPosEmbedding(8, scale_base=float("inf")), "scale_base must be finite"),
         (lambda: XPosEmbedding(9), "head_dim must be even"),
         (lambda: XPosEmbedding(8, rotary_dim=3), "rotary_dim must be even"),
     ],

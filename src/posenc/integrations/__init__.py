@@ -1,5 +1,5 @@
 """Bridges to other libraries' configs and models (their packages imported only when needed)."""
 
-from posenc.integrations.transformers import rotary_from_config
+from posenc.integrations.transformers import rotary_from_config, scaling_from_transformers
 
-__all__ = ["rotary_from_config"]
+__all__ = ["rotary_from_config", "scaling_from_transformers"]

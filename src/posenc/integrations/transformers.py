@@ -4,8 +4,13 @@
 ``modeling_rope_utils`` read it (transformers 5's ``rope_parameters`` as well as the
 legacy ``rope_scaling`` / ``rope_theta`` / ``partial_rotary_factor`` / GPT-NeoX
 ``rotary_pct`` / ``rotary_emb_base`` attributes) and builds the equal
-:class:`posenc.RotaryEmbedding`. Where transformers only logs a warning (unknown rope
-type, unrecognised keys, a factor below 1) we raise :class:`posenc.PosEncError`.
+:class:`posenc.RotaryEmbedding`. :func:`scaling_from_transformers` turns one
+``rope_scaling`` dict into posenc's scaling dataclass. Where transformers only logs a
+warning (unknown rope type, unrecognised keys, a factor below 1) we raise
+:class:`posenc.PosEncError`.
+
+This is the only module that knows transformers' spellings (``rope_type``,
+``original_max_position_embeddings``, ...): :mod:`posenc.rotary` reads posenc's only.
 
 A config dict (``config.to_dict()`` or a ``config.json`` loaded with ``json``) needs no
 transformers installed; a ``PretrainedConfig`` object is read through its attributes.
@@ -13,14 +18,16 @@ transformers installed; a ``PretrainedConfig`` object is read through its attrib
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from posenc._errors import PosEncError, check_choice, check_float, check_int
-from posenc.rotary.apply import LAYOUTS, Layout
+from posenc.rotary.frequencies import SCALINGS, Scaling, parse_scaling
+from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
 
-__all__ = ["rotary_from_config"]
+__all__ = ["rotary_from_config", "scaling_from_transformers"]
 
 # Keys of rope_parameters that are not scaling parameters.
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section")
@@ -80,6 +87,90 @@ def _rope_parameters(cfg: _Reader, layer_type: str | None) -> dict[str, Any]:
 
 def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
+
+
+# --- transformers' scaling dicts -------------------------------------------------------------
+
+# transformers' spellings -> posenc's; the type key is "type" or "rope_type".
+_KEY_ALIASES = {
+    "original_max_position_embeddings": "original_max_position",
+    "max_position_embeddings": "max_position",
+}
+_TYPE_ALIASES = {"su": "longrope"}  # early Phi-3 configs
+_NOT_SCALING = {
+    "rope_theta": "pass it as base=",
+    "partial_rotary_factor": "pass the rotary dim instead",
+    "mrope_section": "pass it as sections= to RotaryEmbedding",
+}
+
+
+def scaling_from_transformers(rope_scaling: Mapping[str, Any] | None) -> Scaling | None:
+    """posenc's scaling dataclass for a transformers ``rope_scaling`` dict (``None``: none).
+
+    Reads the type from ``"rope_type"`` or ``"type"`` (both given: they must agree; ``"su"``
+    is LongRoPE, as in early Phi-3 configs), the keys in transformers' spellings
+    (``original_max_position_embeddings``, ``max_position_embeddings``) or posenc's, and
+    ``truncate: None`` as false (transformers tests the value, so ``None`` is falsy); any
+    other ``None`` value counts as absent. ``{"rope_type": "default"}`` is no scaling.
+    ``max_position_embeddings``, a config attribute in transformers, goes in the dict here
+    (dynamic NTK's length; YaRN's and LongRoPE's factor when ``factor`` is absent).
+    :func:`rotary_from_config` reads a whole config.
+
+    Raises:
+        PosEncError: no or an unknown type, a key that is no scaling parameter (such as
+            ``rope_theta``, with what to do instead), an unknown or repeated key, a
+            missing required key, or a value the dataclass refuses.
+
+    Examples:
+        >>> from posenc.integrations.transformers import scaling_from_transformers
+        >>> scaling_from_transformers({"rope_type": "linear", "factor": 4})
+        LinearScaling(factor=4.0, type='linear')
+        >>> scaling_from_transformers(
+        ...     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+        ... ).original_max_position
+        4096
+    """
+    if rope_scaling is None:
+        return None
+    if not isinstance(rope_scaling, Mapping):
+        raise PosEncError(f"rope_scaling must be None or a dict, got {type(rope_scaling).__name__}")
+    spec = dict(rope_scaling)
+    kinds = {spec.pop(k) for k in ("type", "rope_type") if k in spec}
+    if not kinds:
+        raise PosEncError(
+            f"scaling must hold a 'type' (or 'rope_type') key, got keys {sorted(spec)}"
+        )
+    if len(kinds) > 1:
+        raise PosEncError(f"scaling 'type' and 'rope_type' disagree: {sorted(map(str, kinds))}")
+    kind = kinds.pop()
+    kind = _TYPE_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
+    check_choice("scaling type", kind, ("default", *SCALINGS))
+    if kind == "default":
+        extra = sorted(k for k, v in spec.items() if v is not None)
+        if extra:
+            raise PosEncError(f"scaling type 'default' takes no parameters, got {extra}")
+        return None
+    cls, _ = SCALINGS[kind]
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    args: dict[str, Any] = {}
+    for key, value in spec.items():
+        name = _KEY_ALIASES.get(key, key)
+        if name in _NOT_SCALING and name not in fields:
+            raise PosEncError(
+                f"scaling key {key!r} is not a scaling parameter: {_NOT_SCALING[name]}"
+            )
+        if name not in fields:
+            raise PosEncError(
+                f"scaling {kind!r} got unknown key {key!r}; allowed: {', '.join(fields)}"
+            )
+        if name in args:
+            raise PosEncError(f"scaling {kind!r} got {name!r} twice (as {key!r} and its alias)")
+        if value is None:
+            if name == "truncate":
+                args[name] = False  # transformers: rope_parameters.get("truncate", True) is falsy
+            continue
+        args[name] = value
+    return parse_scaling({"type": kind, **args})
 
 
 def rotary_from_config(
@@ -179,10 +270,10 @@ def rotary_from_config(
     if sections is None and "mrope_section" in defaults:
         sections = defaults["mrope_section"]
 
-    scaling: dict[str, Any] | None = None
+    scaling: Scaling | None = None
     if kind != "default":
-        scaling = {k: v for k, v in rope.items() if k not in (*_GENERAL_KEYS, "rotary_pct")}
-        scaling["type"] = kind
+        spec = {k: v for k, v in rope.items() if k not in (*_GENERAL_KEYS, "rotary_pct")}
+        spec["type"] = kind
         max_position = cfg.get("max_position_embeddings")
         if kind in _ORIGINAL_CONTEXT_TYPES:
             original = _first(
@@ -191,12 +282,13 @@ def rotary_from_config(
                 rope.get("original_max_position"),
                 max_position,
             )
-            scaling.pop("original_max_position", None)
-            scaling["original_max_position_embeddings"] = original
+            spec.pop("original_max_position", None)
+            spec["original_max_position_embeddings"] = original
         if max_position is not None and (
             kind == "dynamic" or (kind in ("yarn", "longrope") and rope.get("factor") is None)
         ):
-            scaling["max_position_embeddings"] = max_position
+            spec["max_position_embeddings"] = max_position
+        scaling = scaling_from_transformers(spec)
     else:
         extra = sorted(
             k for k, v in rope.items() if v is not None and k not in (*_GENERAL_KEYS, "rotary_pct")

@@ -1,4 +1,11 @@
-"""Rotary position embeddings: frequencies and scalings, application to q/k, modules."""
+"""Rotary position embeddings: frequencies and scalings, application to q/k, modules.
+
+Imports point one way, bottom to top: ``layout`` (the layout and seq_dim names) <-
+``kernels`` (the plain torch twin in ``kernels.plain`` beside the Triton and CPU fast
+paths) <- ``apply`` (cos/sin and :func:`apply_rotary`) <- ``module``
+(:class:`RotaryEmbedding`) <- ``nd`` and ``xpos`` (its subclasses); ``porting`` needs
+only ``layout``, and ``frequencies`` (with ``scalings/``) nothing of the rest.
+"""
 
 from posenc.rotary.apply import apply_rotary, rotary_cos_sin
 from posenc.rotary.frequencies import (

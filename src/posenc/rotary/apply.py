@@ -20,12 +20,17 @@ Only the first ``r = rotary_dim`` channels rotate; channels past it pass through
 Shapes: ``x`` is ``[b, h, s, d]`` (``seq_dim=-2``) or ``[b, s, h, d]`` (``seq_dim=-3``);
 ``cos``/``sin`` hold one value per frequency, ``[s, r/2]`` or ``[b, s, r/2]``, and are
 broadcast over heads through views, so ``x`` is never copied or made contiguous.
+
+The rotation itself runs in :mod:`posenc.rotary.kernels` (a fused path, or the plain torch
+twin :func:`posenc.rotary.kernels.plain.apply_rotary_torch`); this module validates and
+dispatches. ``LAYOUTS``, ``SEQ_DIMS`` and ``Layout`` are those of
+:mod:`posenc.rotary.layout`, re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -41,19 +46,17 @@ from posenc._errors import (
     check_tensor,
 )
 from posenc.rotary.kernels import dispatch_rotary
+from posenc.rotary.kernels.plain import check_cos_sin
+from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout
 
 __all__ = [
     "LAYOUTS",
     "SEQ_DIMS",
+    "Layout",
     "apply_rotary",
     "check_sections",
     "rotary_cos_sin",
-    "xpos_scale",
 ]
-
-Layout = Literal["half", "interleaved"]
-LAYOUTS = ("half", "interleaved")
-SEQ_DIMS = (-2, -3)
 
 
 def rotary_cos_sin(
@@ -152,41 +155,6 @@ def _cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
-def xpos_scale(positions: torch.Tensor, rotary_dim: int, scale_base: float) -> torch.Tensor:
-    """xPos (Sun et al., 2022): ``zeta_i ^ (n / scale_base)`` with
-    ``zeta_i = (2i + 0.4 r) / (1.4 r)``, in float64.
-
-    Queries are multiplied by it and keys by its inverse, so ``q_m . k_n`` carries
-    ``zeta^((m - n) / scale_base)``: attention decays with distance. Used through
-    ``RotaryEmbedding(xpos_scale_base=...)`` / :class:`posenc.XPosEmbedding`.
-
-    Shape: positions ``[*P]`` -> ``[*P, r/2]``.
-    """
-    i = torch.arange(rotary_dim // 2, dtype=torch.float64, device=positions.device)
-    log_zeta = torch.log((2 * i + 0.4 * rotary_dim) / (1.4 * rotary_dim))  # [r/2]
-    return torch.exp(positions.to(torch.float64).unsqueeze(-1) / scale_base * log_zeta)
-
-
-def _check_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int) -> None:
-    check_tensor("cos", cos, floating=True)
-    check_tensor("sin", sin, floating=True)
-    if cos.shape != sin.shape:
-        raise PosEncError(
-            f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
-        )
-    seq_len, batch = x.shape[seq_dim], x.shape[0]
-    if cos.ndim not in (2, 3) or cos.shape[-2] != seq_len:
-        raise PosEncError(
-            f"cos must be [s, r/2] or [b, s, r/2] with s == {seq_len} (x's sequence length), "
-            f"got shape {tuple(cos.shape)}"
-        )
-    if cos.ndim == 3 and cos.shape[0] not in (1, batch):
-        raise PosEncError(
-            f"cos of shape [b, s, r/2] must have b == {batch} (x's batch size) or 1, "
-            f"got shape {tuple(cos.shape)}"
-        )
-
-
 def apply_rotary(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -233,7 +201,7 @@ def apply_rotary(
             f"x must be [b, h, s, d] (seq_dim=-2) or [b, s, h, d] (seq_dim=-3), "
             f"got shape {tuple(x.shape)}"
         )
-    _check_cos_sin(x, cos, sin, seq_dim)
+    check_cos_sin(x, cos, sin, seq_dim)
     half = cos.shape[-1]
     if rotary_dim is None:
         rotary_dim = 2 * half
@@ -244,51 +212,4 @@ def apply_rotary(
         raise PosEncError(
             f"rotary_dim must be <= x's last dimension {x.shape[-1]}, got {rotary_dim}"
         )
-    return _rotate(x, cos, sin, layout, seq_dim)
-
-
-def _rotate(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, seq_dim: int
-) -> torch.Tensor:
-    """The one place every rotation goes through (``apply_rotary`` and the modules),
-    on already validated arguments. Fused kernels dispatch from here; the plain torch
-    path below is the twin they are proven equal to."""
     return dispatch_rotary(x, None, cos, sin, layout=layout, seq_dim=seq_dim)[0]
-
-
-def _apply_rotary_torch(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    *,
-    layout: str = "half",
-    seq_dim: int = -2,
-) -> torch.Tensor:
-    """Plain torch rotation (no validation): the reference the fast paths are tested against.
-
-    ``x: [b, h, s, d]`` or ``[b, s, h, d]``; ``cos, sin: [s, r/2]`` or ``[b, s, r/2]``.
-    """
-    half = cos.shape[-1]
-    rotary_dim = 2 * half
-    compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
-    # Views that broadcast over heads: [.., s, r/2] -> [b|1, 1, s, r/2] or [b|1, s, 1, r/2].
-    if cos.ndim == 2:
-        cos, sin = cos[None], sin[None]  # [1, s, r/2]
-    head_axis = 1 if seq_dim == -2 else 2
-    c = cos.unsqueeze(head_axis).to(compute)
-    s = sin.unsqueeze(head_axis).to(compute)
-    x_rot = x[..., :rotary_dim]  # a view; channels past rotary_dim are untouched
-    if layout == "half":
-        x1, x2 = x_rot[..., :half].to(compute), x_rot[..., half:].to(compute)
-    else:
-        x1, x2 = x_rot[..., 0::2].to(compute), x_rot[..., 1::2].to(compute)
-    o1 = x1 * c - x2 * s  # [b, h, s, r/2]
-    o2 = x2 * c + x1 * s
-    if layout == "half":
-        out = torch.cat([o1, o2], dim=-1)
-    else:
-        out = torch.stack([o1, o2], dim=-1).flatten(-2)  # (o1_0, o2_0, o1_1, o2_1, ...)
-    out = out.to(x.dtype)  # the one rounding to x's dtype
-    if rotary_dim < x.shape[-1]:
-        out = torch.cat([out, x[..., rotary_dim:]], dim=-1)
-    return out

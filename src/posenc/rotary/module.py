@@ -13,6 +13,7 @@ Shapes: ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (``seq_dim=-2``), or
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -29,24 +30,11 @@ from posenc._errors import (
     check_positions,
     check_tensor,
 )
-from posenc.rotary.apply import (
-    LAYOUTS,
-    SEQ_DIMS,
-    Layout,
-    _check_cos_sin,
-    _cos_sin,
-    _rotate,
-    check_sections,
-    xpos_scale,
-)
-from posenc.rotary.frequencies import (
-    DynamicScaling,
-    LongRopeScaling,
-    Scaling,
-    parse_scaling,
-    rope_frequencies,
-)
+from posenc.rotary.apply import _cos_sin, check_sections
+from posenc.rotary.frequencies import Scaling, parse_scaling, rope_frequencies
 from posenc.rotary.kernels import dispatch_rotary
+from posenc.rotary.kernels.plain import check_cos_sin
+from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout, check_rotary_dims
 
 __all__ = ["RotaryEmbedding", "Rotation"]
 
@@ -65,26 +53,28 @@ class Rotation(NamedTuple):
 _CACHE_SIZE = 16  # (device, seq_len) frequency copies kept for dynamic scaling
 
 
-def check_rotary_dims(head_dim: Any, rotary_dim: Any) -> tuple[int, int]:
-    """Validate ``head_dim`` and ``rotary_dim`` (``None``: the whole head): both even,
-    ``rotary_dim <= head_dim``."""
-    head_dim = check_int("head_dim", head_dim, min=2)
-    if head_dim % 2:
-        raise PosEncError(f"head_dim must be even (RoPE rotates pairs of channels), got {head_dim}")
-    rotary_dim = head_dim if rotary_dim is None else check_int("rotary_dim", rotary_dim, min=2)
-    if rotary_dim % 2:
+def _renamed_positions(q_positions: Any, positions: Any, stacklevel: int) -> Any:
+    """``q_positions``, or the deprecated keyword ``positions`` (its 0.1.0 name) if given;
+    ``stacklevel`` points the warning at the caller's line."""
+    if positions is None:
+        return q_positions
+    if q_positions is not None:
         raise PosEncError(
-            f"rotary_dim must be even (RoPE rotates pairs of channels), got {rotary_dim}"
+            "q_positions and positions (its deprecated old name) were both given; "
+            "pass q_positions only"
         )
-    if rotary_dim > head_dim:
-        raise PosEncError(f"rotary_dim must be <= head_dim ({head_dim}), got {rotary_dim}")
-    return head_dim, rotary_dim
+    warnings.warn(
+        "positions= is renamed q_positions=; positions= will be removed in the next release",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return positions
 
 
 class RotaryEmbedding(RotaryEncoding):
     """Rotary position embedding (RoPE, Su et al., 2021) of queries and keys.
 
-    ``forward(q, k, positions)`` rotates the first ``rotary_dim`` channels of every head
+    ``forward(q, k, q_positions)`` rotates the first ``rotary_dim`` channels of every head
     of ``q`` and ``k`` by ``position * inv_freq`` (see :func:`posenc.apply_rotary` for the
     two pairing layouts), so that ``q_m . k_n`` depends on ``m - n`` only.
 
@@ -96,13 +86,13 @@ class RotaryEmbedding(RotaryEncoding):
         layout: ``"half"`` (GPT-NeoX, Llama in transformers) or ``"interleaved"`` (RoFormer,
             GPT-J, Meta checkpoints, rotary-embedding-torch).
         scaling: a context-extension scaling: ``None``, a dict such as
-            ``{"type": "yarn", "factor": 4, "original_max_position": 4096}`` (transformers'
-            spellings accepted) or a dataclass from :mod:`posenc.rotary.frequencies`.
+            ``{"type": "yarn", "factor": 4, "original_max_position": 4096}`` (see
+            :func:`posenc.rotary.frequencies.parse_scaling`; transformers' dicts go through
+            :func:`posenc.integrations.transformers.scaling_from_transformers`) or a
+            dataclass from :mod:`posenc.rotary.frequencies`.
         sections: M-RoPE (Qwen2-VL): sizes summing to ``rotary_dim / 2``; positions are then
             ``[..., s, len(sections)]`` and frequency ``j`` takes the coordinate of the axis
             whose section holds ``j`` (see :class:`posenc.MultimodalRotaryEmbedding`).
-        xpos_scale_base: turn on xPos (see :class:`posenc.XPosEmbedding`): queries are
-            scaled by ``zeta^(n / xpos_scale_base)``, keys by ``zeta^(-n / xpos_scale_base)``.
 
     Attributes:
         inv_freq: the float64 frequencies ``[rotary_dim / 2]`` (on the CPU) as transformers'
@@ -110,9 +100,9 @@ class RotaryEmbedding(RotaryEncoding):
             ``longrope`` those of the short factors.
         attention_scale: the factor cos and sin are multiplied by (YaRN, LongRoPE; else 1.0).
             q and k are both multiplied, as transformers does, so logits carry its square.
-        head_dim, rotary_dim, layout, base, scaling, sections, xpos_scale_base: read-only.
+        head_dim, rotary_dim, layout, base, scaling, sections: read-only.
 
-    Position-dependent scalings read the largest position of each call (of ``positions``
+    Position-dependent scalings read the largest position of each call (of ``q_positions``
     and ``k_positions``): ``dynamic`` recomputes its frequencies from it, which needs one
     host synchronisation per call (``.item()``) on CUDA; ``longrope`` switches to its long
     factors once the largest position reaches ``original_max_position``, selected on the
@@ -121,13 +111,14 @@ class RotaryEmbedding(RotaryEncoding):
 
     Shape:
         ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (or ``[b, s, h, d]`` with
-        ``seq_dim=-3``; ``hq != hk`` for GQA); ``positions: [sq]`` or ``[b, sq]``,
+        ``seq_dim=-3``; ``hq != hk`` for GQA); ``q_positions: [sq]`` or ``[b, sq]``,
         ``k_positions: [sk]`` or ``[b, sk]`` -> ``(q, k)`` rotated, same shapes and dtypes.
         Positions ``None``: ``arange(sk)`` for keys and the last ``sq`` of them for queries
         (decoding; ``arange(sq)`` when ``sq > sk``), as :func:`posenc.positions.resolve_pair`;
-        ``k_positions`` ``None`` with ``positions`` given: the query positions (``sq == sk``
+        ``k_positions`` ``None`` with ``q_positions`` given: the query positions (``sq == sk``
         needed). :meth:`rotation` and :meth:`rotate` split this call in two, to compute the
-        cos/sin once for many layers.
+        cos/sin once for many layers. The keyword ``positions=`` is the deprecated 0.1.0
+        name of ``q_positions=`` (a :class:`DeprecationWarning`; it goes in the next release).
 
     Examples:
         >>> import torch, posenc
@@ -145,6 +136,20 @@ class RotaryEmbedding(RotaryEncoding):
 
     name: ClassVar[str] = "rope"
 
+    @classmethod
+    def upgrade_config(cls, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """0.1.0 wrote ``xpos_scale_base`` into every ``"rope"`` config: ``None`` is dropped;
+        a number makes it the ``"xpos"`` config of the same module (``scale_base``)."""
+        if "xpos_scale_base" not in args:
+            return cls.name, args
+        args = dict(args)
+        scale_base = args.pop("xpos_scale_base")
+        if scale_base is None:
+            return cls.name, args
+        if args.get("sections", ()) is None:  # 0.1.0 never combined xPos with sections
+            del args["sections"]
+        return "xpos", {"scale_base": scale_base, **args}
+
     def __init__(
         self,
         head_dim: int,
@@ -154,7 +159,6 @@ class RotaryEmbedding(RotaryEncoding):
         layout: Layout = "half",
         scaling: Scaling | Mapping[str, Any] | None = None,
         sections: Sequence[int] | None = None,
-        xpos_scale_base: float | None = None,
     ) -> None:
         super().__init__()
         self._head_dim, self._rotary_dim = check_rotary_dims(head_dim, rotary_dim)
@@ -164,22 +168,14 @@ class RotaryEmbedding(RotaryEncoding):
         self._sections = (
             None if sections is None else check_sections(sections, self._rotary_dim // 2)
         )
-        self._xpos_scale_base = (
-            None
-            if xpos_scale_base is None
-            else check_float("xpos_scale_base", xpos_scale_base, min=0.0, min_exclusive=True)
-        )
-        if self._sections is not None and self._xpos_scale_base is not None:
-            raise PosEncError(
-                "xpos_scale_base cannot be combined with sections (xPos is defined for 1-D "
-                f"positions), got sections={list(self._sections)}"
-            )
         # Frequencies are computed on the CPU in float64 even under `with torch.device("meta")`.
         with torch.device("cpu"):
             inv_freq, scale = self._frequencies(None)
-            self._long_inv_freq: torch.Tensor | None = None
-            if isinstance(self._scaling, LongRopeScaling):
-                self._long_inv_freq = self._frequencies(self._scaling.original_max_position + 1)[0]
+            # those a position-dependent scaling chooses among per call (longrope's long set)
+            lengths = () if self._scaling is None else self._scaling.precomputed_lengths()
+            self._precomputed: dict[float, torch.Tensor] = {
+                n: self._frequencies(n)[0] for n in lengths
+            }
         self._inv_freq64 = inv_freq  # a plain attribute: .to(dtype) never casts it
         self._attention_scale = scale
         self._device_cache: dict[Any, torch.Tensor] = {}
@@ -190,7 +186,6 @@ class RotaryEmbedding(RotaryEncoding):
             layout=layout,
             scaling=self._scaling,
             sections=self._sections,
-            xpos_scale_base=self._xpos_scale_base,
         )
 
     # --- read-only attributes (the frequency cache depends on them) -------------------------
@@ -218,10 +213,6 @@ class RotaryEmbedding(RotaryEncoding):
     @property
     def sections(self) -> tuple[int, ...] | None:
         return self._sections
-
-    @property
-    def xpos_scale_base(self) -> float | None:
-        return self._xpos_scale_base
 
     @property
     def position_coords(self) -> int | None:
@@ -256,34 +247,38 @@ class RotaryEmbedding(RotaryEncoding):
             self._device_cache[slot] = make().to(device)
         return self._device_cache[slot]
 
+    def _frequencies_at(self, seq_len: float | None, device: torch.device) -> torch.Tensor:
+        """The float64 frequencies on ``device`` for a call whose largest position is
+        ``seq_len - 1`` (``None``: those of construction), computed once per
+        ``(seq_len, device)``."""
+        if seq_len is None:
+            return self._on_device("inv_freq", device, lambda: self._inv_freq64)
+        if seq_len in self._precomputed:
+            return self._on_device(("seq_len", seq_len), device, lambda: self._precomputed[seq_len])
+
+        def make() -> torch.Tensor:
+            with torch.device("cpu"):
+                return self._frequencies(seq_len)[0]
+
+        return self._on_device(("seq_len", seq_len), device, make)
+
     def _call_frequencies(
         self, positions: Sequence[torch.Tensor], device: torch.device
     ) -> tuple[torch.Tensor, float]:
-        """The frequencies (on ``device``) and cos/sin scale for a call with these positions."""
+        """The frequencies (on ``device``) and cos/sin scale for a call with these positions:
+        those of construction, unless the scaling is position-dependent; then its
+        ``call_frequencies`` chooses them from the largest position (a device scalar)."""
         scaling = self._scaling
-        if scaling is None or not scaling.position_dependent:
-            return self._on_device(
-                "inv_freq", device, lambda: self._inv_freq64
-            ), self._attention_scale
-        maxima = [p.max().to(torch.float64) for p in positions if p.numel()]
-        if not maxima:
-            return self._on_device(
-                "inv_freq", device, lambda: self._inv_freq64
-            ), self._attention_scale
-        largest = torch.stack(maxima).max()  # a device scalar
-        if isinstance(scaling, LongRopeScaling):  # choose short / long on the device: no sync
-            short = self._on_device("inv_freq", device, lambda: self._inv_freq64)
-            long = self._on_device("long_inv_freq", device, lambda: self._long_inv_freq)
-            return torch.where(
-                largest + 1 > scaling.original_max_position, long, short
-            ), self._attention_scale
-        # dynamic: the frequencies depend on the value, so it must come to the host.
-        seq_len = float(largest.item()) + 1.0
-        if isinstance(scaling, DynamicScaling):  # below max_position: the unscaled ones
-            seq_len = max(seq_len, float(scaling.max_position))
-        with torch.device("cpu"):
-            inv_freq, scale = self._frequencies(seq_len)
-        return self._on_device(("seq_len", seq_len), device, lambda: inv_freq), scale
+        if scaling is not None and scaling.position_dependent:
+            maxima = [p.max().to(torch.float64) for p in positions if p.numel()]
+            if maxima:
+                largest = torch.stack(maxima).max()  # a device scalar
+                return scaling.call_frequencies(
+                    largest,
+                    lambda seq_len: self._frequencies_at(seq_len, device),
+                    self._attention_scale,
+                )
+        return self._frequencies_at(None, device), self._attention_scale
 
     # --- forward ------------------------------------------------------------------------------
 
@@ -299,7 +294,7 @@ class RotaryEmbedding(RotaryEncoding):
 
     def _resolve(
         self,
-        positions: Any,
+        q_positions: Any,
         k_positions: Any,
         sq: int,
         sk: int,
@@ -307,33 +302,33 @@ class RotaryEmbedding(RotaryEncoding):
         device: torch.device,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q_positions, k_positions)`` on ``device`` (the same object when shared):
-        :func:`posenc.positions.resolve_pair`, except that ``positions`` alone are those of
-        the keys too (``forward(q, k, positions)`` rotates the same tokens)."""
-        if positions is not None and k_positions is None:
+        :func:`posenc.positions.resolve_pair`, except that ``q_positions`` alone are those
+        of the keys too (``forward(q, k, q_positions)`` rotates the same tokens)."""
+        if q_positions is not None and k_positions is None:
             if sq != sk:
                 raise PosEncError(
-                    f"k_positions must be given when q and k lengths differ and positions "
+                    f"k_positions must be given when q and k lengths differ and q_positions "
                     f"is given, got q length {sq} and k length {sk}"
                 )
-            k_positions = positions
+            k_positions = q_positions
         coords = self.position_coords
         return _positions.resolve_pair(
             sq,
             sk,
-            positions,
+            q_positions,
             k_positions,
             batch=batch,
             device=device,
             coords=coords,
-            names=("positions", "k_positions"),
+            names=("q_positions", "k_positions"),
         )
 
     def cos_sin(
         self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin (times ``attention_scale``) at ``positions``, as :func:`apply_rotary`
-        takes them. Position-dependent scalings follow the largest of ``positions``; the
-        xPos scales are not included.
+        takes them. Position-dependent scalings follow the largest of ``positions``; xPos'
+        scales are not included.
 
         Shape: ``[*P]`` (with sections ``[*P, n_axes]``) -> ``[*P, rotary_dim / 2]`` each.
         """
@@ -345,11 +340,14 @@ class RotaryEmbedding(RotaryEncoding):
         self,
         q: torch.Tensor,
         k: torch.Tensor,
-        positions: torch.Tensor | None = None,
+        q_positions: torch.Tensor | None = None,
         *,
         k_positions: torch.Tensor | None = None,
         seq_dim: int = -2,
+        positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # the caller, past nn.Module.__call__ -> _wrapped_call_impl -> _call_impl -> forward
+        q_positions = _renamed_positions(q_positions, positions, stacklevel=5)
         check_choice("seq_dim", seq_dim, SEQ_DIMS)
         self._check_qk("q", q, seq_dim)
         self._check_qk("k", k, seq_dim)
@@ -359,7 +357,7 @@ class RotaryEmbedding(RotaryEncoding):
                 f"{tuple(q.shape)} and {tuple(k.shape)}"
             )
         sq, sk, batch, device = q.shape[seq_dim], k.shape[seq_dim], q.shape[0], q.device
-        q_pos, k_pos = self._resolve(positions, k_positions, sq, sk, batch, device)
+        q_pos, k_pos = self._resolve(q_positions, k_positions, sq, sk, batch, device)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
         return self._rotate_qk(q, k, self.rotation_at(q_pos, k_pos, dtype=dtype), seq_dim)
 
@@ -368,29 +366,31 @@ class RotaryEmbedding(RotaryEncoding):
         q_len: int,
         k_len: int | None = None,
         *,
-        positions: torch.Tensor | None = None,
+        q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
         batch: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype = torch.float32,
+        positions: torch.Tensor | None = None,
     ) -> Rotation:
         """cos/sin of the query and key positions (xPos scales included), computed once to
         rotate many ``(q, k)`` pairs with :meth:`rotate`, e.g. in every layer of a model.
 
-        ``rotate(q, k, rotation(sq, sk, positions=p, k_positions=kp))`` equals
+        ``rotate(q, k, rotation(sq, sk, q_positions=p, k_positions=kp))`` equals
         ``forward(q, k, p, k_positions=kp)``: positions and their defaults as in
         :meth:`forward`, for ``q_len`` queries and ``k_len`` keys (default ``q_len``).
 
         Args:
             q_len, k_len: numbers of queries and keys.
-            positions, k_positions: as in :meth:`forward`.
+            q_positions, k_positions: as in :meth:`forward` (``positions=``: the deprecated
+                name of ``q_positions=``).
             batch: the batch size ``[b, s]`` positions must fit (or 1); None: any.
             device: where the cos/sin live (default: that of the positions, else the CPU).
             dtype: of the cos/sin: float32, or float64 for float64 queries/keys (what
                 :meth:`forward` uses).
 
         Shape:
-            ``positions [sq]`` or ``[b, sq]``, ``k_positions [sk]`` or ``[b, sk]`` -> a
+            ``q_positions [sq]`` or ``[b, sq]``, ``k_positions [sk]`` or ``[b, sk]`` -> a
             :class:`Rotation` of ``[.., s, rotary_dim / 2]`` tensors.
 
         Examples:
@@ -401,39 +401,32 @@ class RotaryEmbedding(RotaryEncoding):
             >>> [torch.equal(a, b) for a, b in zip(rope.rotate(q, k, rot), rope(q, k))]
             [True, True]
         """
+        q_positions = _renamed_positions(q_positions, positions, stacklevel=3)
         sq = check_int("q_len", q_len, min=1)
         sk = sq if k_len is None else check_int("k_len", k_len, min=1)
         if dtype not in (torch.float32, torch.float64):
             raise PosEncError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
         if device is None:
-            given = [p for p in (positions, k_positions) if isinstance(p, torch.Tensor)]
+            given = [p for p in (q_positions, k_positions) if isinstance(p, torch.Tensor)]
             device = given[0].device if given else torch.device("cpu")
-        q_pos, k_pos = self._resolve(positions, k_positions, sq, sk, batch, torch.device(device))
+        q_pos, k_pos = self._resolve(q_positions, k_positions, sq, sk, batch, torch.device(device))
         return self.rotation_at(q_pos, k_pos, dtype=dtype)
 
     def rotation_at(
-        self, q_pos: torch.Tensor, k_pos: torch.Tensor, *, dtype: torch.dtype
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor, *, dtype: torch.dtype
     ) -> Rotation:
-        """:meth:`rotation` of resolved positions (``k_pos is q_pos`` when shared)."""
-        shared = q_pos is k_pos
+        """:meth:`rotation` of resolved positions (``k_positions is q_positions`` when the
+        queries and keys are the same tokens: then ``cos_k is cos_q``)."""
+        shared = q_positions is k_positions
         inv_freq, scale = self._call_frequencies(
-            [q_pos] if shared else [q_pos, k_pos], q_pos.device
+            [q_positions] if shared else [q_positions, k_positions], q_positions.device
         )
-        if self._xpos_scale_base is None:
-            cos_q, sin_q = _cos_sin(q_pos, inv_freq, scale, self._sections, dtype)  # [.., s, r/2]
-            cos_k, sin_k = (
-                (cos_q, sin_q)
-                if shared
-                else _cos_sin(k_pos, inv_freq, scale, self._sections, dtype)
-            )
-        else:  # xPos: q gets zeta^(n / base), k zeta^(-n / base); one rounding, after the product
-            cos, sin = _cos_sin(q_pos, inv_freq, scale, None, torch.float64)
-            zq = xpos_scale(q_pos, self._rotary_dim, self._xpos_scale_base)
-            cos_q, sin_q = (cos * zq).to(dtype), (sin * zq).to(dtype)
-            if not shared:
-                cos, sin = _cos_sin(k_pos, inv_freq, scale, None, torch.float64)
-            zk = xpos_scale(k_pos, self._rotary_dim, -self._xpos_scale_base)
-            cos_k, sin_k = (cos * zk).to(dtype), (sin * zk).to(dtype)
+        cos_q, sin_q = _cos_sin(q_positions, inv_freq, scale, self._sections, dtype)  # [.., s, r/2]
+        cos_k, sin_k = (
+            (cos_q, sin_q)
+            if shared
+            else _cos_sin(k_positions, inv_freq, scale, self._sections, dtype)
+        )
         return Rotation(cos_q, sin_q, cos_k, sin_k)
 
     def rotate(
@@ -452,8 +445,8 @@ class RotaryEmbedding(RotaryEncoding):
                 f"rotation must be a Rotation from RotaryEmbedding.rotation, got "
                 f"{type(rotation).__name__}"
             )
-        _check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim)
-        _check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim)
+        check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim)
+        check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim)
         for name, t in (("cos_q", rotation.cos_q), ("cos_k", rotation.cos_k)):
             if t.shape[-1] != self._rotary_dim // 2:
                 raise PosEncError(
@@ -472,6 +465,10 @@ class RotaryEmbedding(RotaryEncoding):
                 q, k, rotation.cos_q, rotation.sin_q, layout=layout, seq_dim=seq_dim
             )
             return q_out, k_out
-        q_out = _rotate(q, rotation.cos_q, rotation.sin_q, layout, seq_dim)
-        k_out = _rotate(k, rotation.cos_k, rotation.sin_k, layout, seq_dim)
+        q_out, _ = dispatch_rotary(
+            q, None, rotation.cos_q, rotation.sin_q, layout=layout, seq_dim=seq_dim
+        )
+        k_out, _ = dispatch_rotary(
+            k, None, rotation.cos_k, rotation.sin_k, layout=layout, seq_dim=seq_dim
+        )
         return q_out, k_out

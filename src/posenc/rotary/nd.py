@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 import torch
 
 from posenc._errors import PosEncError, check_float, check_int
-from posenc.rotary.apply import Layout
 from posenc.rotary.frequencies import Scaling, rope_frequencies
-from posenc.rotary.module import RotaryEmbedding, check_rotary_dims
+from posenc.rotary.layout import Layout, check_rotary_dims
+from posenc.rotary.module import RotaryEmbedding
 
 __all__ = ["AxialRotaryEmbedding", "MultimodalRotaryEmbedding", "axial_frequencies"]
 

@@ -15,28 +15,12 @@ axis with ``dim=``) or a bias ``[num_heads * head_dim]``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from posenc._errors import PosEncError, check_choice, check_int, check_tensor
-from posenc.rotary.apply import LAYOUTS, Layout
+from posenc.rotary.layout import LAYOUTS, Layout, check_rotary_dims
 
 __all__ = ["layout_permutation", "permute_qk_weight"]
-
-
-def _check_head(head_dim: Any, rotary_dim: Any) -> tuple[int, int]:
-    head_dim = check_int("head_dim", head_dim, min=2)
-    if head_dim % 2:
-        raise PosEncError(f"head_dim must be even (RoPE rotates pairs of channels), got {head_dim}")
-    rotary_dim = head_dim if rotary_dim is None else check_int("rotary_dim", rotary_dim, min=2)
-    if rotary_dim % 2:
-        raise PosEncError(
-            f"rotary_dim must be even (RoPE rotates pairs of channels), got {rotary_dim}"
-        )
-    if rotary_dim > head_dim:
-        raise PosEncError(f"rotary_dim must be <= head_dim ({head_dim}), got {rotary_dim}")
-    return head_dim, rotary_dim
 
 
 def layout_permutation(
@@ -65,7 +49,7 @@ def layout_permutation(
     """
     check_choice("source", source, LAYOUTS)
     check_choice("target", target, LAYOUTS)
-    head_dim, rotary_dim = _check_head(head_dim, rotary_dim)
+    head_dim, rotary_dim = check_rotary_dims(head_dim, rotary_dim)
     perm = torch.arange(head_dim)
     if source == target:
         return perm

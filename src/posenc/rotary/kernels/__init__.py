@@ -1,7 +1,7 @@
 """Fast paths for rotary embeddings: one fused pass over q and k, on GPU and CPU.
 
 RoPE is memory bound: the least it can cost is one read and one write of q and k. The
-plain torch path (:func:`posenc.rotary.apply._apply_rotary_torch`) makes several passes
+plain torch path (:func:`posenc.rotary.kernels.plain.apply_rotary_torch`) makes several passes
 and temporaries; the fused paths make one, loading each token's cos/sin row once and
 reusing it for every head of q and of k:
 
@@ -11,8 +11,8 @@ reusing it for every head of q and of k:
 - ``"cpu"``: a C loop with OpenMP (:mod:`posenc.rotary.kernels.cpu`), compiled on first
   use (about a second, then cached). Opt-in: :func:`enable_cpu_fast_path` or
   ``POSENC_CPU_FAST_PATH=1``;
-- ``"torch"``: the plain twin, everywhere else (float64 cos/sin with gradients,
-  meta tensors, ...).
+- ``"torch"``: the plain twin (:mod:`posenc.rotary.kernels.plain`), everywhere else
+  (float64 cos/sin with gradients, meta tensors, ...).
 
 All three compute the same function bit for bit (products rounded before the sum, math
 in float32 for bf16/fp16/fp32 inputs, float64 for float64). Both fused paths handle
@@ -20,6 +20,10 @@ both layouts, partial rotary, per-token positions ``[b, s]``, packed sequences, 
 and k with different head counts), any strides (``[b, s, h, d]`` views are not copied)
 and an in-place mode; they are torch custom ops, so ``torch.compile(fullgraph=True)``
 keeps them in the graph, and they have a backward (the inverse rotation).
+
+This package imports only torch, triton, :mod:`posenc._errors` and
+:mod:`posenc.rotary.layout`: the code that calls it (:mod:`posenc.rotary.apply`, the
+modules) sits above it, never the other way round.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from typing import overload
 import torch
 
 from posenc._errors import PosEncError, check_choice, check_int, check_tensor
+from posenc.rotary.kernels.plain import apply_rotary_torch, check_cos_sin
+from posenc.rotary.layout import LAYOUTS, SEQ_DIMS
 
 __all__ = [
     "BACKENDS",
@@ -43,8 +49,6 @@ __all__ = [
 ]
 
 BACKENDS = ("auto", "triton", "cpu", "torch")
-_LAYOUTS = ("half", "interleaved")
-_SEQ_DIMS = (-2, -3)
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 _triton_on = importlib.util.find_spec("triton") is not None and (
@@ -162,9 +166,10 @@ def dispatch_rotary(
     inplace: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`fused_rotary` on already validated arguments (the call site of
-    ``posenc.rotary.apply`` and ``RotaryEmbedding``). q and k of different dtypes or
-    devices are rotated one after the other."""
+    """:func:`fused_rotary` on already validated arguments: the one place every rotation
+    goes through (:func:`posenc.apply_rotary` and the rotary modules call it, with
+    ``k=None`` to rotate one tensor). q and k of different dtypes or devices are rotated
+    one after the other."""
     if k is not None and (k.dtype != q.dtype or k.device != q.device):
         q_out, _ = dispatch_rotary(
             q, None, cos, sin, layout=layout, seq_dim=seq_dim, inplace=inplace, backend=backend
@@ -176,10 +181,9 @@ def dispatch_rotary(
     if backend == "auto":
         backend = select_backend(q, cos, sin)
     if backend == "torch":
-        from posenc.rotary.apply import _apply_rotary_torch
 
         def plain(x: torch.Tensor) -> torch.Tensor:
-            out = _apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
+            out = apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
             return x.copy_(out) if inplace else out
 
         return plain(q), None if k is None else plain(k)
@@ -255,8 +259,8 @@ def fused_rotary(
         True
     """
     check_tensor("q", q, floating=True)
-    check_choice("layout", layout, _LAYOUTS)
-    check_choice("seq_dim", seq_dim, _SEQ_DIMS)
+    check_choice("layout", layout, LAYOUTS)
+    check_choice("seq_dim", seq_dim, SEQ_DIMS)
     check_choice("backend", backend, BACKENDS)
     if q.ndim != 4:
         raise PosEncError(
@@ -280,9 +284,7 @@ def fused_rotary(
                 f"k must have q's dtype and device ({q.dtype}, {q.device}), "
                 f"got {k.dtype}, {k.device}"
             )
-    from posenc.rotary.apply import _check_cos_sin
-
-    _check_cos_sin(q, cos, sin, seq_dim)
+    check_cos_sin(q, cos, sin, seq_dim)
     if cos.device != q.device or sin.device != q.device:
         raise PosEncError(f"cos and sin must be on q's device {q.device}, got {cos.device}")
     half = cos.shape[-1]

@@ -6,7 +6,7 @@
  *     out[a] = x[a] * cos - x[b] * sin,    out[b] = x[b] * cos + x[a] * sin
  *
  * with each product rounded and then summed, exactly as the plain torch twin
- * (posenc.rotary.apply._apply_rotary_torch) computes it: no fused multiply-add
+ * (posenc.rotary.kernels.plain.apply_rotary_torch) computes it: no fused multiply-add
  * (-ffp-contract=off), math in float32 for float32/bf16/fp16 (float64 for float64),
  * one rounding to the input dtype. So the two paths agree bit for bit.
  *

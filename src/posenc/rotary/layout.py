@@ -1,0 +1,41 @@
+"""The words every rotary module shares: the two pairing layouts, the two sequence axes,
+and the rule for ``head_dim`` / ``rotary_dim``.
+
+- ``layout="half"``: channel ``i`` pairs with ``i + r/2`` (GPT-NeoX, Llama as ported to
+  transformers, Qwen, ...);
+- ``layout="interleaved"``: channel ``2i`` pairs with ``2i + 1`` (RoFormer, GPT-J, Meta's
+  original Llama checkpoints, rotary-embedding-torch).
+
+``seq_dim=-2`` means queries and keys are ``[b, h, s, d]``, ``seq_dim=-3`` ``[b, s, h, d]``.
+
+This module is the bottom of :mod:`posenc.rotary`: it imports nothing from it, so every
+other rotary module (the kernels included) may import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from posenc._errors import PosEncError, check_int
+
+__all__ = ["LAYOUTS", "SEQ_DIMS", "Layout", "check_rotary_dims"]
+
+Layout = Literal["half", "interleaved"]
+LAYOUTS: tuple[Layout, ...] = ("half", "interleaved")
+SEQ_DIMS = (-2, -3)
+
+
+def check_rotary_dims(head_dim: Any, rotary_dim: Any) -> tuple[int, int]:
+    """Validate ``head_dim`` and ``rotary_dim`` (``None``: the whole head): both even,
+    ``rotary_dim <= head_dim``."""
+    head_dim = check_int("head_dim", head_dim, min=2)
+    if head_dim % 2:
+        raise PosEncError(f"head_dim must be even (RoPE rotates pairs of channels), got {head_dim}")
+    rotary_dim = head_dim if rotary_dim is None else check_int("rotary_dim", rotary_dim, min=2)
+    if rotary_dim % 2:
+        raise PosEncError(
+            f"rotary_dim must be even (RoPE rotates pairs of channels), got {rotary_dim}"
+        )
+    if rotary_dim > head_dim:
+        raise PosEncError(f"rotary_dim must be <= head_dim ({head_dim}), got {rotary_dim}")
+    return head_dim, rotary_dim

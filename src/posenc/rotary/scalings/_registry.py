@@ -1,0 +1,148 @@
+"""The scaling registry: name -> (parameter dataclass, function), and what every entry shares.
+
+A scaling module defines a frozen parameter dataclass deriving from :class:`ScalingParams`
+(validated in ``__post_init__``) and registers its function beside it::
+
+    @register(LinearScaling)
+    def _linear(p, dim, base, seq_len) -> tuple[torch.Tensor, float]: ...
+
+The function returns ``(inv_freq, attention_scale)``: float64 frequencies ``[dim // 2]``
+on the CPU and the factor cos/sin are multiplied by. ``seq_len`` is the largest position
+of a call plus one (``None``: the state at construction).
+
+A scaling whose frequencies depend on the positions of a call sets
+``position_dependent = True`` and overrides :meth:`ScalingParams.call_frequencies`, which
+a rotary module asks for the frequencies of each call (and, where the choice is among a
+few fixed lengths, :meth:`ScalingParams.precomputed_lengths`).
+
+This module imports nothing from its siblings: they import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from posenc._errors import PosEncError, check_float, check_int
+
+__all__ = [
+    "SCALINGS",
+    "FrequenciesAt",
+    "ScalingFn",
+    "ScalingParams",
+    "check_factor",
+    "check_factor_or_max_position",
+    "check_length",
+    "check_positive",
+    "default_frequencies",
+    "exponents",
+    "frozen",
+    "register",
+    "set_field",
+]
+
+frozen = dataclasses.dataclass(frozen=True, kw_only=True)
+
+# (params, dim, base, seq_len) -> (inv_freq float64 [dim // 2] on the CPU, attention_scale)
+ScalingFn = Callable[[Any, int, float, "float | None"], "tuple[torch.Tensor, float]"]
+# seq_len -> a rotary module's float64 frequencies on the call's device for a call of that
+# length (None: those of construction), computed once per (device, seq_len) and cached.
+FrequenciesAt = Callable[["float | None"], torch.Tensor]
+
+# name -> (parameter dataclass, function(params, dim, base, seq_len) -> (inv_freq, scale))
+SCALINGS: dict[str, tuple[type, ScalingFn]] = {}
+
+
+class ScalingParams:
+    """The base of every scaling's parameter dataclass.
+
+    Attributes:
+        position_dependent: whether the frequencies depend on the positions of a call
+            (then :meth:`call_frequencies` reads the largest one).
+    """
+
+    position_dependent: ClassVar[bool] = False
+
+    def call_frequencies(
+        self, largest: torch.Tensor, frequencies: FrequenciesAt, scale: float
+    ) -> tuple[torch.Tensor, float]:
+        """The frequencies and cos/sin scale for one call of a rotary module.
+
+        Called only when :attr:`position_dependent` is true and the call has positions;
+        the frequencies of the other calls are those of construction.
+
+        Args:
+            largest: the largest position of the call, a float64 device scalar (reading
+                its value on the host is a synchronisation: avoid it where possible).
+            frequencies: the module's frequencies on the call's device for a given
+                ``seq_len`` (``None``: those of construction), cached.
+            scale: the module's attention scale at construction.
+
+        Returns:
+            ``(inv_freq, attention_scale)``: float64 ``[rotary_dim / 2]`` on the call's device.
+        """
+        return frequencies(None), scale
+
+    def precomputed_lengths(self) -> tuple[int, ...]:
+        """The ``seq_len`` values whose frequencies :meth:`call_frequencies` takes, computed
+        once when a module is built (so a call computes nothing on the host and compiles
+        into one graph); others are computed, then cached, when a call first needs them."""
+        return ()
+
+
+def register(params: type) -> Callable[[ScalingFn], ScalingFn]:
+    """Register the decorated function under ``params.type``, together with ``params``."""
+
+    def deco(fn: ScalingFn) -> ScalingFn:
+        SCALINGS[params.type] = (params, fn)  # type: ignore[attr-defined]
+        return fn
+
+    return deco
+
+
+# --- the validators the dataclasses share ------------------------------------------------------
+
+
+def set_field(obj: Any, name: str, value: Any) -> None:
+    """Normalise a field of a frozen dataclass (in ``__post_init__``)."""
+    object.__setattr__(obj, name, value)
+
+
+def check_factor(kind: str, value: Any) -> float:
+    """A scaling factor: a number ``>= 1``."""
+    return check_float(f"{kind} scaling factor", value, min=1.0)
+
+
+def check_length(kind: str, name: str, value: Any) -> int:
+    """A context length: an integer ``>= 1``."""
+    return check_int(f"{kind} scaling {name}", value, min=1)
+
+
+def check_positive(kind: str, name: str, value: Any) -> float:
+    """A number ``> 0``."""
+    return check_float(f"{kind} scaling {name}", value, min=0.0, min_exclusive=True)
+
+
+def check_factor_or_max_position(kind: str, factor: Any, max_position: Any) -> None:
+    """``factor``, or ``max_position`` to derive it from, must be given."""
+    if factor is None and max_position is None:
+        raise PosEncError(
+            f"{kind} scaling needs factor, or max_position to derive it from "
+            "(factor = max_position / original_max_position), got neither"
+        )
+
+
+# --- the frequencies the functions share -------------------------------------------------------
+
+
+def exponents(dim: int) -> torch.Tensor:
+    """``2i / dim`` for ``i < dim / 2``, float64."""
+    return torch.arange(0, dim, 2, dtype=torch.float64) / dim
+
+
+def default_frequencies(dim: int, base: float) -> torch.Tensor:
+    """RoFormer's ``1 / base^(2i / dim)``, float64 ``[dim // 2]``."""
+    return 1.0 / base ** exponents(dim)

@@ -1,0 +1,40 @@
+"""Linear scaling: position interpolation (kaiokendev; Chen et al., 2023)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from posenc.rotary.scalings._registry import (
+    ScalingParams,
+    check_factor,
+    default_frequencies,
+    frozen,
+    register,
+    set_field,
+)
+
+__all__ = ["LinearScaling"]
+
+
+@frozen
+class LinearScaling(ScalingParams):
+    """Position interpolation (kaiokendev; Chen et al., 2023): every frequency divided by ``factor``.
+
+    Args:
+        factor: how many times longer the context becomes, ``>= 1``.
+    """
+
+    factor: float
+    type: str = dataclasses.field(default="linear", init=False)
+
+    def __post_init__(self) -> None:
+        set_field(self, "factor", check_factor(self.type, self.factor))
+
+
+@register(LinearScaling)
+def _linear(
+    p: LinearScaling, dim: int, base: float, seq_len: float | None
+) -> tuple[torch.Tensor, float]:
+    return default_frequencies(dim, base) / p.factor, 1.0
