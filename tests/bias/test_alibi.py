@@ -43,7 +43,7 @@ def test_bias_matches_bloom_up_to_a_per_query_constant(num_heads):
     length = 9
     bloom = build_alibi_tensor(torch.ones(1, length, dtype=torch.long), num_heads, torch.float32)
     bloom = bloom.reshape(num_heads, 1, length).expand(num_heads, length, length)
-    alibi = posenc.ALiBi(num_heads)
+    alibi = posenc.ALiBiBias(num_heads)
     shifted = alibi.bias(length) + alibi.slopes[:, None, None] * torch.arange(length)[:, None]
     torch.testing.assert_close(shifted, bloom, rtol=1e-6, atol=1e-6)
 
@@ -53,7 +53,7 @@ def test_bias_matches_bloom_up_to_a_per_query_constant(num_heads):
 
 def test_values_are_exact_for_power_of_two_slopes():
     # 4 heads: slopes 2^-2, 2^-4, 2^-6, 2^-8, so every product is exact in float32.
-    bias = posenc.ALiBi(4).bias(6)
+    bias = posenc.ALiBiBias(4).bias(6)
     i = torch.arange(6)[:, None]
     j = torch.arange(6)[None, :]
     expected = -posenc.alibi_slopes(4)[:, None, None] * (i - j)
@@ -61,23 +61,23 @@ def test_values_are_exact_for_power_of_two_slopes():
     assert bias.dtype == torch.float32 and bias.shape == (4, 6, 6)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 @pytest.mark.parametrize("num_heads", [1, 5, 8])
 def test_bias_equals_reference(num_heads, causal, as_tensor):
-    bias = posenc.ALiBi(num_heads, causal=causal).bias(7)
+    bias = posenc.ALiBiBias(num_heads, causal=causal).bias(7)
     expected = ref.alibi_bias(range(7), range(7), ref.alibi_slopes(num_heads), causal=causal)
     torch.testing.assert_close(bias, as_tensor(expected), rtol=1e-6, atol=1e-7)
 
 
 def test_causal_false_is_symmetric_and_non_positive():
-    bias = posenc.ALiBi(3, causal=False).bias(8)
+    bias = posenc.ALiBiBias(3, causal=False).bias(8)
     assert torch.equal(bias, bias.transpose(-1, -2))
     assert bool((bias <= 0).all())
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_decoding_queries_are_the_last_positions(causal, as_tensor):
-    alibi = posenc.ALiBi(6, causal=causal)
+    alibi = posenc.ALiBiBias(6, causal=causal)
     step = alibi.bias(2, 9)
     assert step.shape == (6, 2, 9)
     assert torch.equal(step, alibi.bias(9)[:, -2:, :])
@@ -85,11 +85,11 @@ def test_decoding_queries_are_the_last_positions(causal, as_tensor):
     torch.testing.assert_close(step, as_tensor(expected), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_batched_positions(causal, as_tensor):
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
     pos = posenc.positions.from_attention_mask(mask)  # left padding
-    alibi = posenc.ALiBi(3, causal=causal)
+    alibi = posenc.ALiBiBias(3, causal=causal)
     bias = alibi.bias(5, q_positions=pos, k_positions=pos)
     assert bias.shape == (3, 3, 5, 5)
     expected = ref.alibi_bias(pos.numpy(), pos.numpy(), ref.alibi_slopes(3), causal=causal)
@@ -101,7 +101,7 @@ def test_batched_positions(causal, as_tensor):
 def test_batched_keys_with_shared_queries(as_tensor):
     k = torch.tensor([[0, 1, 2, 3], [10, 11, 12, 13]])
     q = torch.tensor([3])
-    bias = posenc.ALiBi(2).bias(1, 4, q_positions=q, k_positions=k)
+    bias = posenc.ALiBiBias(2).bias(1, 4, q_positions=q, k_positions=k)
     expected = ref.alibi_bias(q.numpy(), k.numpy(), ref.alibi_slopes(2))
     assert bias.shape == (2, 2, 1, 4)
     torch.testing.assert_close(bias, as_tensor(expected), rtol=1e-6, atol=1e-7)
@@ -110,13 +110,13 @@ def test_batched_keys_with_shared_queries(as_tensor):
 def test_fractional_positions(as_tensor):
     q = torch.tensor([0.5, 1.25, 7.0], dtype=torch.float64)
     k = torch.tensor([0.0, 0.75, 3.5, 7.0])
-    bias = posenc.ALiBi(4, causal=False).bias(3, 4, q_positions=q, k_positions=k)
+    bias = posenc.ALiBiBias(4, causal=False).bias(3, 4, q_positions=q, k_positions=k)
     expected = ref.alibi_bias(q.numpy(), k.numpy(), ref.alibi_slopes(4), causal=False)
     torch.testing.assert_close(bias, as_tensor(expected), rtol=1e-6, atol=1e-7)
 
 
 def test_custom_slopes_are_used_and_round_trip(as_tensor):
-    alibi = posenc.ALiBi(3, slopes=[0.5, 0.25, 0.0])
+    alibi = posenc.ALiBiBias(3, slopes=[0.5, 0.25, 0.0])
     expected = ref.alibi_bias(range(4), range(4), [0.5, 0.25, 0.0])
     assert torch.equal(alibi.bias(4), as_tensor(expected))
     rebuilt = posenc.build(alibi.to_config())
@@ -126,7 +126,7 @@ def test_custom_slopes_are_used_and_round_trip(as_tensor):
 
 def test_pure_function_equals_module():
     q, k = torch.arange(3, 8), torch.arange(8)
-    module = posenc.ALiBi(5, causal=False)
+    module = posenc.ALiBiBias(5, causal=False)
     pure = alibi_bias(q, k, posenc.alibi_slopes(5), causal=False)
     assert torch.equal(pure, module.bias(5, 8, q_positions=q, k_positions=k))
 
@@ -139,7 +139,7 @@ def test_pure_function_equals_module():
     causal=st.booleans(),
 )
 def test_bias_depends_only_on_the_offset(shift, q_len, extra, causal):
-    alibi = posenc.ALiBi(4, causal=causal)  # power-of-two slopes: exact products
+    alibi = posenc.ALiBiBias(4, causal=causal)  # power-of-two slopes: exact products
     k_len = q_len + extra
     base = alibi.bias(q_len, k_len)
     q = torch.arange(extra, k_len) + shift
@@ -150,9 +150,9 @@ def test_bias_depends_only_on_the_offset(shift, q_len, extra, causal):
 # --- score_mod ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_score_mod_equals_bias(causal, grid_score_mod):
-    alibi = posenc.ALiBi(6, causal=causal)
+    alibi = posenc.ALiBiBias(6, causal=causal)
     q, k = torch.arange(4, 9), torch.arange(9)
     expected = alibi.bias(5, 9, q_positions=q, k_positions=k)
     got = grid_score_mod(alibi.score_mod(q, k), 2, 6, 5, 9)
@@ -160,7 +160,7 @@ def test_score_mod_equals_bias(causal, grid_score_mod):
 
 
 def test_score_mod_equals_bias_batched(grid_score_mod):
-    alibi = posenc.ALiBi(3)
+    alibi = posenc.ALiBiBias(3)
     pos = torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]])
     expected = alibi.bias(5, q_positions=pos, k_positions=pos)
     got = grid_score_mod(alibi.score_mod(pos, pos), 2, 3, 5, 5)
@@ -171,7 +171,7 @@ def test_score_mod_equals_bias_batched(grid_score_mod):
 
 
 def test_score_mod_adds_to_the_score():
-    alibi = posenc.ALiBi(2)
+    alibi = posenc.ALiBiBias(2)
     pos = torch.arange(4)
     score = torch.randn(1, 2, 4, 4)
     idx = (
@@ -188,7 +188,7 @@ def test_score_mod_adds_to_the_score():
 
 
 def test_slopes_stay_float32_and_out_of_state_dict():
-    alibi = posenc.ALiBi(12)
+    alibi = posenc.ALiBiBias(12)
     assert alibi.state_dict() == {}
     alibi.to(torch.bfloat16)
     assert alibi.slopes.dtype == torch.float32
@@ -198,7 +198,7 @@ def test_slopes_stay_float32_and_out_of_state_dict():
 
 def test_meta_device_then_to_empty():
     with torch.device("meta"):
-        alibi = posenc.ALiBi(6)
+        alibi = posenc.ALiBiBias(6)
     assert alibi.slopes.is_meta
     alibi.to_empty(device="cpu")
     assert torch.equal(alibi.slopes, posenc.alibi_slopes(6))
@@ -206,7 +206,7 @@ def test_meta_device_then_to_empty():
 
 def test_registry_builds_alibi():
     alibi = posenc.build("alibi", num_heads=8, causal=False)
-    assert isinstance(alibi, posenc.ALiBi) and alibi.kind == "bias"
+    assert isinstance(alibi, posenc.ALiBiBias) and alibi.kind == "bias"
     assert alibi.to_config() == {"name": "alibi", "num_heads": 8, "causal": False, "slopes": None}
 
 
@@ -218,45 +218,48 @@ def test_registry_builds_alibi():
     [
         (lambda: posenc.alibi_slopes(0), "num_heads must be >= 1, got 0"),
         (lambda: posenc.alibi_slopes(2.0), "num_heads must be an integer"),
-        (lambda: posenc.ALiBi(0), "num_heads must be >= 1, got 0"),
-        (lambda: posenc.ALiBi(4, causal="yes"), "causal must be one of True, False"),
+        (lambda: posenc.ALiBiBias(0), "num_heads must be >= 1, got 0"),
+        (lambda: posenc.ALiBiBias(4, causal="yes"), "causal must be one of True, False"),
         (
-            lambda: posenc.ALiBi(4, slopes=[0.5, 0.25]),
+            lambda: posenc.ALiBiBias(4, slopes=[0.5, 0.25]),
             r"slopes must have num_heads \(4\) values, got 2",
         ),
         (
-            lambda: posenc.ALiBi(2, slopes=[0.5, -1.0]),
+            lambda: posenc.ALiBiBias(2, slopes=[0.5, -1.0]),
             r"slopes\[1\] must be finite and >= 0, got -1.0",
         ),
-        (lambda: posenc.ALiBi(2, slopes=[0.5, float("nan")]), r"slopes\[1\] must be finite"),
-        (lambda: posenc.ALiBi(2, slopes="ab"), "slopes must be a sequence of numbers"),
-        (lambda: posenc.ALiBi(2, slopes=torch.ones(2, 1)), r"slopes must be a 1-D \[h\] tensor"),
-        (lambda: posenc.ALiBi(2).bias(0), "q_len must be >= 1, got 0"),
-        (lambda: posenc.ALiBi(2).bias(3, 0), "k_len must be >= 1, got 0"),
+        (lambda: posenc.ALiBiBias(2, slopes=[0.5, float("nan")]), r"slopes\[1\] must be finite"),
+        (lambda: posenc.ALiBiBias(2, slopes="ab"), "slopes must be a sequence of numbers"),
         (
-            lambda: posenc.ALiBi(2).bias(3, q_positions=torch.arange(4)),
+            lambda: posenc.ALiBiBias(2, slopes=torch.ones(2, 1)),
+            r"slopes must be a 1-D \[h\] tensor",
+        ),
+        (lambda: posenc.ALiBiBias(2).bias(0), "q_len must be >= 1, got 0"),
+        (lambda: posenc.ALiBiBias(2).bias(3, 0), "k_len must be >= 1, got 0"),
+        (
+            lambda: posenc.ALiBiBias(2).bias(3, q_positions=torch.arange(4)),
             r"q_positions must have length 3 \(the sequence length\)",
         ),
         (
-            lambda: posenc.ALiBi(2).bias(2, 5, k_positions=torch.arange(4)),
+            lambda: posenc.ALiBiBias(2).bias(2, 5, k_positions=torch.arange(4)),
             r"k_positions must have length 5",
         ),
         (
-            lambda: posenc.ALiBi(2).bias(2, q_positions=torch.zeros(1, 1, 2)),
+            lambda: posenc.ALiBiBias(2).bias(2, q_positions=torch.zeros(1, 1, 2)),
             r"q_positions must be \[s\] or \[b, s\]",
         ),
         (
-            lambda: posenc.ALiBi(2).bias(
+            lambda: posenc.ALiBiBias(2).bias(
                 2, q_positions=torch.zeros(2, 2), k_positions=torch.zeros(3, 2)
             ),
             "q_positions and k_positions must have the same batch size",
         ),
         (
-            lambda: posenc.ALiBi(2).bias(2, q_positions=torch.tensor([0.0, float("nan")])),
+            lambda: posenc.ALiBiBias(2).bias(2, q_positions=torch.tensor([0.0, float("nan")])),
             "q_positions must be finite",
         ),
         (
-            lambda: posenc.ALiBi(2).score_mod(torch.arange(2), torch.tensor([True, False])),
+            lambda: posenc.ALiBiBias(2).score_mod(torch.arange(2), torch.tensor([True, False])),
             "k_positions must be an integer or floating tensor",
         ),
         (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -85,3 +87,185 @@ def test_num_heads_must_be_positive(name):
 def test_unknown_argument_is_rejected():
     with pytest.raises(PosEncError, match="cannot build 'alibi'"):
         posenc.build("alibi", num_heads=4, slope=0.5)
+
+
+# --- the protocol attention relies on: bias_at / value_bias_at / score_mod_at ---------
+
+# Position cases as (q_len, k_len, q_positions, k_positions): defaults, a decoding step,
+# batched (left-padded) positions, and shared keys with batched queries.
+PADDED = posenc.positions.from_attention_mask(torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]]))
+CASES = {
+    "full": (5, None, None, None),
+    "decoding": (2, 6, None, None),
+    "batched": (5, None, PADDED, PADDED),
+    "batched-queries": (1, 5, torch.tensor([[4], [9]]), torch.arange(5)),
+}
+# The families that take floating positions (the others index a table with integers).
+FLOATING = [n for n in BIASES if n not in ("t5", "shaw")]
+
+
+def queries(enc, q_len):
+    return torch.randn(2, enc.num_heads, q_len, 8, generator=torch.Generator().manual_seed(3))
+
+
+def bias_at(enc, qpos, kpos, q):
+    return enc.bias_at(qpos, kpos, q=q) if enc.query_dependent else enc.bias_at(qpos, kpos)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", list(BIASES))
+def test_bias_at_equals_bias_on_resolved_positions(name, case):
+    enc = posenc.build(name, **BIASES[name])
+    q_len, k_len, q_positions, k_positions = CASES[case]
+    given = {"q_positions": q_positions, "k_positions": k_positions}
+    qpos, kpos = posenc.positions.resolve_pair(q_len, k_len, q_positions, k_positions)
+    if enc.query_dependent:
+        q = queries(enc, q_len)
+        expected = enc.bias(q_len, k_len, q=q, **given)
+    else:
+        q, expected = None, enc.bias(q_len, k_len, **given)
+    assert torch.equal(bias_at(enc, qpos, kpos, q), expected)
+
+
+@pytest.mark.parametrize("name", FLOATING)
+def test_bias_at_equals_bias_for_floating_positions(name):
+    enc = posenc.build(name, **BIASES[name])
+    q, k = torch.tensor([0.5, 2.25], dtype=torch.float32), torch.tensor([0.0, 1.0, 2.5])
+    assert torch.equal(enc.bias_at(q, k), enc.bias(2, 3, q_positions=q, k_positions=k))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_value_bias_at_equals_value_bias(case):
+    shaw = posenc.build("shaw", **BIASES["shaw"])
+    q_len, k_len, q_positions, k_positions = CASES[case]
+    qpos, kpos = posenc.positions.resolve_pair(q_len, k_len, q_positions, k_positions)
+    probs = torch.rand(2, 4, q_len, kpos.shape[-1]).softmax(-1)
+    expected = shaw.value_bias(probs, q_positions=q_positions, k_positions=k_positions)
+    assert torch.equal(shaw.value_bias_at(probs, qpos, kpos), expected)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("name", [n for n in BIASES if n != "shaw"])
+def test_score_mod_at_equals_score_mod(name, case, grid_score_mod):
+    enc = posenc.build(name, **BIASES[name])
+    q_len, k_len, q_positions, k_positions = CASES[case]
+    qpos, kpos = posenc.positions.resolve_pair(q_len, k_len, q_positions, k_positions)
+    grid = (2, 4, q_len, kpos.shape[-1])
+    with torch.no_grad():
+        expected = grid_score_mod(enc.score_mod(qpos, kpos), *grid)
+        assert torch.equal(grid_score_mod(enc.score_mod_at(qpos, kpos), *grid), expected)
+
+
+def refuse(*args, **kwargs):
+    raise AssertionError("positions validated again")
+
+
+def forbid_validation(monkeypatch):
+    """Make every position check raise (the function and each module's imported name)."""
+    for module in (posenc._errors, posenc.positions, posenc.bias._common):
+        monkeypatch.setattr(module, "check_positions", refuse)
+    monkeypatch.setattr(posenc._errors, "check_finite", refuse)
+
+
+@pytest.mark.parametrize("name", list(BIASES))
+def test_bias_at_does_not_validate(name, monkeypatch, grid_score_mod):
+    enc = posenc.build(name, **BIASES[name])
+    floating = name in FLOATING
+    pos = PADDED.to(torch.float32) if floating else PADDED  # floats: validation syncs on GPU
+    qpos, kpos = posenc.positions.resolve_pair(5, 5, pos, pos)
+    q = queries(enc, 5) if enc.query_dependent else None
+    expected = bias_at(enc, qpos, kpos, q)
+    probs = torch.rand(2, 4, 5, 5).softmax(-1)
+    values = enc.value_bias_at(probs, qpos, kpos) if enc.value_dependent else None
+    mod = None if enc.query_dependent else grid_score_mod(enc.score_mod_at(qpos, kpos), 2, 4, 5, 5)
+    forbid_validation(monkeypatch)
+    assert torch.equal(bias_at(enc, qpos, kpos, q), expected)
+    if values is not None:
+        assert torch.equal(enc.value_bias_at(probs, qpos, kpos), values)
+    if mod is not None:
+        assert torch.equal(grid_score_mod(enc.score_mod_at(qpos, kpos), 2, 4, 5, 5), mod)
+    with pytest.raises(AssertionError, match="validated again"):  # the public path does
+        call_bias(enc, 5, q_positions=pos, k_positions=pos)
+
+
+@pytest.mark.parametrize("name", list(BIASES))
+def test_public_entry_points_validate_each_position_tensor_once(name, monkeypatch):
+    enc = posenc.build(name, **BIASES[name])
+    seen = []
+
+    def spy(name, positions, **kwargs):
+        seen.append(name)
+        return positions
+
+    for module in (posenc.positions, posenc.bias._common):
+        monkeypatch.setattr(module, "check_positions", spy)
+    q_positions, k_positions = torch.arange(3, 5), torch.arange(5)
+    call_bias(enc, 2, 5, q_positions=q_positions, k_positions=k_positions)
+    assert seen == ["k_positions", "q_positions"]
+    seen.clear()
+    if enc.value_dependent:
+        probs = torch.rand(1, 4, 2, 5)
+        enc.value_bias(probs, q_positions=q_positions, k_positions=k_positions)
+        assert seen == ["k_positions", "q_positions"]
+        seen.clear()
+    if not enc.query_dependent:
+        enc.score_mod(q_positions, k_positions)
+        assert seen == ["q_positions", "k_positions"]
+
+
+@pytest.mark.parametrize("name", ["t5", "shaw"])
+def test_integer_positions_are_checked_once_on_every_path(name, monkeypatch):
+    enc = posenc.build(name, **BIASES[name])
+    module = importlib.import_module(type(enc).__module__)
+    check, calls = module.check_integer_positions, []
+
+    def spy(*args):
+        calls.append(args[0])
+        return check(*args)
+
+    monkeypatch.setattr(module, "check_integer_positions", spy)
+    qpos, kpos = posenc.positions.resolve_pair(2, 5)
+    paths = [lambda: call_bias(enc, 2, 5), lambda: bias_at(enc, qpos, kpos, queries(enc, 2))]
+    if enc.value_dependent:
+        probs = torch.rand(2, 4, 2, 5)
+        paths += [lambda: enc.value_bias(probs), lambda: enc.value_bias_at(probs, qpos, kpos)]
+    if not enc.query_dependent:
+        paths += [lambda: enc.score_mod(qpos, kpos), lambda: enc.score_mod_at(qpos, kpos)]
+    for path in paths:
+        calls.clear()
+        path()
+        assert len(calls) == 1
+    with pytest.raises(PosEncError, match="must be an integer tensor"):
+        bias_at(enc, qpos.double(), kpos.double(), queries(enc, 2))
+
+
+# --- renamed classes: the 0.1.0 names are deprecated aliases --------------------------
+
+RENAMED = [
+    ("alibi", "ALiBi", "ALiBiBias"),
+    ("fire", "FIRE", "FIREBias"),
+    ("kerple", "Kerple", "KerpleBias"),
+    ("shaw", "ShawRelative", "ShawRelativeBias"),
+]
+
+
+@pytest.mark.parametrize(("module", "old", "new"), RENAMED, ids=[r[1] for r in RENAMED])
+def test_old_class_names_warn_and_are_the_new_classes(module, old, new):
+    family = importlib.import_module(f"posenc.bias.{module}")
+    cls = getattr(family, new)
+    assert cls.__name__ == new and posenc.registry.get(module) is cls
+    for where in (family, posenc.bias):
+        message = rf"{where.__name__}\.{old} is deprecated, use {new}"
+        with pytest.warns(DeprecationWarning, match=message):
+            assert getattr(where, old) is cls
+        assert old not in where.__all__ and new in where.__all__
+    namespace: dict = {}
+    with pytest.warns(DeprecationWarning, match=new):
+        exec(f"from posenc.bias.{module} import {old} as alias", namespace)
+    assert namespace["alias"] is cls
+
+
+def test_unknown_names_still_raise_attribute_error():
+    for where in (posenc.bias, posenc.bias.alibi):
+        with pytest.raises(AttributeError, match="has no attribute 'Alibi'"):
+            where.Alibi  # noqa: B018

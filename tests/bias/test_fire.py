@@ -36,14 +36,14 @@ def reference_bias(fire, q_positions, k_positions):
     ids=["defaults", "short-threshold", "narrow"],
 )
 def test_bias_equals_reference(options, as_tensor):
-    fire = posenc.FIRE(3, **options)
+    fire = posenc.FIREBias(3, **options)
     got = fire.bias(10)
     assert got.shape == (3, 10, 10) and got.dtype == torch.float32
     torch.testing.assert_close(got, as_tensor(reference_bias(fire, range(10), range(10))), **TOL)
 
 
 def test_decoding_and_batched_positions(as_tensor):
-    fire = posenc.FIRE(2, init_threshold=3.0)
+    fire = posenc.FIREBias(2, init_threshold=3.0)
     step = fire.bias(2, 9)
     assert torch.equal(step, fire.bias(9)[:, -2:, :])
     torch.testing.assert_close(step, as_tensor(reference_bias(fire, [7, 8], range(9))), **TOL)
@@ -101,7 +101,7 @@ def test_pure_function_with_any_mlp(as_tensor):
 
 @pytest.mark.parametrize("batched", [False, True], ids=["shared", "batched"])
 def test_score_mod_equals_bias(batched, grid_score_mod):
-    fire = posenc.FIRE(3, init_threshold=4.0)
+    fire = posenc.FIREBias(3, init_threshold=4.0)
     pos = (
         torch.tensor([[0, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5, 6]]) if batched else torch.arange(7)
     )
@@ -112,7 +112,7 @@ def test_score_mod_equals_bias(batched, grid_score_mod):
 
 
 def test_gradients_reach_every_parameter():
-    fire = posenc.FIRE(2, init_threshold=2.0)
+    fire = posenc.FIREBias(2, init_threshold=2.0)
     fire.bias(6).pow(2).sum().backward()
     for name, p in fire.named_parameters():
         assert p.grad is not None and bool(p.grad.abs().sum() > 0), name
@@ -137,13 +137,13 @@ def test_config_round_trip_and_dtype():
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: posenc.FIRE(0), "num_heads must be >= 1, got 0"),
-        (lambda: posenc.FIRE(2, mlp_width=0), "mlp_width must be >= 1, got 0"),
-        (lambda: posenc.FIRE(2, init_c=0.0), "init_c must be > 0.0, got 0.0"),
-        (lambda: posenc.FIRE(2, init_threshold=-1.0), "init_threshold must be > 0.0"),
-        (lambda: posenc.FIRE(2, eps=-1.0), "eps must be >= 0.0, got -1.0"),
+        (lambda: posenc.FIREBias(0), "num_heads must be >= 1, got 0"),
+        (lambda: posenc.FIREBias(2, mlp_width=0), "mlp_width must be >= 1, got 0"),
+        (lambda: posenc.FIREBias(2, init_c=0.0), "init_c must be > 0.0, got 0.0"),
+        (lambda: posenc.FIREBias(2, init_threshold=-1.0), "init_threshold must be > 0.0"),
+        (lambda: posenc.FIREBias(2, eps=-1.0), "eps must be >= 0.0, got -1.0"),
         (
-            lambda: posenc.FIRE(2).bias(3, q_positions=torch.arange(2)),
+            lambda: posenc.FIREBias(2).bias(3, q_positions=torch.arange(2)),
             "q_positions must have length 3",
         ),
         (

@@ -24,7 +24,7 @@ def params(kerple):
 
 
 def test_bias_equals_reference(as_tensor):
-    kerple = posenc.Kerple(4)
+    kerple = posenc.KerpleBias(4)
     got = kerple.bias(9)
     assert got.shape == (4, 9, 9) and got.dtype == torch.float32
     torch.testing.assert_close(
@@ -33,7 +33,7 @@ def test_bias_equals_reference(as_tensor):
 
 
 def test_decoding_batched_and_fractional_positions(as_tensor):
-    kerple = posenc.Kerple(3)
+    kerple = posenc.KerpleBias(3)
     step = kerple.bias(2, 8)
     assert torch.equal(step, kerple.bias(8)[:, -2:, :])
     torch.testing.assert_close(
@@ -51,7 +51,7 @@ def test_decoding_batched_and_fractional_positions(as_tensor):
 
 
 def test_parameters_are_clamped_to_eps(as_tensor):
-    kerple = posenc.Kerple(2, eps=0.05)
+    kerple = posenc.KerpleBias(2, eps=0.05)
     with torch.no_grad():
         kerple.r1.copy_(torch.tensor([-1.0, 0.5]))
         kerple.r2.copy_(torch.tensor([0.3, -2.0]))
@@ -81,7 +81,7 @@ def test_bias_is_zero_at_distance_zero_and_non_increasing_in_distance(r1, r2, st
 
 @pytest.mark.parametrize("batched", [False, True], ids=["shared", "batched"])
 def test_score_mod_equals_bias(batched, grid_score_mod):
-    kerple = posenc.Kerple(3)
+    kerple = posenc.KerpleBias(3)
     pos = torch.tensor([[0, 0, 1, 2, 3], [0, 2, 4, 6, 8]]) if batched else torch.arange(5)
     expected = kerple.bias(5, q_positions=pos, k_positions=pos).detach()
     with torch.no_grad():
@@ -102,10 +102,10 @@ def test_gradients_and_config():
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: posenc.Kerple(0), "num_heads must be >= 1, got 0"),
-        (lambda: posenc.Kerple(2, eps=0.0), "eps must be > 0.0, got 0.0"),
+        (lambda: posenc.KerpleBias(0), "num_heads must be >= 1, got 0"),
+        (lambda: posenc.KerpleBias(2, eps=0.0), "eps must be > 0.0, got 0.0"),
         (
-            lambda: posenc.Kerple(2).bias(2, 3, q_positions=torch.arange(3)),
+            lambda: posenc.KerpleBias(2).bias(2, 3, q_positions=torch.arange(3)),
             "q_positions must have length 2",
         ),
         (

@@ -28,7 +28,7 @@ def randomized(shaw):
 
 @pytest.mark.parametrize("max_distance", [1, 3, 16])
 def test_logits_equal_reference(max_distance, as_tensor):
-    shaw = randomized(posenc.ShawRelative(3, 8, max_distance=max_distance))
+    shaw = randomized(posenc.ShawRelativeBias(3, 8, max_distance=max_distance))
     q = torch.randn(2, 3, 7, 8)
     got = shaw.bias(7, q=q)
     assert got.shape == (2, 3, 7, 7) and got.dtype == torch.float32
@@ -39,7 +39,7 @@ def test_logits_equal_reference(max_distance, as_tensor):
 
 @pytest.mark.parametrize("max_distance", [2, 16])
 def test_values_equal_reference(max_distance, as_tensor):
-    shaw = randomized(posenc.ShawRelative(2, 4, max_distance=max_distance, values=True))
+    shaw = randomized(posenc.ShawRelativeBias(2, 4, max_distance=max_distance, values=True))
     probs = torch.rand(2, 2, 6, 6).softmax(-1)
     got = shaw.value_bias(probs)
     assert got.shape == (2, 2, 6, 4) and got.dtype == torch.float32
@@ -49,7 +49,7 @@ def test_values_equal_reference(max_distance, as_tensor):
 
 
 def test_decoding_queries_are_the_last_positions(as_tensor):
-    shaw = randomized(posenc.ShawRelative(2, 4, max_distance=3, values=True))
+    shaw = randomized(posenc.ShawRelativeBias(2, 4, max_distance=3, values=True))
     q = torch.randn(1, 2, 2, 4)
     probs = torch.rand(1, 2, 2, 9).softmax(-1)
     rel_k, rel_v = tables(shaw)
@@ -60,7 +60,7 @@ def test_decoding_queries_are_the_last_positions(as_tensor):
 
 
 def test_batched_positions(as_tensor):
-    shaw = randomized(posenc.ShawRelative(2, 4, max_distance=2, values=True))
+    shaw = randomized(posenc.ShawRelativeBias(2, 4, max_distance=2, values=True))
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
     pos = posenc.positions.from_attention_mask(mask)
     q = torch.randn(2, 2, 6, 4)
@@ -75,7 +75,7 @@ def test_batched_positions(as_tensor):
 
 
 def test_distances_beyond_max_distance_share_the_edge_rows():
-    shaw = randomized(posenc.ShawRelative(1, 4, max_distance=2))
+    shaw = randomized(posenc.ShawRelativeBias(1, 4, max_distance=2))
     q = torch.randn(1, 1, 1, 4)
     k = torch.tensor([-30, -3, -2, 2, 3, 30])
     logits = shaw.bias(1, 6, q=q, q_positions=torch.tensor([0]), k_positions=k)[0, 0, 0]
@@ -84,7 +84,7 @@ def test_distances_beyond_max_distance_share_the_edge_rows():
 
 
 def test_pure_functions_equal_module():
-    shaw = randomized(posenc.ShawRelative(2, 4, max_distance=3, values=True))
+    shaw = randomized(posenc.ShawRelativeBias(2, 4, max_distance=3, values=True))
     q, probs = torch.randn(1, 2, 5, 4), torch.rand(1, 2, 5, 5)
     pos = torch.arange(5)
     assert torch.equal(shaw_relative_logits(q, shaw.rel_k, pos, pos), shaw.bias(5, q=q))
@@ -92,7 +92,7 @@ def test_pure_functions_equal_module():
 
 
 def test_bfloat16_queries_give_float32():
-    shaw = posenc.ShawRelative(2, 4, max_distance=3).to(torch.bfloat16)
+    shaw = posenc.ShawRelativeBias(2, 4, max_distance=3).to(torch.bfloat16)
     q = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16)
     got = shaw.bias(3, q=q)
     assert got.dtype == torch.float32
@@ -103,7 +103,7 @@ def test_bfloat16_queries_give_float32():
 
 
 def test_gradients_reach_the_tables():
-    shaw = posenc.ShawRelative(2, 4, max_distance=1, values=True)
+    shaw = posenc.ShawRelativeBias(2, 4, max_distance=1, values=True)
     q = torch.randn(1, 2, 4, 4, requires_grad=True)
     probs = torch.rand(1, 2, 4, 4, requires_grad=True)
     (shaw.bias(4, q=q).sum() + shaw.value_bias(probs).sum()).backward()
@@ -112,7 +112,7 @@ def test_gradients_reach_the_tables():
 
 
 def test_flags_and_config():
-    keys = posenc.ShawRelative(4, 8)
+    keys = posenc.ShawRelativeBias(4, 8)
     both = posenc.build("shaw", num_heads=4, head_dim=8, max_distance=5, values=True)
     assert keys.query_dependent and both.query_dependent
     assert not keys.value_dependent and both.value_dependent
@@ -134,52 +134,52 @@ def test_flags_and_config():
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: posenc.ShawRelative(0, 8), "num_heads must be >= 1, got 0"),
-        (lambda: posenc.ShawRelative(2, 0), "head_dim must be >= 1, got 0"),
-        (lambda: posenc.ShawRelative(2, 8, max_distance=0), "max_distance must be >= 1, got 0"),
-        (lambda: posenc.ShawRelative(2, 8, values="yes"), "values must be one of True, False"),
+        (lambda: posenc.ShawRelativeBias(0, 8), "num_heads must be >= 1, got 0"),
+        (lambda: posenc.ShawRelativeBias(2, 0), "head_dim must be >= 1, got 0"),
+        (lambda: posenc.ShawRelativeBias(2, 8, max_distance=0), "max_distance must be >= 1, got 0"),
+        (lambda: posenc.ShawRelativeBias(2, 8, values="yes"), "values must be one of True, False"),
         (
-            lambda: posenc.ShawRelative(2, 4).bias(3),
-            "q must be given: ShawRelative is query-dependent",
+            lambda: posenc.ShawRelativeBias(2, 4).bias(3),
+            "q must be given: ShawRelativeBias is query-dependent",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4).bias(3, q=torch.randn(1, 3, 3, 4)),
+            lambda: posenc.ShawRelativeBias(2, 4).bias(3, q=torch.randn(1, 3, 3, 4)),
             r"q must have 2 heads \(num_heads\)",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4).bias(3, q=torch.randn(1, 2, 3, 5)),
+            lambda: posenc.ShawRelativeBias(2, 4).bias(3, q=torch.randn(1, 2, 3, 5)),
             r"table must have last dimension 5 \(the head dim\)",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4).bias(3, q=torch.randn(1, 2, 4, 4)),
+            lambda: posenc.ShawRelativeBias(2, 4).bias(3, q=torch.randn(1, 2, 4, 4)),
             r"q must have q_len \(3\) queries",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4).bias(3, q=torch.randn(2, 3, 4)),
+            lambda: posenc.ShawRelativeBias(2, 4).bias(3, q=torch.randn(2, 3, 4)),
             r"q must be \[b, h, q, d\]",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4).bias(
+            lambda: posenc.ShawRelativeBias(2, 4).bias(
                 3, q=torch.randn(1, 2, 3, 4), q_positions=torch.tensor([0.0, 1.0, 2.0])
             ),
             "q_positions must be an integer tensor for Shaw relative positions",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4).bias(
+            lambda: posenc.ShawRelativeBias(2, 4).bias(
                 3, q=torch.randn(2, 2, 3, 4), q_positions=torch.zeros(3, 3, dtype=torch.long)
             ),
             r"q_positions of shape \[b, s\] must have b == 2",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4).value_bias(torch.rand(1, 2, 3, 3)),
-            "value_bias needs relative value vectors: build ShawRelative with values=True",
+            lambda: posenc.ShawRelativeBias(2, 4).value_bias(torch.rand(1, 2, 3, 3)),
+            "value_bias needs relative value vectors: build ShawRelativeBias with values=True",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4, values=True).value_bias(torch.rand(1, 2, 3)),
+            lambda: posenc.ShawRelativeBias(2, 4, values=True).value_bias(torch.rand(1, 2, 3)),
             r"probs must be \[b, h, q, k\]",
         ),
         (
-            lambda: posenc.ShawRelative(2, 4, values=True).value_bias(
+            lambda: posenc.ShawRelativeBias(2, 4, values=True).value_bias(
                 torch.rand(1, 2, 3, 3), k_positions=torch.arange(4)
             ),
             "k_positions must have length 3",

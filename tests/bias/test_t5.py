@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -10,62 +12,63 @@ from posenc import PosEncError
 from posenc import reference as ref
 from posenc.bias import t5_relative_bias
 
-# (num_buckets, max_distance, bidirectional): T5's defaults, smaller and larger tables,
+# (num_buckets, max_distance, causal): T5's defaults, smaller and larger tables,
 # max_distance at its smallest allowed value, odd bucket counts, the fewest buckets.
 OPTIONS = [
     *[
-        (nb, md, bd)
+        (nb, md, causal)
         for nb, md in [(32, 128), (16, 64), (8, 16), (64, 256), (10, 20), (6, 100)]
-        for bd in (True, False)
+        for causal in (False, True)
     ],
-    (32, 16, True),
-    (32, 17, False),
-    (19, 16, False),
-    (4, 2, True),
-    (4, 3, False),
-    (2, 2, False),
+    (32, 16, False),
+    (32, 17, True),
+    (19, 16, True),
+    (4, 2, False),
+    (4, 3, True),
+    (2, 2, True),
 ]
 # Relative positions past max_distance in both directions, and very far ones.
 RELATIVE = torch.cat([torch.arange(-600, 601), torch.tensor([-(10**6), -4097, 4097, 10**6])])
 
 
-def hf_bucket(rel, bidirectional, num_buckets, max_distance):
+def hf_bucket(rel, causal, num_buckets, max_distance):
+    """transformers' T5 buckets (its spelling: ``bidirectional = not causal``)."""
     from transformers.models.t5.modeling_t5 import T5Attention
 
     return T5Attention._relative_position_bucket(
-        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        rel, bidirectional=not causal, num_buckets=num_buckets, max_distance=max_distance
     )
 
 
 def options_ids(opt):
-    direction = "" if len(opt) == 2 else ("-bidirectional" if opt[2] else "-causal")
+    direction = "" if len(opt) == 2 else ("-causal" if opt[2] else "-noncausal")
     return f"buckets{opt[0]}-dist{opt[1]}{direction}"
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=options_ids)
 def test_bucket_equals_transformers(options):
-    num_buckets, max_distance, bidirectional = options
-    expected = hf_bucket(RELATIVE, bidirectional, num_buckets, max_distance)
+    num_buckets, max_distance, causal = options
+    expected = hf_bucket(RELATIVE, causal, num_buckets, max_distance)
     got = posenc.t5_relative_bucket(
-        RELATIVE, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        RELATIVE, causal=causal, num_buckets=num_buckets, max_distance=max_distance
     )
     assert torch.equal(got, expected)
     # The module's lookup table gives the same buckets (query at 0, keys at the offsets).
     module = posenc.T5RelativeBias(
-        2, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional
+        2, num_buckets=num_buckets, max_distance=max_distance, causal=causal
     )
     table = module.buckets(1, RELATIVE.numel(), q_positions=torch.tensor([0]), k_positions=RELATIVE)
     assert torch.equal(table[0], expected)
 
 
-@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "causal"])
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
 @pytest.mark.parametrize("options", [(32, 128), (16, 64), (8, 16), (64, 256)], ids=options_ids)
-def test_bucket_equals_reference(options, bidirectional):
+def test_bucket_equals_reference(options, causal):
     num_buckets, max_distance = options
-    options = dict(bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+    options = dict(causal=causal, num_buckets=num_buckets, max_distance=max_distance)
     expected = torch.tensor([ref.t5_relative_bucket(int(r), **options) for r in RELATIVE])
     got = posenc.t5_relative_bucket(
-        RELATIVE, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        RELATIVE, causal=causal, num_buckets=num_buckets, max_distance=max_distance
     )
     assert torch.equal(got, expected)
 
@@ -75,28 +78,28 @@ def test_float32_boundary_follows_t5_not_exact_arithmetic():
     # logarithm lands just above it. posenc follows T5 (checkpoint parity); the exact
     # reference gives the bucket one lower.
     rel = torch.tensor([-12])
-    got = posenc.t5_relative_bucket(rel, bidirectional=False, num_buckets=19, max_distance=16)
-    assert torch.equal(got, hf_bucket(rel, False, 19, 16))
+    got = posenc.t5_relative_bucket(rel, causal=True, num_buckets=19, max_distance=16)
+    assert torch.equal(got, hf_bucket(rel, True, 19, 16))
     assert int(got) == 14
-    assert ref.t5_relative_bucket(-12, bidirectional=False, num_buckets=19, max_distance=16) == 13
+    assert ref.t5_relative_bucket(-12, causal=True, num_buckets=19, max_distance=16) == 13
 
 
 def test_buckets_are_in_range_and_monotone_in_distance():
-    for bidirectional in (True, False):
-        b = posenc.t5_relative_bucket(RELATIVE, bidirectional=bidirectional)
+    for causal in (False, True):
+        b = posenc.t5_relative_bucket(RELATIVE, causal=causal)
         assert int(b.min()) >= 0 and int(b.max()) <= 31
         distance = torch.arange(2000)
         for sign in (-1, 1):  # keys before, then after the query
-            b = posenc.t5_relative_bucket(sign * distance, bidirectional=bidirectional)
+            b = posenc.t5_relative_bucket(sign * distance, causal=causal)
             assert bool((b[1:] >= b[:-1]).all())
 
 
 def test_int32_relative_positions():
     rel = RELATIVE.to(torch.int32)
-    assert torch.equal(posenc.t5_relative_bucket(rel), hf_bucket(RELATIVE, True, 32, 128))
+    assert torch.equal(posenc.t5_relative_bucket(rel), hf_bucket(RELATIVE, False, 32, 128))
 
 
-def hf_attention(num_heads, num_buckets, max_distance, bidirectional, weight):
+def hf_attention(num_heads, num_buckets, max_distance, causal, weight):
     from transformers import T5Config
     from transformers.models.t5.modeling_t5 import T5Attention
 
@@ -106,7 +109,7 @@ def hf_attention(num_heads, num_buckets, max_distance, bidirectional, weight):
         num_heads=num_heads,
         relative_attention_num_buckets=num_buckets,
         relative_attention_max_distance=max_distance,
-        is_decoder=not bidirectional,
+        is_decoder=causal,
     )
     attention = T5Attention(config, has_relative_attention_bias=True)
     with torch.no_grad():
@@ -114,16 +117,14 @@ def hf_attention(num_heads, num_buckets, max_distance, bidirectional, weight):
     return attention
 
 
-@pytest.mark.parametrize("bidirectional", [True, False], ids=["encoder", "decoder"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
 @pytest.mark.parametrize("options", [(32, 128), (8, 16)], ids=options_ids)
-def test_bias_equals_t5_attention(options, bidirectional):
+def test_bias_equals_t5_attention(options, causal):
     num_buckets, max_distance = options
-    t5 = posenc.T5RelativeBias(
-        4, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional
-    )
+    t5 = posenc.T5RelativeBias(4, num_buckets=num_buckets, max_distance=max_distance, causal=causal)
     with torch.no_grad():
         t5.weight.normal_()
-    hf = hf_attention(4, num_buckets, max_distance, bidirectional, t5.weight)
+    hf = hf_attention(4, num_buckets, max_distance, causal, t5.weight)
     expected = hf.compute_bias(40, 40)[0]  # [h, q, k]
     assert torch.equal(t5.bias(40), expected)
     # Decoding: 3 new queries after 37 cached positions.
@@ -131,14 +132,12 @@ def test_bias_equals_t5_attention(options, bidirectional):
     assert torch.equal(t5.bias(3, 40), expected)
 
 
-@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "causal"])
-def test_bias_equals_reference(bidirectional, as_tensor):
-    t5 = posenc.T5RelativeBias(3, num_buckets=8, max_distance=12, bidirectional=bidirectional)
+@pytest.mark.parametrize("causal", [False, True], ids=["noncausal", "causal"])
+def test_bias_equals_reference(causal, as_tensor):
+    t5 = posenc.T5RelativeBias(3, num_buckets=8, max_distance=12, causal=causal)
     table = t5.weight.detach().double().numpy()
     q, k = torch.arange(14, 20), torch.arange(20)
-    expected = ref.t5_relative_bias(
-        q.numpy(), k.numpy(), table, bidirectional=bidirectional, max_distance=12
-    )
+    expected = ref.t5_relative_bias(q.numpy(), k.numpy(), table, causal=causal, max_distance=12)
     got = t5.bias(6, 20)
     assert got.dtype == torch.float32
     assert torch.equal(got, as_tensor(expected))
@@ -160,9 +159,9 @@ def test_batched_positions_equal_reference(as_tensor):
 
 
 def test_pure_function_equals_module():
-    t5 = posenc.T5RelativeBias(3, num_buckets=16, max_distance=50, bidirectional=False)
+    t5 = posenc.T5RelativeBias(3, num_buckets=16, max_distance=50, causal=True)
     q, k = torch.arange(100, 130), torch.arange(130)
-    pure = t5_relative_bias(q, k, t5.weight, bidirectional=False, max_distance=50)
+    pure = t5_relative_bias(q, k, t5.weight, causal=True, max_distance=50)
     assert torch.equal(pure, t5.bias(30, 130))
 
 
@@ -192,7 +191,7 @@ def test_gradient_reaches_exactly_the_used_buckets():
 
 
 def test_score_mod_equals_bias(grid_score_mod):
-    t5 = posenc.T5RelativeBias(4, num_buckets=16, max_distance=20, bidirectional=False)
+    t5 = posenc.T5RelativeBias(4, num_buckets=16, max_distance=20, causal=True)
     q, k = torch.arange(30, 35), torch.arange(35)
     expected = t5.bias(5, 35, q_positions=q, k_positions=k)
     got = grid_score_mod(t5.score_mod(q, k), 2, 4, 5, 35)
@@ -229,7 +228,7 @@ def test_meta_device_then_to_empty():
 
 
 def test_config_round_trip():
-    t5 = posenc.build("t5", num_heads=6, num_buckets=16, max_distance=64, bidirectional=False)
+    t5 = posenc.build("t5", num_heads=6, num_buckets=16, max_distance=64, causal=True)
     assert isinstance(t5, posenc.T5RelativeBias)
     config = t5.to_config()
     assert config == {
@@ -237,11 +236,74 @@ def test_config_round_trip():
         "num_heads": 6,
         "num_buckets": 16,
         "max_distance": 64,
-        "bidirectional": False,
+        "causal": True,
     }
     rebuilt = posenc.build(config)
     rebuilt.load_state_dict(t5.state_dict())
     assert torch.equal(rebuilt.bias(7), t5.bias(7))
+
+
+# --- causal, and the deprecated bidirectional of posenc 0.1.0 --------------------
+
+
+def test_default_is_both_directions():
+    t5 = posenc.T5RelativeBias(2)
+    assert t5.causal is False and t5.to_config()["causal"] is False
+    assert torch.equal(t5.bucket_lut, posenc.t5_relative_bucket(torch.arange(-128, 129)))
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_bidirectional_still_works_with_a_warning(bidirectional, as_tensor):
+    causal = not bidirectional
+    rel = torch.arange(-40, 41)
+    with pytest.warns(DeprecationWarning, match="bidirectional= is deprecated, use causal="):
+        t5 = posenc.T5RelativeBias(3, num_buckets=8, max_distance=12, bidirectional=bidirectional)
+    assert t5.causal is causal and t5.to_config()["causal"] is causal
+    assert "bidirectional" not in t5.to_config()
+    with pytest.warns(DeprecationWarning, match="use causal"):
+        assert t5.bidirectional is bidirectional
+    with pytest.warns(DeprecationWarning, match="bidirectional= is deprecated"):
+        got = posenc.t5_relative_bucket(rel, bidirectional=bidirectional)
+    assert torch.equal(got, posenc.t5_relative_bucket(rel, causal=causal))
+    q, k = torch.arange(14, 20), torch.arange(20)
+    with pytest.warns(DeprecationWarning, match="bidirectional= is deprecated"):
+        got = t5_relative_bias(q, k, t5.weight, bidirectional=bidirectional, max_distance=12)
+    assert torch.equal(got, t5.bias(6, 20))
+    table = t5.weight.detach().double().numpy()
+    with pytest.warns(DeprecationWarning, match="bidirectional= is deprecated"):
+        expected = ref.t5_relative_bias(q, k, table, bidirectional=bidirectional, max_distance=12)
+    assert torch.equal(got, as_tensor(expected))
+    with pytest.warns(DeprecationWarning, match="bidirectional= is deprecated"):
+        assert ref.t5_relative_bucket(-5, bidirectional=bidirectional) == int(
+            posenc.t5_relative_bucket(torch.tensor([-5]), causal=causal)
+        )
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_a_saved_0_1_0_config_loads_without_a_warning(bidirectional):
+    saved = {"name": "t5", "num_heads": 4, "num_buckets": 16, "max_distance": 64}
+    saved["bidirectional"] = bidirectional
+    args = {k: v for k, v in saved.items() if k != "name"}
+    name, upgraded = posenc.T5RelativeBias.upgrade_config(args)
+    assert name == "t5"
+    assert upgraded == {"num_heads": 4, "num_buckets": 16, "max_distance": 64} | {
+        "causal": not bidirectional
+    }
+    assert "bidirectional" in args  # the caller's dict is left as it was
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        t5 = posenc.T5RelativeBias(**upgraded)
+        built = posenc.build(saved)
+    assert t5.causal is (not bidirectional) and built.to_config() == t5.to_config()
+
+
+def test_upgrade_config_leaves_new_and_conflicting_configs_alone():
+    new = {"num_heads": 4, "causal": True}
+    assert posenc.T5RelativeBias.upgrade_config(new) == ("t5", new)
+    both = {"num_heads": 4, "causal": True, "bidirectional": True}
+    assert posenc.T5RelativeBias.upgrade_config(both) == ("t5", both)
+    with pytest.raises(PosEncError, match="bidirectional must be one of True, False"):
+        posenc.T5RelativeBias.upgrade_config({"num_heads": 4, "bidirectional": "no"})
 
 
 # --- bad input ------------------------------------------------------------------
@@ -254,17 +316,26 @@ def test_config_round_trip():
         (lambda: posenc.T5RelativeBias(2, num_buckets=1), "num_buckets must be >= 2, got 1"),
         (
             lambda: posenc.T5RelativeBias(2, num_buckets=3),
-            "num_buckets must be >= 4 when bidirectional=True",
+            "num_buckets must be >= 4 when causal=False",
         ),
         (
             lambda: posenc.T5RelativeBias(2, num_buckets=32, max_distance=15),
             r"max_distance must be >= num_buckets / 2 \(16\), got 15",
         ),
         (
-            lambda: posenc.T5RelativeBias(2, num_buckets=8, max_distance=4, bidirectional=False),
-            r"max_distance must be > 4 \(the distances with exact buckets\)",
+            lambda: posenc.T5RelativeBias(2, num_buckets=8, max_distance=4, causal=True),
+            r"max_distance must be > 4 \(the distances with exact buckets\) for "
+            r"num_buckets=8, causal=True",
         ),
-        (lambda: posenc.T5RelativeBias(2, bidirectional="no"), "bidirectional must be one of"),
+        (lambda: posenc.T5RelativeBias(2, causal="no"), "causal must be one of"),
+        (
+            lambda: posenc.T5RelativeBias(2, causal=True, bidirectional=False),
+            "give causal or the deprecated bidirectional",
+        ),
+        (
+            lambda: posenc.t5_relative_bucket(torch.tensor([1]), causal=False, bidirectional=True),
+            "give causal or the deprecated bidirectional",
+        ),
         (
             lambda: posenc.t5_relative_bucket(torch.tensor([1.0])),
             "relative_position must be an integer tensor, got dtype torch.float32",
@@ -292,7 +363,7 @@ def test_config_round_trip():
         ),
         (
             lambda: t5_relative_bias(torch.arange(2), torch.arange(2), torch.zeros(2, 2)),
-            "num_buckets must be >= 4 when bidirectional=True",
+            "num_buckets must be >= 4 when causal=False",
         ),
     ],
 )

@@ -7,24 +7,27 @@ of them broadcasts to ``[q, k]`` or ``[b, q, k]``, and a bias is ``[h, q, k]`` o
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from posenc import positions as _positions
-from posenc._errors import PosEncError, check_positions
+from posenc._errors import PosEncError, check_choice, check_positions
 
 __all__ = [
     "ExactConstants",
     "canonical",
+    "causal_option",
     "check_integer_positions",
     "check_pair",
     "distance",
     "head_first",
     "index_positions",
     "pairs",
+    "renamed",
     "resolve_pair",
 ]
 
@@ -54,11 +57,13 @@ def resolve_pair(
     k_positions: torch.Tensor | None,
     *,
     device: torch.device | str | None,
+    batch: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query and key positions a ``bias(q_len, k_len, ...)`` call means: the defaults of
-    :func:`posenc.positions.resolve_pair` (keys ``arange(k_len)``, queries the last ``q_len``
-    of them), on ``device``, int64 for integer positions and float64 for floating ones."""
-    qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions)
+    """The query and key positions a ``bias(q_len, k_len, ...)`` call means, validated once:
+    the defaults of :func:`posenc.positions.resolve_pair` (keys ``arange(k_len)``, queries
+    the last ``q_len`` of them), on ``device``, int64 for integer positions and float64 for
+    floating ones. ``batch``: the batch size ``[b, s]`` positions must have (or 1)."""
+    qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions, batch=batch)
     return canonical(qpos).to(device), canonical(kpos).to(device)
 
 
@@ -70,6 +75,42 @@ def check_integer_positions(encoding: str, qpos: torch.Tensor, kpos: torch.Tenso
                 f"{name} must be an integer tensor for {encoding} (relative distances index "
                 f"a table), got dtype {p.dtype}"
             )
+
+
+def causal_option(causal: Any, bidirectional: Any, *, default: bool) -> bool:
+    """The direction option ``causal`` (True: a query sees only keys at or before it, as in a
+    decoder; False: both directions, an encoder), or ``not bidirectional``, the spelling of
+    posenc 0.1.0, which is still accepted with a ``DeprecationWarning``. ``None``: not given
+    (``default`` when neither is)."""
+    if bidirectional is not None:
+        if causal is not None:
+            raise PosEncError(
+                "give causal or the deprecated bidirectional (its opposite), not both, got "
+                f"causal={causal!r} and bidirectional={bidirectional!r}"
+            )
+        warnings.warn(
+            "bidirectional= is deprecated, use causal= (causal=not bidirectional); "
+            "bidirectional= will be removed in the next release",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return not check_choice("bidirectional", bidirectional, (True, False))
+    return default if causal is None else bool(check_choice("causal", causal, (True, False)))
+
+
+def renamed(module: str, name: str, classes: Mapping[str, type]) -> type:
+    """A module ``__getattr__`` (PEP 562) for renamed classes: ``classes`` maps an old name to
+    its class, returned with a ``DeprecationWarning`` naming the new name."""
+    if name not in classes:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new = classes[name].__name__
+    warnings.warn(
+        f"{module}.{name} is deprecated, use {new} (bias modules end in Bias); "
+        "the old name will be removed in the next release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return classes[name]
 
 
 def pairs(qpos: torch.Tensor, kpos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,8 @@
 """ALiBi (Press et al., 2022, "Train Short, Test Long"): a linear distance penalty per head.
 
 ``bias[h, i, j] = -m_h * (i - j)`` for query position ``i`` and key position ``j``, with
-geometric head slopes ``m_h``; the bidirectional variant uses ``-m_h * |i - j|``.
+geometric head slopes ``m_h``; without a causal mask (``causal=False``, an encoder) the
+bias is ``-m_h * |i - j|``.
 
 Shapes: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> bias ``[h, q, k]``
 (or ``[b, h, q, k]``), float32, added to the already scaled logits ``q k^T * scale``.
@@ -10,7 +11,7 @@ Shapes: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> bias ``[h, q
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -24,10 +25,11 @@ from posenc.bias._common import (
     head_first,
     index_positions,
     pairs,
+    renamed,
     resolve_pair,
 )
 
-__all__ = ["ALiBi", "alibi_bias", "alibi_slopes"]
+__all__ = ["ALiBiBias", "alibi_bias", "alibi_slopes"]
 
 
 def _slope_values(num_heads: int) -> list[float]:
@@ -95,7 +97,7 @@ def alibi_bias(
     ``causal=True`` gives ``-m_h * (i - j)`` for every pair, including keys after the
     query (``j > i``), where the same formula gives ``+m_h * (j - i)``: a causal mask hides
     those pairs, so their value never reaches the softmax. ``causal=False`` gives
-    ``-m_h * |i - j|`` (the bidirectional variant).
+    ``-m_h * |i - j|`` (attention in both directions, an encoder).
 
     Args:
         q_positions: query positions ``[q]`` or ``[b, q]``, integer or floating.
@@ -117,13 +119,20 @@ def alibi_bias(
     qpos, kpos = check_pair(q_positions, k_positions)
     slopes = _check_slopes(slopes)
     check_choice("causal", causal, (True, False))
+    return _alibi_pairs(qpos, kpos, slopes, bool(causal))
+
+
+def _alibi_pairs(
+    qpos: torch.Tensor, kpos: torch.Tensor, slopes: torch.Tensor, causal: bool
+) -> torch.Tensor:
+    """:func:`alibi_bias` of checked positions and slopes, on the slopes' device."""
     qp, kp = pairs(canonical(qpos).to(slopes.device), canonical(kpos).to(slopes.device))
     d = distance(qp, kp)  # [q, k] or [b, q, k]
     m = head_first(slopes.to(torch.float32), d.ndim)  # [h, 1, 1] or [1, h, 1, 1]
-    return _alibi(m, d.unsqueeze(-3), bool(causal))
+    return _alibi(m, d.unsqueeze(-3), causal)
 
 
-class ALiBi(ExactConstants, BiasEncoding):
+class ALiBiBias(ExactConstants, BiasEncoding):
     """ALiBi attention bias with the paper's slopes (or your own).
 
     The slopes are a non-persistent float32 buffer rebuilt exactly after every ``.to()``, so
@@ -143,7 +152,7 @@ class ALiBi(ExactConstants, BiasEncoding):
 
     Examples:
         >>> import posenc
-        >>> alibi = posenc.ALiBi(2)
+        >>> alibi = posenc.ALiBiBias(2)
         >>> alibi.bias(3)[0]  # head 0, slope 2^-4
         tensor([[-0.0000,  0.0625,  0.1250],
                 [-0.0625, -0.0000,  0.0625],
@@ -218,16 +227,37 @@ class ALiBi(ExactConstants, BiasEncoding):
         queries; given positions are moved to the slopes' device.
         """
         qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.slopes.device)
-        return alibi_bias(qpos, kpos, self.slopes, causal=self.causal)
+        return self.bias_at(qpos, kpos)
+
+    def bias_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
+        (no validation); ``q`` is ignored (ALiBi does not depend on the queries)."""
+        return _alibi_pairs(q_positions, k_positions, self.slopes, self.causal)
 
     def score_mod(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> Callable[..., torch.Tensor]:
         """FlexAttention ``score_mod(score, b, h, q_idx, kv_idx) -> score + bias``: the bias of
-        one pair from the head's slope and the two positions, no ``[h, q, k]`` tensor."""
-        qpos, kpos = check_pair(q_positions, k_positions)
+        one pair from the head's slope and the two positions, no ``[h, q, k]`` tensor.
+
+        Positions ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` are validated, then passed to
+        :meth:`score_mod_at`."""
+        return self.score_mod_at(*check_pair(q_positions, k_positions))
+
+    def score_mod_at(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> Callable[..., torch.Tensor]:
+        """:meth:`score_mod` of positions already resolved (no validation)."""
         device = self.slopes.device
-        q_at, k_at = index_positions(canonical(qpos).to(device), canonical(kpos).to(device))
+        q_at, k_at = index_positions(
+            canonical(q_positions).to(device), canonical(k_positions).to(device)
+        )
         slopes, causal = self.slopes, self.causal
 
         def alibi_score_mod(score, b, h, q_idx, kv_idx):
@@ -235,3 +265,7 @@ class ALiBi(ExactConstants, BiasEncoding):
             return score + _alibi(slopes[h], d, causal).to(score.dtype)
 
         return alibi_score_mod
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, {"ALiBi": ALiBiBias})

@@ -14,7 +14,7 @@ Shapes: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> bias ``[h, q
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -27,10 +27,11 @@ from posenc.bias._common import (
     distance,
     index_positions,
     pairs,
+    renamed,
     resolve_pair,
 )
 
-__all__ = ["FIRE", "fire_bias", "fire_normalized_distance"]
+__all__ = ["FIREBias", "fire_bias", "fire_normalized_distance"]
 
 
 def _as_scalar(name: str, value: float | torch.Tensor) -> torch.Tensor | float:
@@ -92,6 +93,17 @@ def fire_normalized_distance(
     c = _as_scalar("c", c)
     threshold = _as_scalar("threshold", threshold)
     eps = check_float("eps", eps, min=0.0)
+    return _normalized_pairs(qpos, kpos, c, threshold, eps)
+
+
+def _normalized_pairs(
+    qpos: torch.Tensor,
+    kpos: torch.Tensor,
+    c: torch.Tensor | float,
+    threshold: torch.Tensor | float,
+    eps: float,
+) -> torch.Tensor:
+    """:func:`fire_normalized_distance` of checked arguments: ``[q, k]`` or ``[b, q, k]``."""
     device = c.device if isinstance(c, torch.Tensor) else qpos.device
     qp, kp = pairs(canonical(qpos).to(device), canonical(kpos).to(device))
     return _normalized(qp, kp, c, threshold, eps)
@@ -110,7 +122,7 @@ def fire_bias(
 
     Args:
         q_positions, k_positions, c, threshold, eps: as in :func:`fire_normalized_distance`.
-        mlp: maps ``[..., 1]`` to ``[..., h]`` (e.g. ``FIRE.mlp``).
+        mlp: maps ``[..., 1]`` to ``[..., h]`` (e.g. ``FIREBias.mlp``).
 
     Shape:
         ``[h, q, k]`` float32, or ``[b, h, q, k]`` when either position tensor is batched.
@@ -131,10 +143,15 @@ def fire_bias(
             f"mlp must map [..., 1] to [..., h], got shape {tuple(out.shape)} from "
             f"{tuple(x.unsqueeze(-1).shape)}"
         )
+    return _heads_first(out)
+
+
+def _heads_first(out: torch.Tensor) -> torch.Tensor:
+    """The MLP's ``[.., q, k, h]`` as the bias ``[.., h, q, k]``, float32."""
     return out.to(torch.float32).movedim(-1, -3)
 
 
-class FIRE(BiasEncoding):
+class FIREBias(BiasEncoding):
     """FIRE attention bias: a per-layer MLP of the progressively normalised distance.
 
     Parameters: ``mlp`` (``Linear(1, mlp_width)``, ReLU, ``Linear(mlp_width, num_heads)``),
@@ -158,7 +175,7 @@ class FIRE(BiasEncoding):
 
     Examples:
         >>> import posenc
-        >>> fire = posenc.FIRE(4)
+        >>> fire = posenc.FIREBias(4)
         >>> fire.bias(5).shape
         torch.Size([4, 5, 5])
         >>> sorted(name for name, _ in fire.named_parameters())
@@ -224,7 +241,20 @@ class FIRE(BiasEncoding):
     ) -> torch.Tensor:
         """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
         qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.c.device)
-        return fire_bias(qpos, kpos, self._mlp, c=self.c, threshold=self.threshold, eps=self.eps)
+        return self.bias_at(qpos, kpos)
+
+    def bias_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
+        (no validation); ``q`` is ignored."""
+        c, threshold = self.c.reshape(()), self.threshold.reshape(())
+        x = _normalized_pairs(q_positions, k_positions, c, threshold, self.eps)
+        return _heads_first(self._mlp(x.unsqueeze(-1)))  # MLP: [.., q, k, 1] -> [.., q, k, h]
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(x.to(self.c.dtype))
@@ -235,11 +265,19 @@ class FIRE(BiasEncoding):
         """FlexAttention ``score_mod``: the normalised distance of one pair, then the MLP
         written out unit by unit (``mlp_width`` scalar terms); no ``[h, q, k]`` tensor.
 
-        Equals :meth:`bias` up to float32 summation order.
+        Equals :meth:`bias` up to float32 summation order. Positions ``[q]`` / ``[k]`` or
+        ``[b, q]`` / ``[b, k]`` are validated, then passed to :meth:`score_mod_at`.
         """
-        qpos, kpos = check_pair(q_positions, k_positions)
+        return self.score_mod_at(*check_pair(q_positions, k_positions))
+
+    def score_mod_at(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> Callable[..., torch.Tensor]:
+        """:meth:`score_mod` of positions already resolved (no validation)."""
         device = self.c.device
-        q_at, k_at = index_positions(canonical(qpos).to(device), canonical(kpos).to(device))
+        q_at, k_at = index_positions(
+            canonical(q_positions).to(device), canonical(k_positions).to(device)
+        )
         first, last = self.mlp[0], self.mlp[2]
         width, eps = self.mlp_width, self.eps
         c, scale, init_threshold = self.c, self.threshold_scale, self.init_threshold
@@ -254,3 +292,7 @@ class FIRE(BiasEncoding):
             return score + out.to(score.dtype)
 
         return fire_score_mod
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, {"FIRE": FIREBias})

@@ -11,7 +11,7 @@ Shapes: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> bias ``[h, q
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -25,10 +25,11 @@ from posenc.bias._common import (
     head_first,
     index_positions,
     pairs,
+    renamed,
     resolve_pair,
 )
 
-__all__ = ["Kerple", "kerple_bias"]
+__all__ = ["KerpleBias", "kerple_bias"]
 
 
 def _kerple(r1: torch.Tensor, r2: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -78,7 +79,7 @@ def _kerple_pairs(qpos, kpos, r1, r2) -> torch.Tensor:
     return _kerple(head_first(r1, d.ndim - 1), head_first(r2, d.ndim - 1), d)
 
 
-class Kerple(BiasEncoding):
+class KerpleBias(BiasEncoding):
     """KERPLE (logarithmic) attention bias with learned per-head ``r1``, ``r2``.
 
     ``r1`` is initialised uniformly in ``(0, 2)`` and ``r2`` in ``(0, 1)``; both are clamped
@@ -98,7 +99,7 @@ class Kerple(BiasEncoding):
 
     Examples:
         >>> import torch, posenc
-        >>> kerple = posenc.Kerple(2)
+        >>> kerple = posenc.KerpleBias(2)
         >>> with torch.no_grad():
         ...     _ = kerple.r1.fill_(1.0), kerple.r2.fill_(1.0)
         >>> kerple.bias(1, 4)[0]
@@ -137,16 +138,38 @@ class Kerple(BiasEncoding):
     ) -> torch.Tensor:
         """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
         qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.r1.device)
-        return _kerple_pairs(qpos, kpos, self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps))
+        return self.bias_at(qpos, kpos)
+
+    def bias_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
+        (no validation); ``q`` is ignored."""
+        r1, r2 = self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
+        return _kerple_pairs(q_positions, k_positions, r1, r2)
 
     def score_mod(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> Callable[..., torch.Tensor]:
         """FlexAttention ``score_mod``: the bias of one pair from the head's ``r1``, ``r2``
-        and the two positions; no ``[h, q, k]`` tensor."""
-        qpos, kpos = check_pair(q_positions, k_positions)
+        and the two positions; no ``[h, q, k]`` tensor.
+
+        Positions ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` are validated, then passed to
+        :meth:`score_mod_at`."""
+        return self.score_mod_at(*check_pair(q_positions, k_positions))
+
+    def score_mod_at(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> Callable[..., torch.Tensor]:
+        """:meth:`score_mod` of positions already resolved (no validation)."""
         device = self.r1.device
-        q_at, k_at = index_positions(canonical(qpos).to(device), canonical(kpos).to(device))
+        q_at, k_at = index_positions(
+            canonical(q_positions).to(device), canonical(k_positions).to(device)
+        )
         r1, r2, eps = self.r1, self.r2, self.eps
 
         def kerple_score_mod(score, b, h, q_idx, kv_idx):
@@ -155,3 +178,7 @@ class Kerple(BiasEncoding):
             return score + bias.to(score.dtype)
 
         return kerple_score_mod
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, {"Kerple": KerpleBias})

@@ -15,16 +15,23 @@ Shapes: ``q: [b, h, q, d]``, tables ``[2 * max_distance + 1, d]``, positions ``[
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from posenc._base import BiasEncoding
 from posenc._errors import PosEncError, check_choice, check_int, check_tensor
-from posenc.bias._common import check_integer_positions, check_pair, pairs, resolve_pair
+from posenc.bias._common import (
+    canonical,
+    check_integer_positions,
+    check_pair,
+    pairs,
+    renamed,
+    resolve_pair,
+)
 
-__all__ = ["ShawRelative", "shaw_relative_logits", "shaw_relative_values"]
+__all__ = ["ShawRelativeBias", "shaw_relative_logits", "shaw_relative_values"]
 
 
 def _check_table(name: str, table: torch.Tensor, head_dim: int | None = None) -> int:
@@ -50,14 +57,10 @@ def _check_4d(name: str, x: torch.Tensor, what: str) -> torch.Tensor:
     return x
 
 
-def _index(
-    q_positions: torch.Tensor,
-    k_positions: torch.Tensor,
-    max_distance: int,
-    shape: tuple[int, int, int, int],
-    device: torch.device,
-) -> torch.Tensor:
-    """Row of the table for every pair, ``clip(j - i) + K``, expanded to ``[b, h, q, k]``."""
+def _check_index(
+    q_positions: torch.Tensor, k_positions: torch.Tensor, shape: tuple[int, int, int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate integer positions that fit ``shape = (b, h, q, k)``."""
     qpos, kpos = check_pair(q_positions, k_positions)
     check_integer_positions("Shaw relative positions", qpos, kpos)
     b, _, q_len, k_len = shape
@@ -72,6 +75,17 @@ def _index(
                 f"{name} of shape [b, s] must have b == {b} (the batch size) or 1, "
                 f"got shape {tuple(p.shape)}"
             )
+    return qpos, kpos
+
+
+def _index(
+    qpos: torch.Tensor,
+    kpos: torch.Tensor,
+    max_distance: int,
+    shape: tuple[int, int, int, int],
+    device: torch.device,
+) -> torch.Tensor:
+    """Row of the table for every pair, ``clip(j - i) + K``, expanded to ``[b, h, q, k]``."""
     qp, kp = pairs(qpos.to(device, torch.long), kpos.to(device, torch.long))
     rows = (kp - qp).clamp(-max_distance, max_distance) + max_distance  # [q, k] or [b', q, k]
     rows = rows.unsqueeze(-3)  # [1, q, k] or [b', 1, q, k]
@@ -113,7 +127,16 @@ def shaw_relative_logits(
     max_distance = _check_table("table", table, q.shape[-1])
     b, h, q_len, _ = q.shape
     k_len = k_positions.shape[-1] if isinstance(k_positions, torch.Tensor) else -1
-    index = _index(q_positions, k_positions, max_distance, (b, h, q_len, k_len), q.device)
+    qpos, kpos = _check_index(q_positions, k_positions, (b, h, q_len, k_len))
+    return _logits(q, table, qpos, kpos, max_distance)
+
+
+def _logits(
+    q: torch.Tensor, table: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor, max_distance: int
+) -> torch.Tensor:
+    """:func:`shaw_relative_logits` of checked inputs."""
+    b, h, q_len, _ = q.shape
+    index = _index(qpos, kpos, max_distance, (b, h, q_len, kpos.shape[-1]), q.device)
     per_distance = q.to(torch.float32) @ table.to(torch.float32).t()  # [b, h, q, 2K + 1]
     return torch.gather(per_distance, -1, index)
 
@@ -149,20 +172,35 @@ def shaw_relative_values(
     _check_4d("probs", probs, "[b, h, q, k]")
     max_distance = _check_table("table", table)
     b, h, q_len, k_len = probs.shape
-    index = _index(q_positions, k_positions, max_distance, (b, h, q_len, k_len), probs.device)
+    qpos, kpos = _check_index(q_positions, k_positions, (b, h, q_len, k_len))
+    return _values(probs, table, qpos, kpos, max_distance)
+
+
+def _values(
+    probs: torch.Tensor,
+    table: torch.Tensor,
+    qpos: torch.Tensor,
+    kpos: torch.Tensor,
+    max_distance: int,
+) -> torch.Tensor:
+    """:func:`shaw_relative_values` of checked inputs."""
+    b, h, q_len, k_len = probs.shape
+    index = _index(qpos, kpos, max_distance, (b, h, q_len, k_len), probs.device)
     per_distance = torch.zeros(
         b, h, q_len, table.shape[0], dtype=torch.float32, device=probs.device
     ).scatter_add(-1, index, probs.to(torch.float32))  # [b, h, q, 2K + 1]
     return per_distance @ table.to(torch.float32)
 
 
-class ShawRelative(BiasEncoding):
+class ShawRelativeBias(BiasEncoding):
     """Shaw et al.'s relative position representations for keys (and optionally values).
 
     A query-dependent bias (``query_dependent = True``): :meth:`bias` needs the scaled
     queries ``q``. With ``values=True`` it is also value-dependent and :meth:`value_bias`
     gives the term added to ``probs @ v``. The tables are parameters shared by all heads
-    (as in the paper), initialised from ``N(0, 0.02^2)``.
+    (as in the paper), initialised from ``N(0, 0.02^2)``. :meth:`bias_at` and
+    :meth:`value_bias_at` take positions already resolved by
+    :func:`posenc.positions.resolve_pair` (what attention calls) and validate none.
 
     Args:
         num_heads: number of attention heads, ``>= 1`` (checked against ``q``).
@@ -178,7 +216,7 @@ class ShawRelative(BiasEncoding):
 
     Examples:
         >>> import torch, posenc
-        >>> shaw = posenc.ShawRelative(4, 8, max_distance=2, values=True)
+        >>> shaw = posenc.ShawRelativeBias(4, 8, max_distance=2, values=True)
         >>> shaw.rel_k.shape
         torch.Size([5, 8])
         >>> q = torch.randn(1, 4, 3, 8)
@@ -246,18 +284,31 @@ class ShawRelative(BiasEncoding):
         q: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The key term ``q_i . a^K_ij`` ``[b, h, q, k]`` (float32) for the scaled queries ``q``."""
-        if q is None:
-            raise PosEncError(
-                "q must be given: ShawRelative is query-dependent, bias() needs the scaled "
-                "queries q * scale [b, h, q, d]"
-            )
+        q = self._query(q)
         self._check_heads("q", q, "[b, h, q, d]")
         if q.shape[2] != q_len:
             raise PosEncError(
                 f"q must have q_len ({q_len}) queries in dim 2, got shape {tuple(q.shape)}"
             )
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=q.device)
-        return shaw_relative_logits(q, self.rel_k, qpos, kpos)
+        qpos, kpos = resolve_pair(
+            q_len, k_len, q_positions, k_positions, device=q.device, batch=q.shape[0]
+        )
+        return self.bias_at(qpos, kpos, q=q)
+
+    def bias_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
+        for the queries ``q [b, h, q, d]`` (no validation of the positions beyond the dtype
+        rule of a table lookup: integers)."""
+        q = self._query(q)
+        max_distance = _check_table("table", self.rel_k, q.shape[-1])
+        qpos, kpos = self._integers(q_positions, k_positions, q.device)
+        return _logits(q, self.rel_k, qpos, kpos, max_distance)
 
     def value_bias(
         self,
@@ -267,11 +318,48 @@ class ShawRelative(BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The value term ``sum_j p_ij a^V_ij`` ``[b, h, q, d]`` (float32), added to ``probs @ v``."""
+        self._value_table()
+        self._check_heads("probs", probs, "[b, h, q, k]")
+        b, _, q_len, k_len = probs.shape
+        qpos, kpos = resolve_pair(
+            q_len, k_len, q_positions, k_positions, device=probs.device, batch=b
+        )
+        return self.value_bias_at(probs, qpos, kpos)
+
+    def value_bias_at(
+        self, probs: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> torch.Tensor:
+        """:meth:`value_bias` of positions already resolved by
+        :func:`posenc.positions.resolve_pair` (no validation beyond integer positions)."""
+        table = self._value_table()
+        qpos, kpos = self._integers(q_positions, k_positions, probs.device)
+        return _values(probs, table, qpos, kpos, self.max_distance)
+
+    def _query(self, q: torch.Tensor | None) -> torch.Tensor:
+        if q is None:
+            raise PosEncError(
+                "q must be given: ShawRelativeBias is query-dependent, bias() needs the scaled "
+                "queries q * scale [b, h, q, d]"
+            )
+        return q
+
+    def _value_table(self) -> torch.Tensor:
         if self.rel_v is None:
             raise PosEncError(
-                "value_bias needs relative value vectors: build ShawRelative with values=True"
+                "value_bias needs relative value vectors: build ShawRelativeBias with values=True"
             )
-        self._check_heads("probs", probs, "[b, h, q, k]")
-        q_len, k_len = probs.shape[2], probs.shape[3]
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=probs.device)
-        return shaw_relative_values(probs, self.rel_v, qpos, kpos)
+        return self.rel_v
+
+    @staticmethod
+    def _integers(
+        qpos: torch.Tensor, kpos: torch.Tensor, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Resolved positions on ``device`` as int64, refusing floating ones (they index a
+        table): the one check of the positions here, on the dtype alone (no host sync)."""
+        qpos, kpos = canonical(qpos).to(device), canonical(kpos).to(device)
+        check_integer_positions("Shaw relative positions", qpos, kpos)
+        return qpos, kpos
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, {"ShawRelative": ShawRelativeBias})

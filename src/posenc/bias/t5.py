@@ -1,7 +1,7 @@
 """T5's relative position buckets (Raffel et al., 2020) and the learned bias per bucket and head.
 
 A relative position ``key - query`` is mapped to one of ``num_buckets`` buckets: half of
-them (per direction, when bidirectional) hold exact small distances, the rest cover
+them (per direction, unless causal) hold exact small distances, the rest cover
 distances up to ``max_distance`` on a log scale, and every farther distance shares the last
 bucket. The bias of head ``h`` is ``table[bucket, h]``, a learned table.
 
@@ -12,8 +12,9 @@ Shapes: relative positions ``[*]`` -> buckets ``[*]``; positions ``[q]`` / ``[k]
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -22,6 +23,8 @@ from posenc._base import BiasEncoding
 from posenc._errors import PosEncError, check_choice, check_int, check_tensor
 from posenc.bias._common import (
     ExactConstants,
+    canonical,
+    causal_option,
     check_integer_positions,
     check_pair,
     index_positions,
@@ -32,14 +35,14 @@ from posenc.bias._common import (
 __all__ = ["T5RelativeBias", "t5_relative_bias", "t5_relative_bucket"]
 
 
-def _check_options(num_buckets: int, max_distance: int, bidirectional: bool) -> tuple[int, int]:
+def _check_options(num_buckets: int, max_distance: int, causal: bool) -> tuple[int, int]:
     """Validate the bucket options; they must leave every direction an exact bucket for 0 and
     a non-empty log range (T5's formula divides by ``log(max_distance / exact)``)."""
-    check_choice("bidirectional", bidirectional, (True, False))
+    check_choice("causal", causal, (True, False))
     num_buckets = check_int("num_buckets", num_buckets, min=2)
-    if bidirectional and num_buckets < 4:
+    if not causal and num_buckets < 4:
         raise PosEncError(
-            "num_buckets must be >= 4 when bidirectional=True (each direction gets half, and "
+            "num_buckets must be >= 4 when causal=False (each direction gets half, and "
             f"a half needs an exact and a logarithmic bucket), got {num_buckets}"
         )
     max_distance = check_int("max_distance", max_distance, min=1)
@@ -47,11 +50,11 @@ def _check_options(num_buckets: int, max_distance: int, bidirectional: bool) -> 
         raise PosEncError(
             f"max_distance must be >= num_buckets / 2 ({num_buckets / 2:g}), got {max_distance}"
         )
-    exact = (num_buckets // 2 if bidirectional else num_buckets) // 2
+    exact = (num_buckets if causal else num_buckets // 2) // 2
     if max_distance <= exact:
         raise PosEncError(
             f"max_distance must be > {exact} (the distances with exact buckets) for "
-            f"num_buckets={num_buckets}, bidirectional={bidirectional}, got {max_distance}"
+            f"num_buckets={num_buckets}, causal={causal}, got {max_distance}"
         )
     return num_buckets, max_distance
 
@@ -59,28 +62,31 @@ def _check_options(num_buckets: int, max_distance: int, bidirectional: bool) -> 
 def t5_relative_bucket(
     relative_position: torch.Tensor,
     *,
-    bidirectional: bool = True,
+    causal: bool | None = None,
     num_buckets: int = 32,
     max_distance: int = 128,
+    bidirectional: bool | None = None,
 ) -> torch.Tensor:
     """T5's bucket of each relative position, computed exactly as T5 computes it.
 
-    ``relative_position = key position - query position``. Bidirectional: buckets
-    ``[0, n)`` hold keys at or before the query and ``[n, 2n)`` keys after it, ``n =
-    num_buckets // 2``; unidirectional: every key after the query shares bucket 0 and all
-    ``num_buckets`` buckets cover keys before it. Within a direction, distances below
-    ``n / 2`` get their own bucket; larger ones are spaced logarithmically up to
-    ``max_distance``, and all farther ones share the last bucket. The logarithm is taken in
-    float32 as in T5 (Mesh TensorFlow and transformers), so buckets match checkpoints
-    exactly, including the few distances that float32 rounding puts on the lower side of a
-    bucket boundary.
+    ``relative_position = key position - query position``. Both directions
+    (``causal=False``, T5's encoder): buckets ``[0, n)`` hold keys at or before the query
+    and ``[n, 2n)`` keys after it, ``n = num_buckets // 2``; ``causal=True`` (T5's decoder):
+    every key after the query shares bucket 0 and all ``num_buckets`` buckets cover keys
+    before it. Within a direction, distances below ``n / 2`` get their own bucket; larger
+    ones are spaced logarithmically up to ``max_distance``, and all farther ones share the
+    last bucket. The logarithm is taken in float32 as in T5 (Mesh TensorFlow and
+    transformers), so buckets match checkpoints exactly, including the few distances that
+    float32 rounding puts on the lower side of a bucket boundary.
 
     Args:
         relative_position: integer tensor of any shape.
-        bidirectional: whether keys after the query get buckets of their own (encoders);
-            ``False`` for causal decoders.
-        num_buckets: ``>= 2`` (``>= 4`` when bidirectional).
+        causal: ``False`` (the default): keys after the query get buckets of their own
+            (encoders); ``True`` for causal decoders.
+        num_buckets: ``>= 2`` (``>= 4`` when ``causal=False``).
         max_distance: ``>= num_buckets / 2``; distances from here on share the last bucket.
+        bidirectional: deprecated spelling of ``causal=not bidirectional`` (posenc 0.1.0),
+            accepted with a ``DeprecationWarning``; giving both raises ``PosEncError``.
 
     Shape:
         ``[*]`` -> ``[*]`` int64 buckets in ``[0, num_buckets)``.
@@ -95,10 +101,11 @@ def t5_relative_bucket(
         raise PosEncError(
             f"relative_position must be an integer tensor, got dtype {relative_position.dtype}"
         )
-    num_buckets, max_distance = _check_options(num_buckets, max_distance, bidirectional)
+    causal = causal_option(causal, bidirectional, default=False)
+    num_buckets, max_distance = _check_options(num_buckets, max_distance, causal)
     rel = relative_position.to(torch.long)
     buckets = torch.zeros_like(rel)
-    if bidirectional:
+    if not causal:
         num_buckets //= 2
         buckets = buckets + (rel > 0).to(torch.long) * num_buckets
         rel = rel.abs()
@@ -115,7 +122,7 @@ def t5_relative_bucket(
     return buckets + torch.where(is_small, rel, large)
 
 
-def _lookup_table(num_buckets: int, max_distance: int, bidirectional: bool) -> torch.Tensor:
+def _lookup_table(num_buckets: int, max_distance: int, causal: bool) -> torch.Tensor:
     """Buckets of relative positions ``-max_distance .. max_distance`` (int64, on the CPU).
 
     Every relative position beyond ``+-max_distance`` is in the bucket of ``+-max_distance``,
@@ -124,7 +131,7 @@ def _lookup_table(num_buckets: int, max_distance: int, bidirectional: bool) -> t
     """
     rel = torch.arange(-max_distance, max_distance + 1, device="cpu")
     return t5_relative_bucket(
-        rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance
+        rel, causal=causal, num_buckets=num_buckets, max_distance=max_distance
     )
 
 
@@ -147,8 +154,9 @@ def t5_relative_bias(
     k_positions: torch.Tensor,
     table: torch.Tensor,
     *,
-    bidirectional: bool = True,
+    causal: bool | None = None,
     max_distance: int = 128,
+    bidirectional: bool | None = None,
 ) -> torch.Tensor:
     """T5's bias: ``table[t5_relative_bucket(k - q), h]`` for every pair and head.
 
@@ -157,7 +165,7 @@ def t5_relative_bias(
         k_positions: integer key positions ``[k]`` or ``[b, k]``.
         table: ``[num_buckets, h]`` bias per bucket and head (T5's
             ``relative_attention_bias.weight``).
-        bidirectional, max_distance: as in :func:`t5_relative_bucket`.
+        causal, max_distance, bidirectional: as in :func:`t5_relative_bucket`.
 
     Shape:
         ``[h, q, k]`` float32, or ``[b, h, q, k]`` when either position tensor is batched.
@@ -176,7 +184,8 @@ def t5_relative_bias(
     check_tensor("table", table, floating=True)
     if table.ndim != 2:
         raise PosEncError(f"table must be [num_buckets, h], got shape {tuple(table.shape)}")
-    lut = _lookup_table(table.shape[0], max_distance, bidirectional).to(table.device)
+    causal = causal_option(causal, bidirectional, default=False)
+    lut = _lookup_table(table.shape[0], max_distance, causal).to(table.device)
     qp, kp = pairs(qpos.to(table.device, torch.long), kpos.to(table.device, torch.long))
     return _gather(table, _buckets(qp, kp, lut))
 
@@ -191,9 +200,12 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
 
     Args:
         num_heads: number of attention heads, ``>= 1``.
-        num_buckets, max_distance, bidirectional: as in :func:`t5_relative_bucket`
-            (``bidirectional=False`` for causal decoders).
+        num_buckets, max_distance, causal: as in :func:`t5_relative_bucket`
+            (``causal=True`` for decoders; the default ``False`` is T5's encoder).
         device, dtype: of the table (initialised from ``N(0, 0.02^2)``).
+        bidirectional: deprecated spelling of ``causal=not bidirectional`` (posenc 0.1.0),
+            accepted with a ``DeprecationWarning``; saved 0.1.0 configs load without one
+            (:meth:`upgrade_config`).
 
     Shape:
         ``bias(q_len, k_len)`` -> ``[h, q_len, k_len]``; with ``[b, s]`` positions
@@ -222,16 +234,15 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         *,
         num_buckets: int = 32,
         max_distance: int = 128,
-        bidirectional: bool = True,
+        causal: bool | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        bidirectional: bool | None = None,
     ) -> None:
         super().__init__()
         self.num_heads = check_int("num_heads", num_heads, min=1)
-        self.bidirectional = bool(check_choice("bidirectional", bidirectional, (True, False)))
-        self.num_buckets, self.max_distance = _check_options(
-            num_buckets, max_distance, self.bidirectional
-        )
+        self.causal = causal_option(causal, bidirectional, default=False)
+        self.num_buckets, self.max_distance = _check_options(num_buckets, max_distance, self.causal)
         self.weight = nn.Parameter(
             torch.empty(self.num_buckets, self.num_heads, device=device, dtype=dtype)
         )
@@ -241,8 +252,29 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
             num_heads=self.num_heads,
             num_buckets=self.num_buckets,
             max_distance=self.max_distance,
-            bidirectional=self.bidirectional,
+            causal=self.causal,
         )
+
+    @classmethod
+    def upgrade_config(cls, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """posenc 0.1.0 wrote ``"bidirectional": b``; it loads as ``"causal": not b`` (no
+        warning). A config holding both keys is passed on as it is (and refused)."""
+        if "bidirectional" in args and "causal" not in args:
+            args = dict(args)
+            args["causal"] = not check_choice(
+                "bidirectional", args.pop("bidirectional"), (True, False)
+            )
+        return cls.name, args
+
+    @property
+    def bidirectional(self) -> bool:
+        """Deprecated: ``not causal`` (the option's name in posenc 0.1.0)."""
+        warnings.warn(
+            "T5RelativeBias.bidirectional is deprecated, use causal (causal=not bidirectional)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return not self.causal
 
     bucket_lut: torch.Tensor
 
@@ -250,14 +282,7 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         nn.init.normal_(self.weight, std=0.02)
 
     def _constants(self) -> dict[str, torch.Tensor]:
-        return {
-            "bucket_lut": _lookup_table(self.num_buckets, self.max_distance, self.bidirectional)
-        }
-
-    def _positions(self, q_len, k_len, q_positions, k_positions):
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.weight.device)
-        check_integer_positions("T5 buckets", qpos, kpos)
-        return qpos, kpos
+        return {"bucket_lut": _lookup_table(self.num_buckets, self.max_distance, self.causal)}
 
     def buckets(
         self,
@@ -268,7 +293,8 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bucket of every (query, key) pair: ``[q, k]`` (or ``[b, q, k]``) int64."""
-        qpos, kpos = self._positions(q_len, k_len, q_positions, k_positions)
+        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.weight.device)
+        check_integer_positions("T5 buckets", qpos, kpos)
         return _buckets(*pairs(qpos, kpos), self.bucket_lut)
 
     def bias(
@@ -280,18 +306,44 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
-        qpos, kpos = self._positions(q_len, k_len, q_positions, k_positions)
+        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.weight.device)
+        return self.bias_at(qpos, kpos)
+
+    def bias_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
+        (no validation; only the dtype rule of a table lookup: integer positions);
+        ``q`` is ignored."""
+        device = self.weight.device
+        qpos, kpos = canonical(q_positions).to(device), canonical(k_positions).to(device)
+        check_integer_positions("T5 buckets", qpos, kpos)
         return _gather(self.weight, _buckets(*pairs(qpos, kpos), self.bucket_lut))
 
     def score_mod(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> Callable[..., torch.Tensor]:
         """FlexAttention ``score_mod``: the bucket of one pair from the two positions, then
-        the head's entry of the table; no ``[h, q, k]`` tensor."""
-        qpos, kpos = check_pair(q_positions, k_positions)
-        check_integer_positions("T5 buckets", qpos, kpos)
+        the head's entry of the table; no ``[h, q, k]`` tensor.
+
+        Positions ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` are validated, then passed to
+        :meth:`score_mod_at`."""
+        return self.score_mod_at(*check_pair(q_positions, k_positions))
+
+    def score_mod_at(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> Callable[..., torch.Tensor]:
+        """:meth:`score_mod` of positions already resolved (no validation; integer
+        positions, as in :meth:`bias_at`)."""
+        check_integer_positions("T5 buckets", q_positions, k_positions)
         device = self.weight.device
-        q_at, k_at = index_positions(qpos.to(device, torch.long), kpos.to(device, torch.long))
+        q_at, k_at = index_positions(
+            q_positions.to(device, torch.long), k_positions.to(device, torch.long)
+        )
         lut, table, max_distance = self.bucket_lut, self.weight, self.max_distance
 
         def t5_score_mod(score, b, h, q_idx, kv_idx):

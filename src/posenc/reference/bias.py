@@ -8,6 +8,7 @@ position.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
@@ -89,23 +90,44 @@ def alibi_bias(q_positions, k_positions, slopes, *, causal: bool = True) -> np.n
 # --- T5 (Raffel et al., 2020) ----------------------------------------------------------
 
 
+def _causal(causal: bool | None, bidirectional: bool | None) -> bool:
+    """``causal`` (default False), or ``not bidirectional``: posenc 0.1.0's spelling, still
+    accepted with a DeprecationWarning."""
+    if bidirectional is None:
+        return bool(causal)
+    if causal is not None:
+        raise ValueError("give causal or the deprecated bidirectional (its opposite), not both")
+    warnings.warn(
+        "bidirectional= is deprecated, use causal= (causal=not bidirectional)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return not bidirectional
+
+
 def t5_relative_bucket(
     relative_position: int,
     *,
-    bidirectional: bool = True,
+    causal: bool | None = None,
     num_buckets: int = 32,
     max_distance: int = 128,
+    bidirectional: bool | None = None,
 ) -> int:
     """T5's bucket of one relative position ``key - query``, in exact arithmetic.
+
+    ``causal=False`` (the default, T5's encoder): keys after the query have buckets of their
+    own; ``causal=True`` (T5's decoder): they share bucket 0. ``bidirectional`` is the
+    deprecated spelling of ``causal=not bidirectional``.
 
     T5 itself takes the logarithm in float32; for a few ``(num_buckets, max_distance)``
     that puts a distance lying exactly on a bucket boundary one bucket lower than here.
 
     Shape: one integer -> one integer bucket in ``[0, num_buckets)``.
     """
+    causal = _causal(causal, bidirectional)
     n = relative_position
     bucket = 0
-    if bidirectional:
+    if not causal:
         num_buckets //= 2
         if n > 0:
             bucket += num_buckets
@@ -122,20 +144,28 @@ def t5_relative_bucket(
 
 
 def t5_relative_bias(
-    q_positions, k_positions, table, *, bidirectional: bool = True, max_distance: int = 128
+    q_positions,
+    k_positions,
+    table,
+    *,
+    causal: bool | None = None,
+    max_distance: int = 128,
+    bidirectional: bool | None = None,
 ) -> np.ndarray:
-    """``table[bucket(j - i), h]`` with ``table`` ``[num_buckets, h]``.
+    """``table[bucket(j - i), h]`` with ``table`` ``[num_buckets, h]``; ``causal`` and
+    ``bidirectional`` as in :func:`t5_relative_bucket`.
 
     Shape: positions ``[q]`` / ``[k]`` (or ``[b, q]`` / ``[b, k]``) -> ``[h, q, k]`` (or
     ``[b, h, q, k]``) float64.
     """
+    causal = _causal(causal, bidirectional)
     table = np.asarray(table, dtype=np.float64)
     num_buckets, num_heads = table.shape
 
     def value(h, i, j):
         bucket = t5_relative_bucket(
             int(j - i),
-            bidirectional=bidirectional,
+            causal=causal,
             num_buckets=num_buckets,
             max_distance=max_distance,
         )
