@@ -1,4 +1,4 @@
-"""posenc.attention.prepare_encoding: one prepared encoding serves many attention calls."""
+"""posenc.attend.prepare_encoding: one prepared encoding serves many attention calls."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 import posenc
 from posenc import PosEncError
-from posenc.attention import PreparedEncoding, _build_encoding, prepare_encoding
+from posenc.attend import PreparedEncoding, prepare_encoding
 
 H, D = 4, 8
 
@@ -39,7 +39,7 @@ def test_prepared_equals_direct_call(case, backend):
     spec, q_len, k_len, kv_heads, causal, padding, qp, kp = CASES[case]
     if case == "shaw-values" and backend == "sdpa":
         backend = "auto"  # value-dependent: SDPA refuses it, auto runs it eager
-    enc = _build_encoding(spec, num_heads=H, head_dim=D)
+    enc = posenc.build(spec, fill={"num_heads": H, "head_dim": D})
     prep = prepare_encoding(
         enc,
         q_len=q_len,
@@ -64,10 +64,10 @@ def test_prepared_equals_direct_call(case, backend):
 
 
 def test_bias_and_mask_computed_once(monkeypatch):
-    enc = posenc.ALiBi(H)
+    enc = posenc.ALiBiBias(H)
     calls = []
-    original = enc.bias
-    monkeypatch.setattr(enc, "bias", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    original = enc.bias_at
+    monkeypatch.setattr(enc, "bias_at", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     prep = prepare_encoding(enc, q_len=5, num_heads=H, head_dim=D)
     mask = torch.ones(2, 5, dtype=torch.bool)
     outs = [
@@ -83,10 +83,10 @@ def test_bias_and_mask_computed_once(monkeypatch):
 
 
 def test_query_dependent_bias_computed_per_call(monkeypatch):
-    enc = posenc.ShawRelative(H, D)
+    enc = posenc.ShawRelativeBias(H, D)
     calls = []
-    original = enc.bias
-    monkeypatch.setattr(enc, "bias", lambda *a, **kw: calls.append(1) or original(*a, **kw))
+    original = enc.bias_at
+    monkeypatch.setattr(enc, "bias_at", lambda *a, **kw: calls.append(1) or original(*a, **kw))
     prep = prepare_encoding(enc, q_len=5, num_heads=H, head_dim=D)
     for _ in range(3):
         posenc.attention(*_qkv(), encoding=prep, causal=True, backend="sdpa")
@@ -96,9 +96,9 @@ def test_query_dependent_bias_computed_per_call(monkeypatch):
 def test_rotation_computed_once_per_dtype(monkeypatch):
     enc = posenc.RotaryEmbedding(D)
     calls = []
-    original = enc.rotation
+    original = enc.rotation_at
     monkeypatch.setattr(
-        enc, "rotation", lambda *a, **kw: calls.append(kw["dtype"]) or original(*a, **kw)
+        enc, "rotation_at", lambda *a, **kw: calls.append(kw["dtype"]) or original(*a, **kw)
     )
     prep = prepare_encoding(enc, q_len=5, num_heads=H, head_dim=D)
     for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.float64, torch.float64):
@@ -132,9 +132,9 @@ BAD = {
     "heads": (
         lambda: posenc.attention(
             *_qkv(),
-            encoding=prepare_encoding(posenc.ALiBi(H), q_len=5, num_heads=H, head_dim=D).__class__(
-                posenc.ALiBi(H + 1), torch.arange(5), torch.arange(5)
-            ),
+            encoding=prepare_encoding(
+                posenc.ALiBiBias(H), q_len=5, num_heads=H, head_dim=D
+            ).__class__(posenc.ALiBiBias(H + 1), torch.arange(5), torch.arange(5)),
         ),
         "num_heads=5; it must equal",
     ),
@@ -147,13 +147,13 @@ BAD = {
         "num_heads must be >= 1",
     ),
     "bias-heads": (
-        lambda: prepare_encoding(posenc.ALiBi(2), q_len=5, num_heads=H, head_dim=D),
+        lambda: prepare_encoding(posenc.ALiBiBias(2), q_len=5, num_heads=H, head_dim=D),
         "num_heads=2; it must equal the number of query heads, 4",
     ),
     "rotate-bias": (lambda: _prep().rotate(*_qkv()[:2]), "rotate needs a rotary encoding"),
     "bias-rotary": (
         lambda: prepare_encoding("rope", q_len=5, num_heads=H, head_dim=D).bias(_qkv()[0], 1.0),
-        "a bias is computed by bias encodings",
+        "a bias needs a bias encoding, got kind .rotary.",
     ),
 }
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -127,8 +129,8 @@ def test_build_an_instance():
             {},
             r"name must be one of 'none', 'sinusoidal', 'learned', 'index'.*got 'rotary-magic'",
         ),
-        ({"dim": 8}, {}, r"config must hold a 'name' key, got keys \['dim'\]"),
-        (42, {}, "spec must be a name, a config dict or an encoding, got int"),
+        ({"dim": 8}, {}, r"encoding config must hold a 'name' key, got keys \['dim'\]"),
+        (42, {}, "encoding must be a registry name, a config dict or an Encoding module, got int"),
         ({"name": 3}, {}, "name must be a string, got 3"),
         ("sinusoidal", {}, r"cannot build 'sinusoidal' from arguments \[\]"),
         (
@@ -142,3 +144,58 @@ def test_build_an_instance():
 def test_build_bad_input(spec, kwargs, match):
     with pytest.raises(posenc.PosEncError, match=match):
         posenc.build(spec, **kwargs)
+
+
+# --- configs written by posenc 0.1.0 still load -------------------------------------------
+
+SAVED = json.loads((Path(__file__).parent / "data" / "configs_0_1_0.json").read_text())
+
+
+def _saved_inputs():
+    g = torch.Generator().manual_seed(SAVED["inputs"]["seed"])
+    q = torch.randn(*SAVED["inputs"]["q"], generator=g)
+    k = torch.randn(*SAVED["inputs"]["k"], generator=g)
+    x = torch.randn(*SAVED["inputs"]["x"], generator=g)
+    return q, k, x
+
+
+def _saved_output(module, name: str) -> torch.Tensor:
+    q, k, x = _saved_inputs()
+    p = torch.arange(5)
+    with torch.no_grad():
+        if module.kind in ("additive", "none"):
+            return module(x)
+        if module.kind == "rotary":
+            pos = {
+                "mrope": torch.stack([p, 2 * p, p % 2], -1),
+                "axial_rope": torch.stack([p, p % 2], -1),
+            }
+            return torch.cat(module(q, k, pos[name]) if name in pos else module(q, k), -1)
+        return module.bias(5)
+
+
+@pytest.mark.parametrize(
+    "index", range(len(SAVED["configs"])), ids=[c["name"] for c in SAVED["configs"]]
+)
+def test_saved_0_1_0_config_builds(index):
+    """Every config 0.1.0 wrote builds without a warning and computes what 0.1.0 computed
+    (parameter-free encodings; learned ones are compared by config)."""
+    config = SAVED["configs"][index]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        module = posenc.build(config).eval()
+    assert module.kind == registry.get(config["name"]).kind
+    again = posenc.build(json.loads(json.dumps(module.to_config())))
+    assert again.to_config() == module.to_config()
+    want = SAVED["outputs"][index]
+    if want is None:  # learned parameters: random at build time, not saved in a config
+        assert any(True for _ in module.parameters())
+        return
+    got = _saved_output(module, config["name"])
+    torch.testing.assert_close(
+        got.double(), torch.tensor(want, dtype=torch.float64), rtol=0, atol=0
+    )
+
+
+def test_saved_configs_cover_every_encoding():
+    assert {c["name"] for c in SAVED["configs"]} == set(registry.names())

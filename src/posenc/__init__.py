@@ -4,7 +4,21 @@ Every major way of telling attention where a token is, behind one API:
 additive tables (sinusoidal, learned), rotary (RoPE and its scalings) and
 attention biases (ALiBi, T5, ...), each with a float64 reference in
 :mod:`posenc.reference`.
+
+What is top level (``__all__``), by one rule (see ARCHITECTURE.md):
+
+1. the entry points: :func:`build`, :func:`attention`, :class:`PosEncError`;
+2. every registered encoding's class (``*Embedding``, ``*Bias``, ``NoPositionalEncoding``);
+3. each family's pure functions, those its module is one call into (tables, frequencies,
+   cos/sin, apply, biases) and the published constants checked against the paper
+   (``alibi_slopes``, ``t5_relative_bucket``);
+4. the subpackages reached by name: :mod:`positions`, :mod:`reference`, :mod:`models`.
+
+Everything else (scalings, kernels, porting, integrations, analysis, plots, experiments)
+is imported from its package.
 """
+
+from typing import Any
 
 from posenc import positions, reference
 from posenc._errors import PosEncError
@@ -12,39 +26,48 @@ from posenc.nope import NoPositionalEncoding
 from posenc.registry import build
 
 # --- additive ---------------------------------------------------------------
-from posenc.index import IndexEmbedding
-from posenc.learned import LearnedEmbedding
+from posenc.index import IndexEmbedding, index_table
+from posenc.learned import LearnedEmbedding, resample_table
 from posenc.sinusoidal import SinusoidalEmbedding, sinusoidal_table, sinusoidal_table_nd
 
 # --- rotary -----------------------------------------------------------------
 from posenc.rotary.apply import apply_rotary, rotary_cos_sin
 from posenc.rotary.frequencies import rope_frequencies
 from posenc.rotary.module import RotaryEmbedding
-from posenc.rotary.nd import AxialRotaryEmbedding, MultimodalRotaryEmbedding
-from posenc.rotary.xpos import XPosEmbedding
+from posenc.rotary.nd import AxialRotaryEmbedding, MultimodalRotaryEmbedding, axial_frequencies
+from posenc.rotary.xpos import XPosEmbedding, xpos_scale
 
 # --- bias -------------------------------------------------------------------
-from posenc.bias.alibi import ALiBi, alibi_slopes
-from posenc.bias.fire import FIRE
-from posenc.bias.kerple import Kerple
-from posenc.bias.shaw import ShawRelative
-from posenc.bias.t5 import T5RelativeBias, t5_relative_bucket
+from posenc import bias as _bias
+from posenc.bias._common import renamed as _renamed
+from posenc.bias.alibi import ALiBiBias, alibi_bias, alibi_slopes
+from posenc.bias.fire import FIREBias, fire_bias
+from posenc.bias.kerple import KerpleBias, kerple_bias
+from posenc.bias.shaw import ShawRelativeBias, shaw_relative_logits, shaw_relative_values
+from posenc.bias.t5 import T5RelativeBias, t5_relative_bias, t5_relative_bucket
 
-# --- attention --------------------------------------------------------------
-from posenc import models  # imports the posenc.attention module first
-from posenc.attention import attention  # the function shadows the module name
+# --- attention and models -----------------------------------------------------
+from posenc.attend import attention
+from posenc import models
 
 __version__ = "0.1.0"
 
 __all__ = [
+    # entry points
+    "PosEncError",
+    "attention",
+    "build",
+    # subpackages
+    "models",
+    "positions",
+    "reference",
+    # additive
     "IndexEmbedding",
     "LearnedEmbedding",
     "NoPositionalEncoding",
-    "PosEncError",
     "SinusoidalEmbedding",
-    "build",
-    "positions",
-    "reference",
+    "index_table",
+    "resample_table",
     "sinusoidal_table",
     "sinusoidal_table_nd",
     # rotary
@@ -53,17 +76,27 @@ __all__ = [
     "RotaryEmbedding",
     "XPosEmbedding",
     "apply_rotary",
+    "axial_frequencies",
     "rope_frequencies",
     "rotary_cos_sin",
+    "xpos_scale",
     # bias
-    "ALiBi",
-    "FIRE",
-    "Kerple",
-    "ShawRelative",
+    "ALiBiBias",
+    "FIREBias",
+    "KerpleBias",
+    "ShawRelativeBias",
     "T5RelativeBias",
+    "alibi_bias",
     "alibi_slopes",
+    "fire_bias",
+    "kerple_bias",
+    "shaw_relative_logits",
+    "shaw_relative_values",
+    "t5_relative_bias",
     "t5_relative_bucket",
-    # attention
-    "attention",
-    "models",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The class names of posenc 0.1.0 (``posenc.ALiBi``, ...), for one more release."""
+    return _renamed(__name__, name, _bias._RENAMED)

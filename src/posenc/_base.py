@@ -22,6 +22,8 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
+from posenc import positions as _positions
+
 __all__ = ["AdditiveEncoding", "BiasEncoding", "Encoding", "Kind", "RotaryEncoding"]
 
 Kind = Literal["additive", "rotary", "bias", "none"]
@@ -115,10 +117,17 @@ class RotaryEncoding(Encoding):
 class BiasEncoding(Encoding):
     """An encoding that adds a bias to the attention logits.
 
-    Subclasses define ``num_heads`` and :meth:`bias`. Encodings whose bias depends on
-    the queries (Shaw et al.'s relative keys) set ``query_dependent = True`` and accept
-    ``q`` (already multiplied by the attention scale) in :meth:`bias`; those that also
-    act on the values set ``value_dependent = True`` and implement :meth:`value_bias`.
+    The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
+    ``num_heads``; :meth:`bias_at` on positions already resolved by
+    :func:`posenc.positions.resolve_pair`; :meth:`score_mod_at` (optional: a FlexAttention
+    ``score_mod`` from indices); and :meth:`value_bias_at` for value-dependent encodings.
+    Encodings whose bias depends on the queries (Shaw et al.'s relative keys) set
+    ``query_dependent = True`` and take ``q`` (already multiplied by the attention scale);
+    those that also act on the values set ``value_dependent = True``.
+
+    The public :meth:`bias` / :meth:`value_bias` resolve and validate the positions once,
+    then call the ``*_at`` methods; families override them where they validate more (or
+    on another device).
     """
 
     kind: ClassVar[Kind] = "bias"
@@ -134,7 +143,11 @@ class BiasEncoding(Encoding):
         q_positions: torch.Tensor | None = None,
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        raise NotImplementedError
+        """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions) of ``q_len``
+        queries and ``k_len`` keys, positions resolved by :func:`posenc.positions.resolve_pair`;
+        query-dependent encodings add a keyword ``q``."""
+        qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions)
+        return self.bias_at(qpos, kpos)
 
     def bias_at(
         self,
@@ -145,25 +158,27 @@ class BiasEncoding(Encoding):
     ) -> torch.Tensor:
         """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
         (no validation, no defaults): ``[h, q, k]``, or ``[b, h, q, k]`` for batched
-        positions. Query-dependent encodings take ``q`` (already multiplied by the scale).
+        positions. Query-dependent encodings take ``q`` (already multiplied by the scale)."""
+        raise NotImplementedError
 
-        The default calls :meth:`bias`, which validates the positions again; every posenc
-        family overrides it."""
-        extra = {} if q is None else {"q": q}
-        q_len, k_len = int(q_positions.shape[-1]), int(k_positions.shape[-1])
-        return self.bias(q_len, k_len, q_positions=q_positions, k_positions=k_positions, **extra)
+    def value_bias(
+        self,
+        probs: torch.Tensor,
+        *,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Value-dependent encodings: the term added to ``probs @ v`` (``probs
+        [b, h, q, k]``), positions resolved by :func:`posenc.positions.resolve_pair`."""
+        q_len, k_len = int(probs.shape[-2]), int(probs.shape[-1])
+        qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions)
+        return self.value_bias_at(probs, qpos, kpos)
 
     def value_bias_at(
         self, probs: torch.Tensor, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> torch.Tensor:
-        """Value-dependent encodings: the term added to ``probs @ v`` for resolved positions.
-
-        The default calls ``value_bias``, which validates the positions again; every posenc
-        family overrides it."""
-        value_bias: Any = getattr(self, "value_bias", None)
-        if value_bias is None:
-            raise NotImplementedError(f"{type(self).__name__} is not value-dependent")
-        return value_bias(probs, q_positions=q_positions, k_positions=k_positions)
+        """:meth:`value_bias` of resolved positions (no validation)."""
+        raise NotImplementedError(f"{type(self).__name__} is not value-dependent")
 
     def score_mod(
         self,
@@ -176,3 +191,22 @@ class BiasEncoding(Encoding):
         ``q_positions`` / ``k_positions`` are ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]``.
         """
         return None
+
+    def score_mod_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+    ) -> Callable[..., torch.Tensor] | None:
+        """:meth:`score_mod` of positions already resolved by
+        :func:`posenc.positions.resolve_pair` (no validation): what attention calls. The
+        default calls :meth:`score_mod`; posenc's families override both."""
+        return self.score_mod(q_positions, k_positions)
+
+    @property
+    def has_score_mod(self) -> bool:
+        """Whether the encoding computes its bias from indices (a Flex ``score_mod``)."""
+        cls = type(self)
+        return (
+            cls.score_mod is not BiasEncoding.score_mod
+            or cls.score_mod_at is not BiasEncoding.score_mod_at
+        )

@@ -85,7 +85,12 @@ def index_table(
     elif length is not None:
         raise PosEncError(f"length applies only with normalize='length', got length={length!r}")
     dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
-    p = _positions.as_tensor(positions, device=device).to(torch.float64)
+    return _table(_positions.as_tensor(positions, device=device), dim, length, dtype)
+
+
+def _table(pos: torch.Tensor, dim: int, length: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`index_table` of validated arguments."""
+    p = pos.to(torch.float64)
     if length is not None:
         p = p / length
     return p.unsqueeze(-1).expand(*p.shape, dim).to(dtype)
@@ -143,5 +148,5 @@ class IndexEmbedding(AdditiveEncoding):
         )
         # L counts the tokens so far; max(.., 1) only matters for an empty first chunk
         length = max(offset + x.shape[1], 1) if self.normalize == "length" else None
-        pe = self.table(pos, length, torch.float64)  # [s, dim] or [b, s, dim]
+        pe = _table(pos, self.dim, length, torch.float64)  # [s, dim] or [b, s, dim]
         return (x.double() + pe).to(x.dtype)  # formed in float64, rounded once to x's dtype

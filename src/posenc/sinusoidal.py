@@ -80,6 +80,13 @@ def sinusoidal_table(
     dim = _check_options(dim, base, layout, order)
     pos = _positions.as_tensor(positions, device=device)
     dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
+    return _table(pos, dim, base, layout, order, dtype)
+
+
+def _table(
+    pos: torch.Tensor, dim: int, base: float, layout: str, order: str, dtype: torch.dtype
+) -> torch.Tensor:
+    """:func:`sinusoidal_table` of validated arguments."""
     n_first = (dim + 1) // 2  # channels of the first member of each pair (sin for sin_cos)
     n_second = dim // 2
     exponent = torch.arange(n_first, dtype=torch.float64, device=pos.device) * 2.0 / dim
@@ -224,7 +231,8 @@ class SinusoidalEmbedding(AdditiveEncoding):
         pos = _positions.resolve(
             positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device
         )
-        pe = self.table(pos, torch.float64)  # [s, dim] or [b, s, dim], exact in float64
+        # [s, dim] or [b, s, dim], exact in float64 (positions validated once, by resolve)
+        pe = _table(pos, self.dim, self.base, self.layout, self.order, torch.float64)
         scale = self.scale.double() if isinstance(self.scale, torch.Tensor) else self.scale
         # the sum is formed in float64 and rounded once, to x's dtype: a bf16 model gets
         # exactly (x + PE) rounded, never a bf16 table

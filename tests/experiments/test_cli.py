@@ -95,7 +95,7 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
     ("args", "pattern"),
     [
         (["--task", "sort"], "task must be one of 'lm', 'copy'.*got 'sort'"),
-        (["--encodings", "rope,fancy"], "encoding must be one of .*got 'fancy'"),
+        (["--encodings", "rope,fancy"], "encoding name must be one of .*got 'fancy'"),
         (["--eval-lens", "8,0"], r"--eval-lens entry must be >= 1, got 0"),
         (["--eval-lens", "8,x"], r"--eval-lens entries must be integers or kL, got 'x'"),
         (["--eval-lens", "-8"], r"--eval-lens entry must be >= 1, got -8"),

@@ -60,7 +60,7 @@ def test_a_tiny_study_per_task(
             assert not any("error" in c for c in cells.values())
         if run["encoding"] == "t5":
             assert run["config"]["max_distance"] == train_len
-            assert run["config"]["bidirectional"] is False
+            assert run["config"]["causal"] is True
 
 
 def test_rope_extensions_with_and_without_a_fine_tune(tmp_path: Path) -> None:
@@ -170,7 +170,7 @@ def _corrupt(path: Path) -> None:
             r"task must be one of 'lm', 'copy', 'reverse', 'recall', "
             r"'addition', got 'sort'",
         ),
-        (dict(encodings=["rope", "fancy"]), r"encoding must be one of 'none', .*got 'fancy'"),
+        (dict(encodings=["rope", "fancy"]), r"encoding name must be one of 'none', .*got 'fancy'"),
         (dict(encodings=[]), "encodings must name at least one encoding"),
         (dict(encodings=["rope", "rope"]), "encodings must be distinct, got 'rope' twice"),
         (dict(eval_lens=[8, 0]), "eval_lens entry must be >= 1, got 0"),

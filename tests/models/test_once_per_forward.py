@@ -84,13 +84,13 @@ def test_once_per_forward_and_equal_to_per_layer(name, monkeypatch):
     want = per_layer_forward(model, tokens, positions, mask[:, None, None, :])
     enc = model.encoding
     if enc.kind == "rotary":  # cos/sin (and the frequencies: dynamic NTK's .item()) once
-        counted = {n: _spy(monkeypatch, enc, n) for n in ("rotation", "_call_frequencies")}
+        counted = {n: _spy(monkeypatch, enc, n) for n in ("rotation_at", "_call_frequencies")}
     else:
-        counted = {"bias": _spy(monkeypatch, enc, "bias")}
+        counted = {"bias_at": _spy(monkeypatch, enc, "bias_at")}
     resolved = _spy(monkeypatch, posenc.positions, "resolve_pair")
     got = model(tokens, positions, attn_mask=mask)
     for method, calls in counted.items():
-        expected = LAYERS if method == "bias" and enc.query_dependent else 1
+        expected = LAYERS if method == "bias_at" and enc.query_dependent else 1
         assert len(calls) == expected, method
     if not getattr(
         enc, "query_dependent", False
@@ -107,7 +107,7 @@ def test_once_per_decoding_step(name, monkeypatch):
     full = model(tokens)
     cache = KVCache()
     model(tokens[:, :4], cache=cache)
-    method = "rotation" if name == "rope" else "bias"
+    method = "rotation_at" if name == "rope" else "bias_at"
     calls = _spy(monkeypatch, model.encoding, method)
     steps = [model(tokens[:, i : i + 1], cache=cache) for i in (4, 5)]
     assert len(calls) == 2
@@ -121,7 +121,7 @@ def test_once_per_training_step_gradients_equal(monkeypatch):
     per_layer_forward(model, tokens).square().mean().backward()
     want = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    calls = _spy(monkeypatch, model.encoding, "bias")
+    calls = _spy(monkeypatch, model.encoding, "bias_at")
     model(tokens).square().mean().backward()
     assert len(calls) == 1
     for w, p in zip(want, model.parameters()):  # the shared bias sums its grads in another order

@@ -13,7 +13,6 @@ Every kind is reduced to the object its properties are stated about:
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
@@ -59,40 +58,20 @@ def resolve_encoding(encoding: str | Mapping[str, Any] | Encoding, **kwargs: Any
     Learned parameters are initialised from a fixed seed, so results repeat.
     """
     if isinstance(encoding, Encoding):
-        if kwargs:
-            encoding = registry.build(encoding, **kwargs)
-        return encoding.eval()
-    if isinstance(encoding, str):
-        name, args = encoding, dict(kwargs)
-    elif isinstance(encoding, Mapping):
-        if "name" not in encoding:
-            raise PosEncError(
-                f"encoding config must hold a 'name' key, got keys {sorted(encoding)}"
-            )
-        name = encoding["name"]
-        args = {k: v for k, v in encoding.items() if k != "name"}
-        args.update(kwargs)
-    else:
+        return registry.build(encoding, **kwargs).eval()
+    cls = registry.class_of(encoding)  # PosEncError listing the names when unknown
+    given = set(kwargs) | (set(encoding) - {"name"} if isinstance(encoding, Mapping) else set())
+    _, required = registry.parameters(cls)
+    missing = sorted(required - given)
+    unknown = [p for p in missing if p not in DEFAULT_ARGS]
+    if unknown:
         raise PosEncError(
-            "encoding must be a registry name, a config dict or an encoding module, "
-            f"got {type(encoding).__name__}"
+            f"encoding {cls.name!r} needs the argument {unknown[0]!r}, which has no "
+            f"analysis default (defaults exist for {', '.join(DEFAULT_ARGS)})"
         )
-    cls = registry.get(name)  # PosEncError listing the names when unknown
-    for param in inspect.signature(cls).parameters.values():
-        required = param.default is inspect.Parameter.empty and param.kind not in (
-            inspect.Parameter.VAR_POSITIONAL,
-            inspect.Parameter.VAR_KEYWORD,
-        )
-        if required and param.name not in args:
-            if param.name not in DEFAULT_ARGS:
-                raise PosEncError(
-                    f"encoding {name!r} needs the argument {param.name!r}, which has no "
-                    f"analysis default (defaults exist for {', '.join(DEFAULT_ARGS)})"
-                )
-            args[param.name] = DEFAULT_ARGS[param.name]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
-        module = registry.build({"name": name, **args})
+        module = registry.build(encoding, defaults={p: DEFAULT_ARGS[p] for p in missing}, **kwargs)
     return module.eval()
 
 

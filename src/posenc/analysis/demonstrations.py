@@ -14,7 +14,7 @@ go through the simplest models, and the numbers say whether the model can tell t
     carries order). A symmetric bias in bidirectional attention cannot tell a sentence from
     its reverse: every distance ``|i - j|`` is preserved.
 
-Attention runs through :func:`posenc.attention.attention`, the library's own.
+Attention runs through :func:`posenc.attention`, the library's own.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def _self_attention(
     causal: bool,
 ) -> torch.Tensor:
     """One attention layer with projections ``weights [3, d, d]``: ``[s, d]`` -> ``[s, d]``."""
-    from posenc.attention import attention
+    from posenc.attend import attention
 
     s, d = x.shape
     q, k, v = (

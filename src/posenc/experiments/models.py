@@ -2,7 +2,7 @@
 
 Encoding specs are completed with what the study knows:
 
-- ``t5``: ``max_distance`` is the training length (and ``bidirectional=False``,
+- ``t5``: ``max_distance`` is the training length (and ``causal=True``,
   as in T5's decoder, since the models are causal; ``num_buckets`` is 32, or the
   training length when that is shorter, so that the log-spaced buckets exist). T5 buckets distances up to
   ``max_distance`` logarithmically and puts everything farther into the last
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from posenc import registry
 from posenc._errors import PosEncError, check_int
-from posenc.registry import ALIASES, names
 
 if TYPE_CHECKING:
     from posenc.models import TinyTransformer
@@ -59,10 +59,7 @@ def encoding_label(spec: str | Mapping[str, Any]) -> str:
     name = spec if isinstance(spec, str) else spec.get("name")
     if not isinstance(name, str):
         raise PosEncError(f"encoding must be a registry name or a config dict, got {spec!r}")
-    key = ALIASES.get(name.lower(), name.lower())
-    if key not in names():
-        raise PosEncError(f"encoding must be one of {', '.join(map(repr, names()))}, got {name!r}")
-    return key
+    return registry.get(name).name  # PosEncError naming the registered names
 
 
 def encoding_spec(spec: str | Mapping[str, Any], *, train_len: int) -> dict[str, Any]:
@@ -70,7 +67,7 @@ def encoding_spec(spec: str | Mapping[str, Any], *, train_len: int) -> dict[str,
 
     Examples:
         >>> encoding_spec("t5", train_len=64)
-        {'name': 't5', 'max_distance': 64, 'bidirectional': False, 'num_buckets': 32}
+        {'name': 't5', 'max_distance': 64, 'causal': True, 'num_buckets': 32}
         >>> encoding_spec("t5", train_len=8)["num_buckets"]
         8
         >>> encoding_spec("rope", train_len=64)
@@ -87,7 +84,7 @@ def encoding_spec(spec: str | Mapping[str, Any], *, train_len: int) -> dict[str,
                 f"t5 max_distance must be <= train_len ({train_len}): buckets past the "
                 f"training length are never trained, got {distance}"
             )
-        config.setdefault("bidirectional", False)
+        config.setdefault("causal", True)
         # T5's 32 buckets need max_distance > 16 exact distances; short training lengths
         # get fewer buckets (half exact, half logarithmic up to max_distance).
         config.setdefault("num_buckets", max(2, min(32, int(distance))))

@@ -4,7 +4,7 @@ The encoding's kind decides where it plugs in: additive encodings are added to t
 (scaled) token embeddings, rotary encodings rotate each layer's queries and keys, bias
 encodings add their term to each layer's logits, and ``none`` adds nothing (NoPE). One
 encoding module serves every layer, and each forward pass prepares it once
-(:func:`posenc.attention.prepare_encoding`): positions, rotary cos/sin and the bias (or
+(:class:`posenc.attend.PreparedEncoding`): positions, rotary cos/sin and the bias (or
 FlexAttention score_mod) are computed once and shared by the layers.
 """
 
@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from posenc._base import Encoding
+from posenc import registry
+from posenc._base import BiasEncoding, Encoding, RotaryEncoding
 from posenc._errors import PosEncError, check_float, check_int, check_positions, check_tensor
-from posenc.attention import _build_encoding, _encoding_class, attention, prepare_encoding
+from posenc.attend import PreparedEncoding, attention
 
 __all__ = ["KVCache", "TinyTransformer"]
 
@@ -132,8 +133,8 @@ class TinyTransformer(nn.Module):
             Names and configs are built with what the model knows: additive encodings
             get ``dim`` (and ``max_len`` when they take it: ``"learned"``), rotary ones
             ``head_dim = dim // num_heads``, bias ones ``num_heads`` (and ``head_dim``),
-            plus ``causal=causal`` / ``bidirectional=not causal`` where they take those
-            and the config does not set them (ALiBi, T5).
+            plus ``causal=causal`` where they take it and the config does not set it
+            (ALiBi, T5). Everything is built by :func:`posenc.build`.
         causal: causal self-attention (a decoder LM) or full (an encoder).
         dropout: dropout on embeddings, attention probabilities and residual branches.
         max_len: table length for encodings that need one (``"learned"``).
@@ -204,32 +205,35 @@ class TinyTransformer(nn.Module):
 
     def _make_encoding(self, spec: Any) -> Encoding:
         """Build (or check) the one encoding module every layer uses."""
-        if isinstance(spec, Encoding):
-            enc = spec
-        elif isinstance(spec, (str, Mapping)):
-            cls = _encoding_class(spec)
-            takes = inspect.signature(cls.__init__).parameters.get("max_len")
-            needs_len = takes is not None and takes.default is inspect.Parameter.empty
-            given = isinstance(spec, Mapping) and "max_len" in spec
-            if cls.kind == "additive" and needs_len and self.max_len is None and not given:
-                raise PosEncError(
-                    f"max_len is needed by encoding {cls.name!r} (its table length), got None"
-                )
-            by_kind: dict[str, dict[str, Any]] = {
-                "additive": {"dim": self.dim, "max_len": self.max_len},
-                "rotary": {"head_dim": self.head_dim},
-                "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
-            }
-            supplied = by_kind.get(cls.kind, {})
-            # Direction follows the model unless the config says otherwise: ALiBi's
-            # symmetric -m|i - j| and T5's bidirectional buckets for an encoder.
-            direction = {"causal": self.causal, "bidirectional": not self.causal}
-            enc = _build_encoding(spec, direction if cls.kind == "bias" else None, **supplied)
-        else:
+        if not isinstance(spec, (str, Mapping, Encoding)):
             raise PosEncError(
                 "encoding must be a registry name, a config dict or an Encoding "
                 f"(use 'none' for NoPE), got {spec!r}"
             )
+        cls = registry.class_of(spec)
+        if isinstance(spec, Encoding):
+            enc = spec
+        else:
+            _, required = registry.parameters(cls)
+            given = isinstance(spec, Mapping) and "max_len" in spec
+            if (
+                cls.kind == "additive"
+                and "max_len" in required
+                and self.max_len is None
+                and not given
+            ):
+                raise PosEncError(
+                    f"max_len is needed by encoding {cls.name!r} (its table length), got None"
+                )
+            fill: dict[str, dict[str, Any]] = {
+                "additive": {"dim": self.dim, "max_len": self.max_len},
+                "rotary": {"head_dim": self.head_dim},
+                "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
+            }
+            # Direction follows the model unless the config says otherwise: ALiBi's
+            # symmetric -m|i - j| and T5's two-way buckets for an encoder.
+            defaults = {"causal": self.causal} if cls.kind == "bias" else None
+            enc = registry.build(spec, fill=fill.get(cls.kind), defaults=defaults)
         attr, want = {
             "additive": ("dim", self.dim),
             "rotary": ("head_dim", self.head_dim),
@@ -337,8 +341,14 @@ class TinyTransformer(nn.Module):
                 else past[..., -1:] + 1
             )
             q_pos = start + torch.arange(s, device=device)  # [s] or [b, s]
+        elif self.encoding.kind == "additive":  # validated (once) by the encoding, below
+            q_pos = positions
         else:
             q_pos = check_positions("positions", positions, seq_len=s, batch=b).to(device)
+        x = self.embed(tokens) * math.sqrt(self.dim)  # [b, s, dim]
+        if self.encoding.kind == "additive":
+            x = self.encoding(x, q_pos)
+            q_pos = q_pos.to(device)
         k_pos = _cat_positions(past, q_pos)
         mask = self._padding(attn_mask, b, s, device)
         if cache is not None and cache.mask is not None:
@@ -349,35 +359,15 @@ class TinyTransformer(nn.Module):
                 [torch.ones(b, cache.length, dtype=torch.bool, device=device), mask], dim=1
             )
 
-        x = self.embed(tokens) * math.sqrt(self.dim)  # [b, s, dim]
-        if self.encoding.kind == "additive":
-            x = self.encoding(x, q_pos)
         x = self.drop(x)
         # Positions, rotary cos/sin and the bias are computed once here for every layer.
+        # Positions (validated once, above), rotary cos/sin and the bias are computed once
+        # here for every layer: the new tokens' queries against every key.
         inner = None
-        if self.encoding.kind == "rotary":  # the new tokens, queries and keys alike
-            inner = prepare_encoding(
-                self.encoding,
-                q_len=s,
-                num_heads=self.num_heads,
-                head_dim=self.head_dim,
-                batch=b,
-                q_positions=q_pos,
-                k_positions=q_pos,
-                device=device,
-            )
-        elif self.encoding.kind == "bias":  # the new queries against every key
-            inner = prepare_encoding(
-                self.encoding,
-                q_len=s,
-                k_len=k_pos.shape[-1],
-                num_heads=self.num_heads,
-                head_dim=self.head_dim,
-                batch=b,
-                q_positions=q_pos,
-                k_positions=k_pos,
-                device=device,
-            )
+        if isinstance(self.encoding, RotaryEncoding):  # the new tokens, queries and keys alike
+            inner = PreparedEncoding(self.encoding, q_pos, q_pos)
+        elif isinstance(self.encoding, BiasEncoding):
+            inner = PreparedEncoding(self.encoding, q_pos, k_pos)
         for i, block in enumerate(self.blocks):
             x = block(x, inner, causal=self.causal, mask=mask, cache=cache, layer=i)
         x = self.norm(x)

@@ -17,7 +17,7 @@ Three paths compute the same function, ``softmax(q k^T * scale + bias + mask) v`
   the others are tested against (and the only path for value-dependent encodings).
 
 The encoding and its positions are first turned into a
-:class:`~posenc._prepared.PreparedEncoding` (see :mod:`posenc._prepared`): rotary cos/sin,
+:class:`~posenc.attend.PreparedEncoding` (see :mod:`posenc.attend.prepared`): rotary cos/sin,
 the bias and its merged SDPA mask are computed once there. A model prepares one per forward
 pass with :func:`prepare_encoding` and passes it as ``encoding=`` to every layer.
 
@@ -33,19 +33,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from posenc import _flex as _flexattn
+import posenc.attend.flex as _flexattn
 from posenc._base import BiasEncoding, Encoding, RotaryEncoding
 from posenc._errors import PosEncError, check_choice, check_float, check_tensor
-from posenc._prepared import (  # noqa: F401  (_build_encoding, _encoding_class: used by models)
-    PreparedEncoding,
-    _build_encoding,
-    _encoding_class,
-    prepare_encoding,
-)
+from posenc.attend.paths import eager, sdpa
+from posenc.attend.prepared import PreparedEncoding, prepare_encoding
 
-__all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "PreparedEncoding", "attention", "prepare_encoding"]
+__all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
 
 BACKENDS = ("auto", "sdpa", "flex", "eager")
 
@@ -133,79 +128,6 @@ def _check_mask(
     )
 
 
-def _allowed(
-    keep: torch.Tensor | None, causal: bool, q_len: int, k_len: int, device
-) -> torch.Tensor | None:
-    """Bool ``[.., q, k]`` of the pairs that may attend (causal aligned to the end), or None."""
-    allowed = keep
-    if causal:
-        i = torch.arange(q_len, device=device)[:, None]
-        j = torch.arange(k_len, device=device)[None, :]
-        tri = j <= i + (k_len - q_len)  # [q, k]: query i is key position k_len - q_len + i
-        allowed = tri if allowed is None else allowed & tri
-    return allowed
-
-
-# --- paths ----------------------------------------------------------------------
-
-
-def _eager(q, k, v, *, prep, keep, causal, scale, dropout_p):
-    """softmax(q k^T * scale + bias + mask) v with plain tensor operations, float32 or wider."""
-    compute = torch.promote_types(q.dtype, torch.float32)
-    rep = q.shape[1] // k.shape[1]
-    qf = q.to(compute)
-    kf = k.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d]
-    vf = v.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d_v]
-    logits = (qf * scale) @ kf.transpose(-1, -2)  # [b, h, q, k]
-    if prep is not None:
-        logits = logits + prep.bias(qf, scale).to(compute)
-    allowed = _allowed(keep, causal, q.shape[2], k.shape[2], q.device)
-    empty = None
-    if allowed is not None:
-        empty = ~allowed.any(dim=-1, keepdim=True)  # rows with no key: output 0, not NaN
-        logits = logits.masked_fill(~(allowed | empty), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if dropout_p:
-        probs = F.dropout(probs, p=dropout_p)
-    out = probs @ vf  # [b, h, q, d_v]
-    if prep is not None and prep.encoding.value_dependent:
-        value = prep.encoding.value_bias(
-            probs, q_positions=prep.q_positions, k_positions=prep.k_positions
-        )
-        out = out + value.to(compute)
-    if empty is not None:
-        out = out.masked_fill(empty, 0.0)
-    return out.to(q.dtype)
-
-
-def _sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask):
-    """SDPA: is_causal / a bool mask without a bias, one merged float mask with one."""
-    q_len, k_len = q.shape[2], k.shape[2]
-    gqa = q.shape[1] != k.shape[1]
-    if prep is None and keep is None and (not causal or q_len == k_len):
-        # No bias and at most plain causal self-attention: SDPA's fused kernels.
-        return F.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=gqa
-        )
-
-    def allowed() -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The pairs that may attend (rows with none opened up) and those empty rows."""
-        pairs = _allowed(keep, causal, q_len, k_len, q.device)
-        if pairs is None or keep is None:
-            return pairs, None
-        empty = ~pairs.any(dim=-1, keepdim=True)  # rows with no key: output 0, not NaN
-        return pairs | empty, empty
-
-    if prep is None:
-        mask, empty = allowed()
-    else:  # the merged float mask: once per forward pass when the bias depends on no q
-        mask, empty = prep.sdpa_mask(q, scale, allowed, causal=causal, attn_mask=attn_mask)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
-    )
-    return out if empty is None else out.masked_fill(empty, 0.0)
-
-
 def _flex(q, k, v, *, prep, keep, causal, scale):
     """FlexAttention with the encoding's score_mod (or, without one, its materialised bias)."""
     score_mod = None if prep is None else prep.score_mod(q, scale)
@@ -233,7 +155,7 @@ def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: 
             bias_bytes >= FLEX_MIN_BIAS_BYTES
             and _flexattn.refusal(q, enc, needs_grad, dropout_p) is None
         ):
-            if type(enc).score_mod is not BiasEncoding.score_mod:  # it has an index formula
+            if enc.has_score_mod:  # it has an index formula
                 return "flex"
     return "sdpa"
 
@@ -358,5 +280,5 @@ def attention(
     if path == "flex":
         return _flex(q, k, v, **kwargs)
     if path == "sdpa":
-        return _sdpa(q, k, v, dropout_p=dropout_p, attn_mask=attn_mask, **kwargs)
-    return _eager(q, k, v, dropout_p=dropout_p, **kwargs)
+        return sdpa(q, k, v, dropout_p=dropout_p, attn_mask=attn_mask, **kwargs)
+    return eager(q, k, v, dropout_p=dropout_p, **kwargs)

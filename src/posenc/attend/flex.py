@@ -35,6 +35,17 @@ def _flex_module() -> Any:
 _FLEX_COMPILED = True
 
 
+def _flex_fn(flex_attention: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """The one function the Flex path runs: compiled per device type, or called as it is."""
+
+    def flex(q, k, v, score_mod, block_mask, scale, enable_gqa):
+        return flex_attention(
+            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+        )
+
+    return flex
+
+
 @functools.cache
 def _compiled_flex(device_type: str) -> Callable[..., torch.Tensor]:
     """flex_attention compiled once per device type, cached for the process.
@@ -44,35 +55,8 @@ def _compiled_flex(device_type: str) -> Callable[..., torch.Tensor]:
     shapes are static: torch 2.13's CPU Flex template fails to build (C++ error) once
     dynamo turns to dynamic shapes after a shape change.
     """
-    flex_attention = _flex_module().flex_attention
-
-    if device_type == "cpu":
-
-        def flex_cpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
-            return flex_attention(
-                q,
-                k,
-                v,
-                score_mod=score_mod,
-                block_mask=block_mask,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )
-
-        return torch.compile(flex_cpu, dynamic=False)
-
-    def flex_gpu(q, k, v, score_mod, block_mask, scale, enable_gqa):
-        return flex_attention(
-            q,
-            k,
-            v,
-            score_mod=score_mod,
-            block_mask=block_mask,
-            scale=scale,
-            enable_gqa=enable_gqa,
-        )
-
-    return torch.compile(flex_gpu)
+    flex = _flex_fn(_flex_module().flex_attention)
+    return torch.compile(flex, dynamic=False if device_type == "cpu" else None)
 
 
 def _create_block_mask(mask_mod, b, h, q_len: int, k_len: int, device) -> Any:
@@ -164,10 +148,11 @@ def run(q, k, v, *, score_mod, keep, causal: bool, scale: float) -> torch.Tensor
     k_len = k.shape[2]
     block_mask = _block_mask(keep, causal, b, h, q_len, k_len, q.device)
     gqa = q.shape[1] != k.shape[1]
-    if not _FLEX_COMPILED:
-        fn = _flex_module().flex_attention
-        return fn(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=gqa)
-    return _compiled_flex(q.device.type)(q, k, v, score_mod, block_mask, scale, gqa)
+    if _FLEX_COMPILED:
+        fn = _compiled_flex(q.device.type)
+    else:
+        fn = _flex_fn(_flex_module().flex_attention)
+    return fn(q, k, v, score_mod, block_mask, scale, gqa)
 
 
 def refusal(q, enc, needs_grad: bool, dropout_p: float) -> str | None:
