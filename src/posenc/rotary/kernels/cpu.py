@@ -4,8 +4,23 @@ One pass over q and k (one read, one write), cos/sin loaded per token and reused
 heads, OpenMP threads sharing torch's own OpenMP runtime (``torch.get_num_threads()``).
 The source is compiled on first use with ``cc -O3 -march=native -fopenmp
 -ffp-contract=off -fno-strict-aliasing`` (a second or two) into a cache directory keyed
-by the source, the flags and the CPU, so later processes only load it. Without a working compiler the
-build raises :class:`RuntimeError` and the dispatch keeps the plain torch path.
+by the source, the flags and the CPU, so later processes only load it. Without a working
+compiler the build raises :class:`RuntimeError` and the dispatch keeps the plain torch path.
+
+The cache is private, and nothing in it is loaded on trust:
+
+- the directory (:func:`cache_dir`) is created with mode 0700; one that already exists must
+  be owned by the current user and not writable by group or others, else it is refused;
+  where it is refused or cannot be created (a read-only home), the library is built in a
+  fresh private directory of this process (:func:`tempfile.mkdtemp`), never in a shared,
+  predictable path;
+- builds run under an exclusive :func:`fcntl.flock` on ``<cache>/.lock``, so concurrent
+  processes build once and never see a partial file (it is compiled under a private name
+  and renamed);
+- beside each library ``<name>.sha256`` holds the SHA-256 of its bytes, written after a
+  successful build; before :class:`ctypes.CDLL` the library and its hash file must be
+  regular files owned by the current user, not writable by group or others, and the
+  library's bytes must match the hash. Anything else is rebuilt.
 
 ``-ffp-contract=off`` keeps every product rounded before the sum, exactly like the plain
 torch twin, so the two paths agree bit for bit.
@@ -13,19 +28,31 @@ torch twin, so the two paths agree bit for bit.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-__all__ = ["build", "cache_dir", "launch_cpu"]
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not a POSIX system
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["build", "cache_dir", "launch_cpu", "load"]
+
+log = logging.getLogger("posenc")
 
 _SOURCE = Path(__file__).with_name("rope_cpu.c")
 _FLAGS = (
@@ -43,6 +70,9 @@ _PARALLEL_MIN_ELEMENTS = 1 << 15
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
+# This process's private fallback directory (made on first need, removed at exit).
+_tmp_dir: Path | None = None
+_logged: set[str] = set()
 
 
 def cache_dir() -> Path:
@@ -52,6 +82,188 @@ def cache_dir() -> Path:
         return Path(os.environ["POSENC_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "posenc"
+
+
+def _current_uid() -> int:
+    return os.getuid() if hasattr(os, "getuid") else -1
+
+
+def _unsafe(what: str, path: Path, st: os.stat_result) -> str | None:
+    """Why ``path`` (with ``os.stat`` result ``st``) may not be trusted, or ``None``."""
+    uid = _current_uid()
+    if uid >= 0 and st.st_uid != uid:
+        return f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        mode = stat.S_IMODE(st.st_mode)
+        return f"{what} {path} is writable by group or others (mode {mode:o})"
+    return None
+
+
+def _log_once(level: int, message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        log.log(level, "%s", message)
+
+
+class _Refused(Exception):
+    """A cache directory that exists but may not be trusted."""
+
+
+def _private_dir(path: Path) -> Path:
+    """``path`` as a private directory: created with mode 0700, or checked if it exists.
+
+    Raises:
+        _Refused: it exists but is not a directory owned by this user, or is writable by
+            group or others.
+        OSError: it cannot be created.
+    """
+    try:
+        path.mkdir(parents=True, mode=0o700)
+        os.chmod(path, 0o700)  # whatever the umask
+    except FileExistsError:
+        pass
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Refused(f"cache directory {path} is not a directory")
+    reason = _unsafe("cache directory", path, st)
+    if reason is not None:
+        raise _Refused(reason)
+    return path
+
+
+def _process_temp_dir() -> Path:
+    """A fresh private directory for this process (mode 0700, from ``tempfile.mkdtemp``)."""
+    global _tmp_dir
+    if _tmp_dir is None or not _tmp_dir.is_dir():
+        _tmp_dir = Path(tempfile.mkdtemp(prefix="posenc-"))
+        atexit.register(shutil.rmtree, _tmp_dir, ignore_errors=True)
+    return _tmp_dir
+
+
+def _build_dir() -> Path:
+    """The checked cache directory, or this process's private temporary one (logged once)."""
+    path = cache_dir()
+    try:
+        return _private_dir(path)
+    except _Refused as err:
+        level, reason = logging.WARNING, f"refusing {err}"
+    except OSError as err:
+        level, reason = logging.INFO, f"cannot create cache directory {path}: {err}"
+    fallback = _process_temp_dir()
+    _log_once(
+        level, f"posenc: {reason}; building the CPU fast path in {fallback} (this process only)"
+    )
+    return fallback
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created 0600) for the block."""
+    if fcntl is None:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _hash_path(target: Path) -> Path:
+    return target.with_name(target.name + ".sha256")
+
+
+def _check_library(target: Path) -> str | None:
+    """Why the cached ``target`` may not be loaded (``None``: it may)."""
+    checked = {}
+    for what, path in (("library", target), ("hash file", _hash_path(target))):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return f"{path} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{what} {path} is not a regular file"
+        reason = _unsafe(what, path, st)
+        if reason is not None:
+            return reason
+        checked[what] = path
+    expected = checked["hash file"].read_bytes().decode("ascii", "replace").strip()
+    actual = _sha256(target)
+    if actual != expected:
+        return f"library {target} does not match its hash ({actual[:12]}... != {expected[:12]}...)"
+    return None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _compile(cc: str, source: Path, target: Path, openmp: bool) -> subprocess.CompletedProcess:
+    cmd = [cc, *_FLAGS, *(["-fopenmp"] if openmp else []), "-o", str(target), str(source)]
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def _build_into(cc: str, target: Path) -> None:
+    """Compile to a private name, then rename into ``target`` and write its hash file."""
+    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        result = _compile(cc, _SOURCE, Path(tmp), openmp=True)
+        if result.returncode != 0:  # e.g. a compiler without OpenMP: one thread
+            result = _compile(cc, _SOURCE, Path(tmp), openmp=False)
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"posenc's CPU fast path failed to compile with {cc!r}:\n{result.stderr[-2000:]}"
+            )
+        os.chmod(tmp, 0o700)  # the linker's mode follows the umask
+        digest = _sha256(Path(tmp))
+        os.replace(tmp, target)
+        _write_atomic(_hash_path(target), digest.encode() + b"\n")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def build() -> Path:
+    """Compile ``rope_cpu.c`` (or find it, checked, in the cache) and return the library's path.
+
+    Raises:
+        RuntimeError: no C compiler, compilation failed (the compiler's message is
+            included), or no private directory could be made to build in.
+    """
+    cc = os.environ.get("CC", "cc")
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"posenc's CPU fast path needs a C compiler; {cc!r} was not found")
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(
+        b"\0".join([source, " ".join(_FLAGS).encode(), cc.encode(), _cpu_identity().encode()])
+    ).hexdigest()[:16]
+    try:
+        directory = _build_dir()
+        target = directory / f"rope_cpu-{key}.so"
+        with _file_lock(directory / ".lock"):
+            reason = _check_library(target)
+            if reason is None:
+                return target
+            if os.path.lexists(target):
+                _log_once(logging.INFO, f"posenc: rebuilding the CPU fast path: {reason}")
+            _build_into(cc, target)
+    except OSError as err:
+        raise RuntimeError(f"posenc's CPU fast path could not be built: {err}") from err
+    return target
 
 
 def _cpu_identity() -> str:
@@ -65,59 +277,15 @@ def _cpu_identity() -> str:
     return "\n".join(sorted(set(keep)))
 
 
-def _compile(cc: str, source: Path, target: Path, openmp: bool) -> subprocess.CompletedProcess:
-    cmd = [cc, *_FLAGS, *(["-fopenmp"] if openmp else []), "-o", str(target), str(source)]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
-def build() -> Path:
-    """Compile ``rope_cpu.c`` (or find it in the cache) and return the library's path.
-
-    Raises:
-        RuntimeError: no C compiler, or compilation failed (the compiler's message is
-            included).
-    """
-    cc = os.environ.get("CC", "cc")
-    if shutil.which(cc) is None:
-        raise RuntimeError(f"posenc's CPU fast path needs a C compiler; {cc!r} was not found")
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(
-        b"\0".join([source, " ".join(_FLAGS).encode(), cc.encode(), _cpu_identity().encode()])
-    ).hexdigest()[:16]
-    target = cache_dir() / f"rope_cpu-{key}.so"
-    if target.exists():
-        return target
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:  # e.g. a read-only home: a private temporary directory instead
-        user = os.getuid() if hasattr(os, "getuid") else "user"
-        target = Path(tempfile.gettempdir()) / f"posenc-{user}" / target.name
-        if target.exists():
-            return target
-        target.parent.mkdir(parents=True, exist_ok=True)
-    # Compile to a private name and rename: concurrent processes never see a partial file.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        result = _compile(cc, _SOURCE, Path(tmp), openmp=True)
-        if result.returncode != 0:  # e.g. a compiler without OpenMP: one thread
-            result = _compile(cc, _SOURCE, Path(tmp), openmp=False)
-        if result.returncode != 0:
-            raise RuntimeError(
-                f"posenc's CPU fast path failed to compile with {cc!r}:\n{result.stderr[-2000:]}"
-            )
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
-
-
 def _library() -> ctypes.CDLL:
     global _lib
     with _lock:
         if _lib is None:
-            lib = ctypes.CDLL(str(build()))
+            path = build()
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as err:
+                raise RuntimeError(f"posenc's CPU fast path could not be loaded: {err}") from err
             lib.posenc_rope.restype = ctypes.c_int
             lib.posenc_rope.argtypes = [
                 ctypes.c_int,  # dtype
