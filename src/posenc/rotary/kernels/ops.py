@@ -8,15 +8,34 @@ the inverse rotation (sin negated): the Jacobian of a rotation is its transpose.
 
 ``backend`` names the launcher: ``"triton"`` (any device Triton runs on, including CPU
 tensors under ``TRITON_INTERPRET=1``) or ``"cpu"`` (the compiled C loop).
+
+Every launch passes through ``_launch``, which checks everything a launcher reads
+(:func:`check_launch`: devices, dtypes, shapes, memory overlap in place) from metadata
+alone, before any data pointer is taken: a bad call raises
+:class:`~posenc._errors.PosEncError` instead of reading or writing the wrong memory.
+The fake implementations check devices too: a call mixing devices (e.g. meta cos/sin)
+would otherwise be dispatched to them and return uninitialised memory.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
+
 import torch
 
-__all__ = ["bshd", "rotary_op", "rotary_op_", "rotate_eager"]
+from posenc._errors import PosEncError
+from posenc.rotary.kernels.plain import (
+    check_cos_sin,
+    check_devices,
+    check_inplace_memory,
+    memory_range,
+)
+
+__all__ = ["bshd", "check_launch", "rotary_op", "rotary_op_", "rotate_eager"]
 
 _COMPUTE = {torch.float64: torch.float64}
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def bshd(x: torch.Tensor, seq_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -45,10 +64,88 @@ def _empty_like(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+def check_launch(
+    backend: str,
+    xs: Sequence[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    seq_dim: int,
+    inplace: bool,
+) -> None:
+    """Everything a launcher reads, checked from metadata only (no device sync) before a
+    data pointer is taken: q (and k) 4-D, one kernel dtype and one real device (CPU for
+    ``"cpu"``; never meta), k with q's batch size, sequence length and head dim, cos/sin
+    ``[s, r/2]`` or ``[b|1, s, r/2]`` on that device with ``r <= d``, and in place, q
+    and k each in memory of its own. The outputs are allocated after it, like q and k.
+    A few microseconds: one comparison per rule; messages are built only to raise.
+
+    Raises:
+        PosEncError: naming the parameter, the rule and the value.
+    """
+    if len(xs) not in (1, 2):
+        raise PosEncError(f"a launch rotates q (and k), got {len(xs)} tensors")
+    q = xs[0]
+    k = xs[1] if len(xs) == 2 else None
+    if backend == "cpu":  # is_cpu is False for meta and every accelerator
+        if not (q.is_cpu and cos.is_cpu and sin.is_cpu and (k is None or k.is_cpu)):
+            check_devices(q, k, cos, sin)  # a mismatch raises here; else all on q's device
+            hint = ""
+            if q.is_meta:
+                hint = " (meta tensors have no memory: use backend='auto' or 'torch')"
+            raise PosEncError(f"backend='cpu' needs CPU tensors, got q on {q.device}{hint}")
+    elif backend == "triton":
+        device = q.device
+        if (k is not None and k.device != device) or cos.device != device or sin.device != device:
+            check_devices(q, k, cos, sin)
+        if q.is_meta or (q.is_cpu and os.environ.get("TRITON_INTERPRET") != "1"):
+            raise PosEncError(
+                f"backend='triton' needs CUDA tensors (CPU ones under TRITON_INTERPRET=1), "
+                f"got q on {device}"
+            )
+    else:
+        raise PosEncError(f"backend must be one of 'cpu', 'triton', got {backend!r}")
+    dtype = q.dtype
+    if dtype not in _KERNEL_DTYPES:
+        raise PosEncError(
+            f"backend={backend!r} supports float32, bfloat16, float16 and float64, got {dtype}"
+        )
+    shape = q.shape
+    if len(shape) != 4:
+        raise PosEncError(f"q must be 4-D, got shape {tuple(shape)}")
+    seq_axis = 2 if seq_dim == -2 else 1
+    b, s, d = shape[0], shape[seq_axis], shape[3]
+    if k is not None:
+        if k.dtype != dtype:
+            raise PosEncError(f"k must have q's dtype {dtype}, got {k.dtype}")
+        k_shape = k.shape
+        if len(k_shape) != 4 or (k_shape[0], k_shape[seq_axis], k_shape[3]) != (b, s, d):
+            raise PosEncError(
+                f"k must have q's batch size, sequence length and head dim "
+                f"(q has shape {tuple(shape)}), got shape {tuple(k_shape)}"
+            )
+    c_shape = cos.shape
+    if (
+        sin.shape != c_shape
+        or len(c_shape) not in (2, 3)
+        or c_shape[-2] != s
+        or (len(c_shape) == 3 and c_shape[0] not in (1, b))
+        or not (cos.is_floating_point() and sin.is_floating_point())
+    ):
+        check_cos_sin(q, cos, sin, seq_dim, name="q")  # raises, naming the rule
+        raise PosEncError(f"cos and sin must be [s, r/2] or [b, s, r/2], got {tuple(c_shape)}")
+    if 2 * c_shape[-1] > d:
+        raise PosEncError(
+            f"rotary_dim (2 * cos.shape[-1]) must be <= q's last dimension {d}, "
+            f"got {2 * c_shape[-1]}"
+        )
+    if inplace:
+        check_inplace_memory(xs)
+
+
 def _launch(
     backend: str,
     xs: list[torch.Tensor],
-    ys: list[torch.Tensor],
     cos: torch.Tensor,
     sin: torch.Tensor,
     *,
@@ -56,7 +153,20 @@ def _launch(
     conjugate: bool,
     seq_dim: int,
     inplace: bool,
-) -> None:
+) -> list[torch.Tensor]:
+    """Check (:func:`check_launch`), then rotate ``xs`` into new tensors (or in place)
+    with the ``backend``'s launcher; returns the outputs."""
+    check_launch(backend, xs, cos, sin, seq_dim=seq_dim, inplace=inplace)
+    if inplace:
+        ys = xs
+        spans = [memory_range(x) for x in xs]
+        for t in (cos, sin):
+            t0, t_end = memory_range(t)
+            if any(t0 < x_end and x0 < t_end for x0, x_end in spans):
+                cos, sin = cos.clone(), sin.clone()  # in q's or k's memory: read a copy
+                break
+    else:
+        ys = [_empty_like(x) for x in xs]
     compute = _COMPUTE.get(xs[0].dtype, torch.float32)
     cos, cs = _table(cos, compute)
     sin, ss = _table(sin, compute)
@@ -81,6 +191,7 @@ def _launch(
         conjugate=conjugate,
         inplace=inplace,
     )
+    return ys
 
 
 def rotate_eager(
@@ -96,12 +207,9 @@ def rotate_eager(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The launch without the custom-op layers (tens of microseconds per call, which
     decoding steps notice), for calls that need neither autograd nor tracing."""
-    xs = [q] if k is None else [q, k]
-    ys = xs if inplace else [_empty_like(x) for x in xs]
-    _launch(
+    ys = _launch(
         backend,
-        xs,
-        ys,
+        [q] if k is None else [q, k],
         cos,
         sin,
         interleaved=interleaved,
@@ -124,12 +232,9 @@ def rotary_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated copies of q and k (an empty tensor in place of k when k is None)."""
-    xs = [q] if k is None else [q, k]
-    ys = [_empty_like(x) for x in xs]
-    _launch(
+    ys = _launch(
         backend,
-        xs,
-        ys,
+        [q] if k is None else [q, k],
         cos,
         sin,
         interleaved=interleaved,
@@ -142,6 +247,7 @@ def rotary_op(
 
 @rotary_op.register_fake
 def _(q, k, cos, sin, interleaved, conjugate, seq_dim, backend):
+    check_devices(q, k, cos, sin)
     return torch.empty_like(q), torch.empty_like(k) if k is not None else q.new_empty(0)
 
 
@@ -174,11 +280,9 @@ def rotary_op_(
     backend: str,
 ) -> None:
     """Rotate q (and k) in place; channels past rotary_dim are not touched."""
-    xs = [q] if k is None else [q, k]
     _launch(
         backend,
-        xs,
-        xs,
+        [q] if k is None else [q, k],
         cos,
         sin,
         interleaved=interleaved,
@@ -190,4 +294,5 @@ def rotary_op_(
 
 @rotary_op_.register_fake
 def _(q, k, cos, sin, interleaved, conjugate, seq_dim, backend):
+    check_devices(q, k, cos, sin)
     return None
