@@ -29,6 +29,7 @@ from posenc._errors import (
     check_last_dim,
     check_positions,
     check_tensor,
+    tracing,
 )
 from posenc.rotary.apply import _cos_sin, check_sections
 from posenc.rotary.frequencies import Scaling, parse_scaling, rope_frequencies
@@ -107,7 +108,9 @@ class RotaryEmbedding(RotaryEncoding):
     host synchronisation per call (``.item()``) on CUDA; ``longrope`` switches to its long
     factors once the largest position reaches ``original_max_position``, selected on the
     device without synchronising. All other cases never synchronise for integer
-    positions (floating positions are checked for NaN, which synchronises once).
+    positions (floating positions are checked for NaN, which synchronises once). Under
+    ``torch.compile`` / ``torch.export`` / ``torch.jit.trace`` ``dynamic`` computes its
+    frequencies on the device instead, so one graph serves every length.
 
     Shape:
         ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (or ``[b, s, h, d]`` with
@@ -239,7 +242,13 @@ class RotaryEmbedding(RotaryEncoding):
         )
 
     def _on_device(self, key: Any, device: torch.device, make) -> torch.Tensor:
-        """A copy of a float64 CPU tensor on ``device``, kept per ``(key, device)``."""
+        """A copy of a float64 CPU tensor on ``device``, kept per ``(key, device)``.
+
+        Traced (``torch.compile``, ``torch.export``) the cache is neither read nor filled:
+        a graph that inserted into it would fail its own guards on the next call (a
+        recompile), and one that read it would recompile whenever eager calls change it."""
+        if tracing():
+            return make().to(device)
         slot = (key, device)
         if slot not in self._device_cache:
             if len(self._device_cache) >= _CACHE_SIZE:
@@ -356,6 +365,8 @@ class RotaryEmbedding(RotaryEncoding):
                 f"q and k must have the same batch size, got shapes "
                 f"{tuple(q.shape)} and {tuple(k.shape)}"
             )
+        if k.device != q.device:
+            raise PosEncError(f"k must be on q's device {q.device}, got {k.device}")
         sq, sk, batch, device = q.shape[seq_dim], k.shape[seq_dim], q.shape[0], q.device
         q_pos, k_pos = self._resolve(q_positions, k_positions, sq, sk, batch, device)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
@@ -445,8 +456,10 @@ class RotaryEmbedding(RotaryEncoding):
                 f"rotation must be a Rotation from RotaryEmbedding.rotation, got "
                 f"{type(rotation).__name__}"
             )
-        check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim)
-        check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim)
+        if k.device != q.device:
+            raise PosEncError(f"k must be on q's device {q.device}, got {k.device}")
+        check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim, name="q")
+        check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim, name="k")
         for name, t in (("cos_q", rotation.cos_q), ("cos_k", rotation.cos_k)):
             if t.shape[-1] != self._rotary_dim // 2:
                 raise PosEncError(

@@ -8,9 +8,11 @@ reusing it for every head of q and of k:
 - ``"triton"``: a Triton kernel (:mod:`posenc.rotary.kernels.triton_rope`), used
   automatically for CUDA tensors when ``triton`` is installed (``pip install
   'posenc[triton]'``); disable with :func:`enable_triton` or ``POSENC_TRITON=0``;
-- ``"cpu"``: a C loop with OpenMP (:mod:`posenc.rotary.kernels.cpu`), compiled on first
-  use (about a second, then cached). Opt-in: :func:`enable_cpu_fast_path` or
-  ``POSENC_CPU_FAST_PATH=1``;
+- ``"cpu"``: a C loop with OpenMP (:mod:`posenc.rotary.kernels.cpu`), the default for
+  CPU tensors wherever a C compiler exists: built on the first CPU call (a second or two,
+  under a file lock, then cached in a private directory and checked before every load).
+  Without a compiler the plain path runs and one ``logging`` line (logger ``"posenc"``)
+  says why. Off with :func:`enable_cpu_fast_path` or ``POSENC_CPU_FAST_PATH=0``;
 - ``"torch"``: the plain twin (:mod:`posenc.rotary.kernels.plain`), everywhere else
   (float64 cos/sin with gradients, meta tensors, ...).
 
@@ -29,6 +31,7 @@ modules) sits above it, never the other way round.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import warnings
 from typing import overload
@@ -36,7 +39,12 @@ from typing import overload
 import torch
 
 from posenc._errors import PosEncError, check_choice, check_int, check_tensor
-from posenc.rotary.kernels.plain import apply_rotary_torch, check_cos_sin
+from posenc.rotary.kernels.plain import (
+    apply_rotary_torch,
+    check_cos_sin,
+    check_devices,
+    check_inplace_memory,
+)
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS
 
 __all__ = [
@@ -54,8 +62,10 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _triton_on = importlib.util.find_spec("triton") is not None and (
     os.environ.get("POSENC_TRITON", "1") != "0"
 )
-# None: not decided yet (POSENC_CPU_FAST_PATH is read on the first CPU call).
+# None: not decided yet (POSENC_CPU_FAST_PATH is read, and the library built, on the
+# first CPU call outside tracing).
 _cpu_on: bool | None = None
+_OFF = ("0", "false", "off", "no")
 
 
 def enable_triton(enabled: bool = True) -> None:
@@ -76,10 +86,11 @@ def enable_triton(enabled: bool = True) -> None:
 def enable_cpu_fast_path(enabled: bool = True) -> None:
     """Turn the fused CPU path on (compiling it now if it is not cached) or off.
 
-    The first call in a fresh cache compiles ``rope_cpu.c`` with the system C compiler
-    (``$CC``, default ``cc``; about a second); the library is cached (see
-    :func:`posenc.rotary.kernels.cpu.cache_dir`) and only loaded afterwards. The same
-    switch is ``POSENC_CPU_FAST_PATH=1`` in the environment.
+    It is on by default where it can be built (see :func:`cpu_fast_path_enabled`); this
+    switch overrides that for the rest of the process. The first build in a fresh cache
+    compiles ``rope_cpu.c`` with the system C compiler (``$CC``, default ``cc``; a second
+    or two); the library is cached (see :func:`posenc.rotary.kernels.cpu.cache_dir`) and
+    only loaded, after its owner, mode and hash are checked, afterwards.
 
     Args:
         enabled: ``True`` to use the fused loop for CPU tensors, ``False`` for the plain
@@ -97,19 +108,49 @@ def enable_cpu_fast_path(enabled: bool = True) -> None:
     _cpu_on = bool(enabled)
 
 
-def cpu_fast_path_enabled() -> bool:
-    """Whether CPU tensors go through the fused CPU path (see :func:`enable_cpu_fast_path`)."""
+def _tracing() -> bool:
+    """Under ``torch.compile`` / ``torch.export`` or ``torch.jit.trace``: launch through the
+    torch custom ops (which the trace records), never through a direct library call."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+@torch.compiler.assume_constant_result
+def _cpu_decided() -> bool:
+    """The one decision (see :func:`cpu_fast_path_enabled`). Traced code reads it as a
+    constant (computed outside the trace), so graphs never guard on the module's state and
+    a graph compiled before the first eager call does not recompile after it."""
     global _cpu_on
     if _cpu_on is None:
-        if torch.compiler.is_compiling():
-            return False  # never compile C while tracing; the plain path is the same function
+        setting = os.environ.get("POSENC_CPU_FAST_PATH", "").strip().lower()
         _cpu_on = False
-        if os.environ.get("POSENC_CPU_FAST_PATH", "0") not in ("", "0"):
-            try:
-                enable_cpu_fast_path(True)
-            except RuntimeError as err:
-                warnings.warn(f"{err}; using the plain torch path", RuntimeWarning, stacklevel=2)
+        if setting in _OFF:
+            return False
+        try:
+            enable_cpu_fast_path(True)
+        except RuntimeError as err:
+            if setting:  # asked for explicitly
+                warnings.warn(f"{err}; using the plain torch path", RuntimeWarning, stacklevel=3)
+            else:
+                logging.getLogger("posenc").warning(
+                    "%s; using the plain torch path (the same results, slower). "
+                    "POSENC_CPU_FAST_PATH=0 chooses it without this message.",
+                    err,
+                )
     return _cpu_on
+
+
+def cpu_fast_path_enabled() -> bool:
+    """Whether CPU tensors go through the fused CPU path (see :func:`enable_cpu_fast_path`).
+
+    Decided once per process, on the first call (under ``torch.compile`` too, outside the
+    trace, as a constant of the graph: compiled graphs keep the choice they were made with):
+    on unless
+    ``POSENC_CPU_FAST_PATH=0``, and only if the library builds and loads. If it cannot
+    (no C compiler, a failed build), the plain torch path is used and one line is logged
+    (logger ``"posenc"``, level WARNING); with ``POSENC_CPU_FAST_PATH=1`` that failure is a
+    :class:`RuntimeWarning` instead.
+    """
+    return _cpu_decided()
 
 
 def select_backend(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str:
@@ -166,11 +207,27 @@ def dispatch_rotary(
     inplace: bool = False,
     backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`fused_rotary` on already validated arguments: the one place every rotation
+    """:func:`fused_rotary` on already validated shapes: the one place every rotation
     goes through (:func:`posenc.apply_rotary` and the rotary modules call it, with
-    ``k=None`` to rotate one tensor). q and k of different dtypes or devices are rotated
-    one after the other."""
-    if k is not None and (k.dtype != q.dtype or k.device != q.device):
+    ``k=None`` to rotate one tensor). q and k of different dtypes are rotated one after
+    the other.
+
+    Checked on every path, from metadata only (no device sync): q, k, cos and sin on one
+    device (here), and in place, q and k each in memory of its own
+    (:func:`posenc.rotary.kernels.plain.check_inplace_memory`: here for the plain path,
+    by :func:`posenc.rotary.kernels.ops.check_launch` for the fused ones, which checks
+    everything a launcher reads before it touches a pointer). With ``backend="auto"``,
+    meta tensors take the plain path.
+
+    Raises:
+        PosEncError: a tensor on another device; in place on an expanded or overlapping
+            view, or with ``k`` sharing ``q``'s memory.
+    """
+    check_devices(q, k, cos, sin)
+    if inplace and k is not None and (k is q or k.dtype != q.dtype):
+        if k is q or not torch.compiler.is_compiling():  # no data pointers while tracing
+            check_inplace_memory([q, k])  # here, as q and k are rotated one by one below
+    if k is not None and k.dtype != q.dtype:
         q_out, _ = dispatch_rotary(
             q, None, cos, sin, layout=layout, seq_dim=seq_dim, inplace=inplace, backend=backend
         )
@@ -181,6 +238,8 @@ def dispatch_rotary(
     if backend == "auto":
         backend = select_backend(q, cos, sin)
     if backend == "torch":
+        if inplace and not torch.compiler.is_compiling():  # the fused launches check their own
+            check_inplace_memory([q] if k is None else [q, k])
 
         def plain(x: torch.Tensor) -> torch.Tensor:
             out = apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
@@ -191,7 +250,7 @@ def dispatch_rotary(
 
     interleaved = layout == "interleaved"
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k))
-    if not needs_grad and not torch.compiler.is_compiling():
+    if not needs_grad and not _tracing():  # traced code records the custom ops below
         return rotate_eager(
             q,
             k,
@@ -239,7 +298,10 @@ def fused_rotary(
         rotary_dim: ``r``; ``None`` means ``2 * cos.shape[-1]``. Channels ``r..d`` pass
             through (in place: are not touched).
         seq_dim: ``-2`` for ``[b, h, s, d]``, ``-3`` for ``[b, s, h, d]``.
-        inplace: write the result into q and k (inference only: not with autograd).
+        inplace: write the result into q and k (inference only: not with autograd). q
+            and k must each own their memory: not an ``expand()`` ed or otherwise
+            overlapping view, and ``k`` sharing none of ``q``'s (slices of one qkv buffer
+            are fine). Out of place, any views may share memory.
         backend: ``"auto"`` (see :func:`select_backend`), ``"triton"``, ``"cpu"`` or
             ``"torch"`` (the plain twin).
 
@@ -247,6 +309,11 @@ def fused_rotary(
         q ``[b, h_q, s, d]``, k ``[b, h_k, s, d]`` (or ``[b, s, h, d]``), cos/sin ``[s, r/2]``
         or ``[b, s, r/2]`` -> ``(q_out, k_out)`` shaped like q and k (``k_out`` is None
         when ``k`` is None).
+
+    Raises:
+        PosEncError: bad shapes, dtypes or options; q, k, cos and sin not on one device;
+            in place on overlapping memory (see ``inplace``); meta tensors with
+            ``backend="cpu"`` or ``"triton"`` (``"auto"`` rotates them on the plain path).
 
     Examples:
         >>> import torch, posenc
@@ -279,14 +346,11 @@ def fused_rotary(
                 f"k must have q's batch size, sequence length and head dim "
                 f"(q has shape {tuple(q.shape)}), got shape {tuple(k.shape)}"
             )
-        if k.dtype != q.dtype or k.device != q.device:
-            raise PosEncError(
-                f"k must have q's dtype and device ({q.dtype}, {q.device}), "
-                f"got {k.dtype}, {k.device}"
-            )
-    check_cos_sin(q, cos, sin, seq_dim)
-    if cos.device != q.device or sin.device != q.device:
-        raise PosEncError(f"cos and sin must be on q's device {q.device}, got {cos.device}")
+        if k.dtype != q.dtype:
+            raise PosEncError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
+        if k.device != q.device:
+            raise PosEncError(f"k must be on q's device {q.device}, got {k.device}")
+    check_cos_sin(q, cos, sin, seq_dim, name="q")
     half = cos.shape[-1]
     if rotary_dim is not None:
         rotary_dim = check_int("rotary_dim", rotary_dim, min=2)
