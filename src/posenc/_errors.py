@@ -24,6 +24,8 @@ __all__ = [
     "check_last_dim",
     "check_positions",
     "check_tensor",
+    "check_traced",
+    "tracing",
 ]
 
 
@@ -31,8 +33,42 @@ class PosEncError(ValueError):
     """Bad input to a posenc function: names the parameter, the rule and the value."""
 
 
+def tracing() -> bool:
+    """Whether this code is being traced by ``torch.compile`` or ``torch.export``: then
+    sizes may be symbolic and tensor values unknown, so checks take the forms below."""
+    return torch.compiler.is_compiling()
+
+
+def check_traced(cond: torch.Tensor, message: str) -> None:
+    """A data-dependent check in traced code: a runtime assertion in the graph that raises
+    ``RuntimeError(message)`` when ``cond`` holds a False (no graph break, no host sync at
+    trace time; on CUDA a device-side assertion). Eager code raises ``PosEncError`` instead."""
+    torch._assert_async(cond.all(), message)
+
+
+def _symbolic_int(value: Any) -> bool:
+    """Whether ``value`` is a size being traced: a ``torch.SymInt`` (``torch.export``), or
+    any ``int`` under ``torch.compile`` (Dynamo shows a SymInt as an ``int``; ``int()`` of
+    it would specialize the graph to one length)."""
+    if isinstance(value, torch.SymInt):
+        return True
+    return tracing() and isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_int(name: str, value: Any, *, min: int | None = None, max: int | None = None) -> int:
-    """Return ``value`` as an ``int`` if it is an integer within ``[min, max]``."""
+    """Return ``value`` as an ``int`` if it is an integer within ``[min, max]``.
+
+    A symbolic size (``torch.SymInt``, under ``torch.compile`` or ``torch.export``) is
+    returned as it is, its bounds checked with ``torch._check`` (a guard or a runtime
+    assertion, never a graph break)."""
+    if _symbolic_int(value):
+        if min is not None:
+            low = f"{name} must be >= {min}"
+            torch._check(value >= min, lambda: low)
+        if max is not None:
+            high = f"{name} must be <= {max}"
+            torch._check(value <= max, lambda: high)
+        return value
     if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
         raise PosEncError(f"{name} must be an integer, got {value!r}")
     value = int(value)
@@ -55,7 +91,7 @@ def check_float(
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PosEncError(f"{name} must be a number, got {value!r}")
     value = float(value)
-    if not math.isfinite(value):
+    if not -math.inf < value < math.inf:  # math.isfinite, in a form Dynamo traces
         raise PosEncError(f"{name} must be finite, got {value}")
     if min is not None:
         if min_exclusive and value <= min:
@@ -104,8 +140,13 @@ def check_finite(name: str, value: torch.Tensor) -> None:
     """Raise if a floating tensor holds NaN or +-inf.
 
     This needs one host synchronisation on CUDA; callers use it for
-    user-provided positions only, never for activations.
+    user-provided positions only, never for activations. Under ``torch.compile`` /
+    ``torch.export`` it is a runtime assertion in the graph (:func:`check_traced`).
     """
+    if tracing():
+        if value.is_floating_point():
+            check_traced(torch.isfinite(value), f"{name} must be finite, got NaN or inf")
+        return
     if value.is_floating_point() and value.numel() and not bool(torch.isfinite(value).all()):
         raise PosEncError(f"{name} must be finite, got a tensor containing NaN or inf")
 

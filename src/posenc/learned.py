@@ -34,6 +34,8 @@ from posenc._errors import (
     check_float,
     check_int,
     check_tensor,
+    check_traced,
+    tracing,
 )
 
 __all__ = ["MODES_1D", "MODES_2D", "LearnedEmbedding", "resample_table"]
@@ -300,7 +302,15 @@ class LearnedEmbedding(AdditiveEncoding):
             raise PosEncError(
                 f"positions must be an integer or floating tensor, got {positions.dtype}"
             )
-        if positions.numel():
+        if tracing():  # torch.compile / export: the same rules as assertions in the graph
+            in_range = (positions >= 0) & (positions < self.max_len)
+            if positions.is_floating_point():
+                in_range = in_range & (positions == torch.round(positions))
+            check_traced(
+                in_range,
+                f"positions must be integers in [0, max_len) with max_len={self.max_len}",
+            )
+        elif positions.numel():
             # min, max and "any fractional" come to the host together: one synchronisation
             stats = [positions.min(), positions.max()]
             if positions.is_floating_point():

@@ -21,7 +21,14 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._errors import PosEncError, check_int, check_positions, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_int,
+    check_positions,
+    check_tensor,
+    check_traced,
+    tracing,
+)
 
 __all__ = [
     "arange",
@@ -124,8 +131,12 @@ def from_attention_mask(mask: torch.Tensor) -> torch.Tensor:
     check_tensor("mask", mask)
     if mask.ndim != 2:
         raise PosEncError(f"mask must be [b, s], got shape {tuple(mask.shape)}")
-    if mask.dtype != torch.bool and not bool(((mask == 0) | (mask == 1)).all()):
-        raise PosEncError("mask must hold only 0 and 1 (or booleans)")
+    if mask.dtype != torch.bool:
+        binary = (mask == 0) | (mask == 1)
+        if tracing():  # torch.compile / export: the rule as a graph assertion
+            check_traced(binary, "mask must hold only 0 and 1 (or booleans)")
+        elif not bool(binary.all()):
+            raise PosEncError("mask must hold only 0 and 1 (or booleans)")
     m = mask.to(torch.long)
     return ((torch.cumsum(m, dim=-1) - 1) * m).clamp_min(0)
 

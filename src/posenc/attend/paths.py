@@ -64,7 +64,7 @@ def eager(q, k, v, *, prep, keep, causal, scale, dropout_p):
 def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask):
     """SDPA: is_causal / a bool mask without a bias, one merged float mask with one."""
     q_len, k_len = q.shape[2], k.shape[2]
-    gqa = q.shape[1] != k.shape[1]
+    gqa = True if q.shape[1] != k.shape[1] else False  # a Python bool under torch.compile
     if prep is None and keep is None and (not causal or q_len == k_len):
         # No bias and at most plain causal self-attention: SDPA's fused kernels.
         return F.scaled_dot_product_attention(

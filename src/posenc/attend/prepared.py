@@ -130,7 +130,8 @@ class PreparedEncoding:
         self.encoding = encoding
         self.q_positions, self.k_positions = q_positions, k_positions
         seq = -1 if coords is None else -2
-        self.q_len, self.k_len = int(q_positions.shape[seq]), int(k_positions.shape[seq])
+        # sizes as they are: int() of a symbolic one (torch.export) would fix the length
+        self.q_len, self.k_len = q_positions.shape[seq], k_positions.shape[seq]
         self._rotations: dict[tuple[torch.dtype, torch.device], Any] = {}
         self._bias: torch.Tensor | None = None
         self._score_mod: Callable[..., torch.Tensor] | None = None

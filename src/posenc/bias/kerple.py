@@ -17,7 +17,14 @@ import torch
 from torch import nn
 
 from posenc._base import BiasEncoding
-from posenc._errors import PosEncError, check_float, check_int, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_float,
+    check_int,
+    check_tensor,
+    check_traced,
+    tracing,
+)
 from posenc.bias._common import (
     canonical,
     check_pair,
@@ -68,7 +75,10 @@ def kerple_bias(
         raise PosEncError(
             f"r1 and r2 must have the same shape [h], got {tuple(r1.shape)} and {tuple(r2.shape)}"
         )
-    if not bool(((r1 > 0) & (r2 > 0) & torch.isfinite(r1) & torch.isfinite(r2)).all()):
+    valid = (r1 > 0) & (r2 > 0) & torch.isfinite(r1) & torch.isfinite(r2)
+    if tracing():  # torch.compile / export: the rule as a graph assertion
+        check_traced(valid, "r1 and r2 must be finite and > 0")
+    elif not bool(valid.all()):
         raise PosEncError("r1 and r2 must be finite and > 0, got a tensor with values <= 0 or NaN")
     return _kerple_pairs(qpos, kpos, r1, r2)
 

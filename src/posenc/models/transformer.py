@@ -21,7 +21,15 @@ from torch import nn
 
 from posenc import registry
 from posenc._base import BiasEncoding, Encoding, RotaryEncoding
-from posenc._errors import PosEncError, check_float, check_int, check_positions, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_float,
+    check_int,
+    check_positions,
+    check_tensor,
+    check_traced,
+    tracing,
+)
 from posenc.attend import PreparedEncoding, attention
 
 __all__ = ["KVCache", "TinyTransformer"]
@@ -273,6 +281,10 @@ class TinyTransformer(nn.Module):
             raise PosEncError(
                 f"tokens must hold at least one token per row, got {tuple(tokens.shape)}"
             )
+        if tracing():  # torch.compile / export: the vocabulary range as a graph assertion
+            in_range = (tokens >= 0) & (tokens < self.vocab_size)
+            check_traced(in_range, f"tokens must lie in [0, vocab_size={self.vocab_size})")
+            return tokens
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.vocab_size:
             raise PosEncError(
@@ -290,7 +302,13 @@ class TinyTransformer(nn.Module):
                 f"attn_mask must be [b, s] = [{b}, {s}] (True or 1 = real token), got shape "
                 f"{tuple(attn_mask.shape)}"
             )
-        if attn_mask.dtype != torch.bool:
+        if attn_mask.dtype != torch.bool and tracing():
+            if attn_mask.is_floating_point():
+                raise PosEncError("attn_mask must be bool or hold only integers 0 and 1")
+            binary = (attn_mask == 0) | (attn_mask == 1)
+            check_traced(binary, "attn_mask must be bool or hold only integers 0 and 1")
+            attn_mask = attn_mask == 1
+        elif attn_mask.dtype != torch.bool:
             if attn_mask.is_floating_point() or not bool(
                 ((attn_mask == 0) | (attn_mask == 1)).all()
             ):

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import torch
 
-from posenc._errors import PosEncError
+from posenc._errors import PosEncError, tracing
 from posenc.rotary.scalings._registry import (
     FrequenciesAt,
     ScalingParams,
@@ -75,9 +75,28 @@ class DynamicScaling(ScalingParams):
         self, largest: torch.Tensor, frequencies: FrequenciesAt, scale: float
     ) -> tuple[torch.Tensor, float]:
         """Those of ``seq_len = max(largest + 1, max_position)`` (below ``max_position``:
-        the unscaled ones). The value must come to the host: one synchronisation per call."""
+        the unscaled ones). The value must come to the host: one synchronisation per call.
+
+        Traced (``torch.compile``, ``torch.export``, ``torch.jit.trace``), where the value is
+        not known, the same frequencies are computed on the device from ``largest``
+        (:meth:`traced_frequencies`), so the graph holds at every length."""
+        if tracing() or torch.jit.is_tracing():
+            return self.traced_frequencies(largest, frequencies(None)), scale
         seq_len = max(float(largest.item()) + 1.0, float(self.max_position))
         return frequencies(seq_len), scale
+
+    def traced_frequencies(self, largest: torch.Tensor, unscaled: torch.Tensor) -> torch.Tensor:
+        """The frequencies for the largest position ``largest`` (a float64 device scalar) as
+        tensor operations, from the unscaled ones ``base^(-e)`` (``e = 2i / dim``):
+        ``(base * r^x)^(-e) = base^(-e) * r^(-x e)`` with
+        ``r = factor * seq_len / max_position - (factor - 1)`` and ``x = dim / (dim - 2)``;
+        equal to the host formula up to float64 rounding. Shape: ``[dim / 2]``."""
+        dim = 2 * unscaled.shape[-1]
+        e = torch.arange(0, dim, 2, dtype=torch.float64, device=unscaled.device) / dim
+        seq_len = torch.clamp(largest + 1.0, min=float(self.max_position))
+        ratio = self.factor * seq_len / self.max_position - (self.factor - 1.0)
+        scaled = unscaled * ratio ** (-e * _ntk_exponent(self.type, dim))
+        return torch.where(seq_len > self.max_position, scaled, unscaled)
 
 
 @register(DynamicScaling)
