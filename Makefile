@@ -31,6 +31,7 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rope.py
 	$(BIN)/python benchmarks/attention_bias.py
+	$(BIN)/python benchmarks/rope_decode.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
