@@ -327,3 +327,44 @@ def test_no_warnings_on_the_fast_path(cpu_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_cpu_rounds_ties_to_even(dtype):
     check_rounding_ties("cpu", dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("half", [8, 24, 37])
+def test_cpu_special_values_match_plain_bit_for_bit(cpu_path, layout, dtype, half):
+    """NaN, infinities, signed zeros, subnormals and values whose products overflow give
+    the plain path's bits exactly, in the vector steps and the scalar tail alike (NaN
+    where it has NaN: torch itself writes different NaN payloads in its vector and scalar
+    conversions)."""
+    info = torch.finfo(dtype)
+    specials = torch.tensor(
+        [
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            0.0,
+            -0.0,
+            info.tiny / 4,
+            -info.tiny / 2,
+            info.max,
+            -info.max,
+            info.max / 2,
+            1.0,
+            -3.5,
+        ],
+        dtype=torch.float64,
+    )
+    gen = torch.Generator().manual_seed(half)
+    d = 2 * half + 2  # two pass-through channels
+    index = torch.randint(0, specials.numel(), (2, 3, 5, d), generator=gen)
+    x = specials[index].to(dtype)  # [b, h, s, d]
+    angles = torch.rand(5, half, generator=gen, dtype=torch.float64) * 6.3
+    cos, sin = angles.cos().float(), angles.sin().float()
+    cos[0, 0], sin[1, 1] = 1.0, float("inf")  # an infinite sin makes NaN from zero inputs
+    expected = apply_rotary_torch(x, cos, sin, layout=layout)
+    out, _ = fused_rotary(x, None, cos, sin, layout=layout, backend="cpu")
+    bits = torch.int16 if dtype != torch.float32 else torch.int32
+    nan = expected.isnan()
+    assert nan.any() and torch.equal(out.isnan(), nan)
+    assert torch.equal(out.view(bits)[~nan], expected.view(bits)[~nan])

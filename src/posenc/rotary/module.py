@@ -3,8 +3,10 @@
 The module holds no tensor state: its float64 frequencies are a plain attribute (with a
 small per-device copy cache), not a buffer, so ``state_dict()`` is empty, construction
 on the meta device works, and ``module.to(torch.bfloat16)`` cannot lower their precision.
-cos/sin are computed from the positions of each call (float64 angles, reduced before
-rounding), so there is no table to grow or go stale.
+cos/sin are functions of the positions of each call (float64 angles, reduced before
+rounding); integer positions on the CPU gather them from a table of exactly those numbers
+(:mod:`posenc.rotary.cache`), which grows with the positions and never goes stale (the
+frequencies are read-only).
 
 Shapes: ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (``seq_dim=-2``), or
 ``[b, s, h, d]`` with ``seq_dim=-3``; positions ``[s]`` or ``[b, s]`` (M-RoPE and axial:
@@ -32,6 +34,7 @@ from posenc._errors import (
     tracing,
 )
 from posenc.rotary.apply import _cos_sin, check_sections
+from posenc.rotary.cache import CosSinTable
 from posenc.rotary.frequencies import Scaling, parse_scaling, rope_frequencies
 from posenc.rotary.kernels import dispatch_rotary
 from posenc.rotary.kernels.plain import check_cos_sin
@@ -182,6 +185,8 @@ class RotaryEmbedding(RotaryEncoding):
         self._inv_freq64 = inv_freq  # a plain attribute: .to(dtype) never casts it
         self._attention_scale = scale
         self._device_cache: dict[Any, torch.Tensor] = {}
+        fixed = self._scaling is None or not self._scaling.position_dependent
+        self._table = CosSinTable(inv_freq, scale) if fixed and self._sections is None else None
         self._set_config(
             head_dim=self._head_dim,
             base=self._base,
@@ -230,6 +235,14 @@ class RotaryEmbedding(RotaryEncoding):
     @property
     def attention_scale(self) -> float:
         return self._attention_scale
+
+    @property
+    def cos_sin_table(self) -> CosSinTable | None:
+        """The cos/sin table of integer positions on the CPU (see
+        :mod:`posenc.rotary.cache`), or ``None`` where cos/sin are always computed
+        (position-dependent scalings, sections). ``rope.cos_sin_table.max_bytes = 0``
+        turns it off."""
+        return self._table
 
     # --- frequencies --------------------------------------------------------------------------
 
@@ -342,6 +355,9 @@ class RotaryEmbedding(RotaryEncoding):
         Shape: ``[*P]`` (with sections ``[*P, n_axes]``) -> ``[*P, rotary_dim / 2]`` each.
         """
         check_positions("positions", positions, ndims=None)
+        hit = None if self._table is None else self._table.lookup(positions, dtype)
+        if hit is not None:
+            return hit
         inv_freq, scale = self._call_frequencies([positions], positions.device)
         return _cos_sin(positions, inv_freq, scale, self._sections, dtype)
 
@@ -429,6 +445,12 @@ class RotaryEmbedding(RotaryEncoding):
         """:meth:`rotation` of resolved positions (``k_positions is q_positions`` when the
         queries and keys are the same tokens: then ``cos_k is cos_q``)."""
         shared = q_positions is k_positions
+        table = self._table
+        if table is not None:  # integer CPU positions: gathered from the table
+            hit_q = table.lookup(q_positions, dtype)
+            hit_k = hit_q if shared or hit_q is None else table.lookup(k_positions, dtype)
+            if hit_q is not None and hit_k is not None:
+                return Rotation(hit_q[0], hit_q[1], hit_k[0], hit_k[1])
         inv_freq, scale = self._call_frequencies(
             [q_positions] if shared else [q_positions, k_positions], q_positions.device
         )

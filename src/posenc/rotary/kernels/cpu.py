@@ -28,6 +28,7 @@ torch twin, so the two paths agree bit for bit.
 
 from __future__ import annotations
 
+import array
 import atexit
 import contextlib
 import ctypes
@@ -279,6 +280,8 @@ def _cpu_identity() -> str:
 
 def _library() -> ctypes.CDLL:
     global _lib
+    if _lib is not None:
+        return _lib
     with _lock:
         if _lib is None:
             path = build()
@@ -286,21 +289,8 @@ def _library() -> ctypes.CDLL:
                 lib = ctypes.CDLL(str(path))
             except OSError as err:
                 raise RuntimeError(f"posenc's CPU fast path could not be loaded: {err}") from err
-            lib.posenc_rope.restype = ctypes.c_int
-            lib.posenc_rope.argtypes = [
-                ctypes.c_int,  # dtype
-                ctypes.c_int,  # interleaved
-                ctypes.c_int,  # sign
-                ctypes.c_int,  # inplace
-                ctypes.c_int,  # ntensors
-                ctypes.POINTER(ctypes.c_int64),  # meta
-                ctypes.POINTER(ctypes.c_void_p),  # x pointers
-                ctypes.POINTER(ctypes.c_void_p),  # y pointers
-                ctypes.c_void_p,  # cos
-                ctypes.c_void_p,  # sin
-                ctypes.c_int64,  # r/2
-                ctypes.c_int,  # threads
-            ]
+            lib.posenc_rope_packed.restype = ctypes.c_int
+            lib.posenc_rope_packed.argtypes = [ctypes.c_void_p]  # the packed int64 arguments
             _lib = lib
         return _lib
 
@@ -324,46 +314,86 @@ def _meta(
     return [v for dim in dims for v in dim] + [sd, yd, d]
 
 
+def _bshd(shape: tuple[int, ...], strides: tuple[int, ...], seq_dim: int):
+    """Sizes and strides in (b, s, h, d) order (``[b, h, s, d]`` when ``seq_dim == -2``)."""
+    if seq_dim == -2:
+        return (shape[0], shape[2], shape[1], shape[3]), (
+            strides[0],
+            strides[2],
+            strides[1],
+            strides[3],
+        )
+    return tuple(shape), tuple(strides)
+
+
+# Argument templates per call shape (see posenc_rope_packed in rope_cpu.c): the pointers
+# are written into a copy per call, so concurrent calls never share one.
+_PLANS: dict[tuple, array.array] = {}
+_PLANS_MAX = 256
+_POINTERS = 7  # first pointer slot
+
+
+def _plan(key: tuple) -> array.array:
+    dtype, seq_dim, interleaved, conjugate, inplace, cos_strides, r2, threads, tensors = key
+    meta: list[int] = []
+    for shape, strides, y_strides in tensors:
+        x = _bshd(shape, strides, seq_dim)
+        meta += _meta(x, _bshd(shape, y_strides, seq_dim)[1], cos_strides)
+    header = [_DTYPES[dtype], int(interleaved), -1 if conjugate else 1, int(inplace)]
+    plan = array.array("q", [*header, len(tensors), r2, threads, 0, 0, 0, 0, 0, 0, *meta])
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
 def launch_cpu(
-    xs: list[tuple[tuple[int, ...], tuple[int, ...]]],
     x_tensors: list[torch.Tensor],
-    y_strides: list[tuple[int, ...]],
     y_tensors: list[torch.Tensor],
     cos: torch.Tensor,
     sin: torch.Tensor,
     cos_strides: tuple[int, int],
     *,
+    seq_dim: int,
     interleaved: bool,
     conjugate: bool,
     inplace: bool,
 ) -> None:
-    """Rotate ``x_tensors`` into ``y_tensors`` (the same tensors when ``inplace``).
+    """Rotate ``x_tensors`` (q, and k if given) into ``y_tensors`` (the same tensors when
+    ``inplace``), checked beforehand by :func:`posenc.rotary.kernels.ops.check_launch`.
 
-    ``xs`` are the ``(B, S, H, D)`` sizes and strides of each x, ``y_strides`` those of
-    each y (element strides in b, s, h, d order); cos/sin are ``[.., S, R/2]`` with
-    contiguous last dimension, in the compute dtype, and ``cos_strides`` their (b, s)
-    strides.
+    Tensors are ``[b, h, s, d]`` (``seq_dim=-2``) or ``[b, s, h, d]`` (``-3``) with any
+    strides; cos/sin are ``[.., S, R/2]`` with a contiguous last dimension, in the compute
+    dtype, with (b, s) element strides ``cos_strides``. The numbers the C loop reads are
+    built once per shape and strides (a template), so a call costs a dictionary lookup,
+    six pointers and one foreign call.
     """
     lib = _library()
-    meta: list[int] = []
-    for x, ys in zip(xs, y_strides):
-        meta += _meta(x, ys, cos_strides)
-    n = len(x_tensors)
-    elements = sum(t.numel() for t in x_tensors)
+    q = x_tensors[0]
+    elements = q.numel() + (x_tensors[1].numel() if len(x_tensors) == 2 else 0)
     threads = torch.get_num_threads() if elements >= _PARALLEL_MIN_ELEMENTS else 1
-    rc = lib.posenc_rope(
-        _DTYPES[x_tensors[0].dtype],
-        int(interleaved),
-        -1 if conjugate else 1,
-        int(inplace),
-        n,
-        (ctypes.c_int64 * len(meta))(*meta),
-        (ctypes.c_void_p * n)(*[t.data_ptr() for t in x_tensors]),
-        (ctypes.c_void_p * n)(*[t.data_ptr() for t in y_tensors]),
-        cos.data_ptr(),
-        sin.data_ptr(),
+    key = (
+        q.dtype,
+        seq_dim,
+        interleaved,
+        conjugate,
+        inplace,
+        cos_strides,
         cos.shape[-1],
         threads,
+        tuple((x.shape, x.stride(), y.stride()) for x, y in zip(x_tensors, y_tensors)),
     )
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(key)
+    args = array.array("q", plan)
+    args[_POINTERS] = q.data_ptr()
+    args[_POINTERS + 2] = y_tensors[0].data_ptr()
+    if len(x_tensors) == 2:
+        args[_POINTERS + 1] = x_tensors[1].data_ptr()
+        args[_POINTERS + 3] = y_tensors[1].data_ptr()
+    args[_POINTERS + 4] = cos.data_ptr()
+    args[_POINTERS + 5] = sin.data_ptr()
+    rc = lib.posenc_rope_packed(args.buffer_info()[0])
     if rc != 0:  # pragma: no cover - the dtype table above and the C switch agree
         raise RuntimeError(f"posenc's CPU rotary kernel failed with code {rc}")

@@ -48,15 +48,21 @@ def bshd(x: torch.Tensor, seq_dim: int) -> tuple[tuple[int, ...], tuple[int, ...
     return (b, n1, n2, d), (sb, s1, s2, sd)
 
 
-def _table(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, tuple[int, int]]:
-    """cos or sin ``[s, r/2]`` / ``[b|1, s, r/2]`` in the compute dtype with a contiguous
-    last dimension, and its (b, s) element strides (b stride 0 when broadcast)."""
-    t = t.to(dtype)
-    if t.stride(-1) != 1:
-        t = t.contiguous()
-    if t.ndim == 2:
-        return t, (0, t.stride(0))
-    return t, (0 if t.shape[0] == 1 else t.stride(0), t.stride(1))
+def _tables(
+    cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """cos and sin ``[s, r/2]`` / ``[b|1, s, r/2]`` in the compute dtype with a contiguous
+    last dimension and one set of strides, and their (b, s) element strides (b stride 0
+    when broadcast). Tensors that already are so pass untouched."""
+    if cos.dtype != dtype or sin.dtype != dtype:
+        cos, sin = cos.to(dtype), sin.to(dtype)
+    strides = cos.stride()
+    if strides[-1] != 1 or sin.stride() != strides:
+        cos, sin = cos.contiguous(), sin.contiguous()
+        strides = cos.stride()
+    if len(strides) == 2:
+        return cos, sin, (0, strides[0])
+    return cos, sin, (0 if cos.shape[0] == 1 else strides[0], strides[1])
 
 
 def _empty_like(x: torch.Tensor) -> torch.Tensor:
@@ -168,21 +174,28 @@ def _launch(
     else:
         ys = [_empty_like(x) for x in xs]
     compute = _COMPUTE.get(xs[0].dtype, torch.float32)
-    cos, cs = _table(cos, compute)
-    sin, ss = _table(sin, compute)
-    if ss != cs:  # one set of strides for both tables
-        cos, cs = _table(cos.contiguous(), compute)
-        sin, ss = _table(sin.contiguous(), compute)
-    views = [bshd(x, seq_dim) for x in xs]
-    y_strides = [bshd(y, seq_dim)[1] for y in ys]
+    cos, sin, cs = _tables(cos, sin, compute)
     if backend == "cpu":
-        from posenc.rotary.kernels.cpu import launch_cpu as launch
-    else:
-        from posenc.rotary.kernels.triton_rope import launch_triton as launch
-    launch(
-        views,
+        from posenc.rotary.kernels import cpu
+
+        cpu.launch_cpu(
+            xs,
+            ys,
+            cos,
+            sin,
+            cs,
+            seq_dim=seq_dim,
+            interleaved=interleaved,
+            conjugate=conjugate,
+            inplace=inplace,
+        )
+        return ys
+    from posenc.rotary.kernels.triton_rope import launch_triton
+
+    launch_triton(
+        [bshd(x, seq_dim) for x in xs],
         xs,
-        y_strides,
+        [bshd(y, seq_dim)[1] for y in ys],
         ys,
         cos,
         sin,

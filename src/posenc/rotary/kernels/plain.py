@@ -158,7 +158,21 @@ def apply_rotary_torch(
     """Plain torch rotation (no validation): the reference the fast paths are tested against.
 
     ``x: [b, h, s, d]`` or ``[b, s, h, d]``; ``cos, sin: [s, r/2]`` or ``[b, s, r/2]``.
+
+    Large CPU tensors outside autograd and tracing are rotated slab by slab through
+    reused float32 buffers (:func:`_rotate_in_slabs`): the same operations on the same
+    numbers, with the temporaries in cache instead of six tensors of x's size.
     """
+    if (
+        x.is_cpu
+        and x.numel() >= _SLAB_MIN_ELEMENTS
+        and not (
+            torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
+        )
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+    ):
+        return _rotate_in_slabs(x, cos, sin, layout=layout, seq_dim=seq_dim)
     half = cos.shape[-1]
     rotary_dim = 2 * half
     compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
@@ -182,4 +196,52 @@ def apply_rotary_torch(
     out = out.to(x.dtype)  # the one rounding to x's dtype
     if rotary_dim < x.shape[-1]:
         out = torch.cat([out, x[..., rotary_dim:]], dim=-1)
+    return out
+
+
+# Elements of x per slab (its float32 temporaries: 1 MiB each), and the size from which
+# slabs pay for their extra calls.
+_SLAB_ELEMENTS = 1 << 18
+_SLAB_MIN_ELEMENTS = 1 << 17
+
+
+def _rotate_in_slabs(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str, seq_dim: int
+) -> torch.Tensor:
+    """:func:`apply_rotary_torch` without autograd: x is cut along its two outer dimensions
+    into slabs of about ``_SLAB_ELEMENTS``; each slab's products go into two float32 buffers
+    reused for every slab, and its results are rounded straight into the output."""
+    half = cos.shape[-1]
+    rotary_dim = 2 * half
+    compute = torch.promote_types(x.dtype, torch.float32)
+    if cos.ndim == 2:
+        cos, sin = cos[None], sin[None]  # [1, s, r/2]
+    head_axis = 1 if seq_dim == -2 else 2
+    c = cos.unsqueeze(head_axis).to(compute)  # [b|1, 1, s, r/2] or [b|1, s, 1, r/2]
+    s = sin.unsqueeze(head_axis).to(compute)
+    out = torch.empty_like(x)
+    if rotary_dim < x.shape[-1]:
+        out[..., rotary_dim:] = x[..., rotary_dim:]
+    b, n1, n2, _ = x.shape
+    step = max(1, min(n1, _SLAB_ELEMENTS // max(1, n2 * half)))  # of dim 1 per slab
+    buf_a = torch.empty((step, n2, half), dtype=compute)
+    buf_b = torch.empty_like(buf_a)
+    for i in range(b):
+        ci, si = c[i if c.shape[0] > 1 else 0], s[i if s.shape[0] > 1 else 0]
+        for j in range(0, n1, step):
+            m = min(step, n1 - j)
+            xs, ys = x[i, j : j + m, :, :rotary_dim], out[i, j : j + m, :, :rotary_dim]
+            cj = ci if ci.shape[0] == 1 else ci[j : j + m]  # over heads, or a run of tokens
+            sj = si if si.shape[0] == 1 else si[j : j + m]
+            if layout == "half":
+                x1, x2, y1, y2 = xs[..., :half], xs[..., half:], ys[..., :half], ys[..., half:]
+            else:
+                x1, x2, y1, y2 = xs[..., 0::2], xs[..., 1::2], ys[..., 0::2], ys[..., 1::2]
+            a, t = buf_a[:m], buf_b[:m]
+            torch.mul(x1, cj, out=a)
+            torch.mul(x2, sj, out=t)
+            y1.copy_(a.sub_(t))  # x1 c - x2 s, rounded once to x's dtype
+            torch.mul(x2, cj, out=a)
+            torch.mul(x1, sj, out=t)
+            y2.copy_(a.add_(t))  # x2 c + x1 s
     return out

@@ -202,6 +202,104 @@ DEFINE_ROTATE(double)
 DEFINE_ROWS(f32, float)
 DEFINE_ROWS(f64, double)
 
+/* bf16 / fp16 rows in the half layout: one pass, loaded, rotated and rounded WIDE pairs
+ * at a time (16 with AVX-512, 8 with AVX2; the same float32 products and roundings as the
+ * scalar tail). x may be y (in place): each step reads its elements before it writes
+ * them, and no two steps touch the same ones. */
+#if defined(__AVX512F__)
+#define WIDE 16
+typedef __m512 vf;
+typedef __m512i vi;
+#define V_LOADF(p) _mm512_loadu_ps(p)
+#define V_SET1(v) _mm512_set1_ps(v)
+#define V_MUL(a, b) _mm512_mul_ps(a, b)
+#define V_ADD(a, b) _mm512_add_ps(a, b)
+#define V_SUB(a, b) _mm512_sub_ps(a, b)
+static inline vf bf16v_load(const uint16_t *p) {
+    vi w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+static inline void bf16v_store(uint16_t *p, vf v) {
+    const vi u = _mm512_castps_si512(v), high = _mm512_srli_epi32(u, 16);
+    const vi rounded = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                         _mm512_and_si512(high, _mm512_set1_epi32(1))),
+        16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+        _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const vi r =
+        _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(r));
+}
+static inline vf f16v_load(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline void f16v_store(uint16_t *p, vf v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+#define WIDE 8
+typedef __m256 vf;
+typedef __m256i vi;
+#define V_LOADF(p) _mm256_loadu_ps(p)
+#define V_SET1(v) _mm256_set1_ps(v)
+#define V_MUL(a, b) _mm256_mul_ps(a, b)
+#define V_ADD(a, b) _mm256_add_ps(a, b)
+#define V_SUB(a, b) _mm256_sub_ps(a, b)
+static inline vf bf16v_load(const uint16_t *p) {
+    vi w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+static inline void bf16v_store(uint16_t *p, vf v) {
+    const vi u = _mm256_castps_si256(v), high = _mm256_srli_epi32(u, 16);
+    const vi rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(high, _mm256_set1_epi32(1))),
+        16);
+    const vi nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                      _mm256_set1_epi32(0x7f800000));
+    const vi r = _mm256_blendv_epi8(rounded, _mm256_or_si256(high, _mm256_set1_epi32(0x40)), nan);
+    _mm_storeu_si128((__m128i *)p,
+                     _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1)));
+}
+static inline vf f16v_load(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline void f16v_store(uint16_t *p, vf v) {
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+}
+#else
+#define WIDE 0
+#endif
+
+#if WIDE
+#define WIDE_STEPS(SUF)                                                                       \
+    const vf vsg = V_SET1(sg);                                                                \
+    for (; f + WIDE <= r2; f += WIDE) {                                                       \
+        vf a = SUF##v_load(x + f), b = SUF##v_load(x + f + r2);                               \
+        vf cf = V_LOADF(c + f), sf = V_MUL(vsg, V_LOADF(s + f));                              \
+        SUF##v_store(y + f, V_SUB(V_MUL(a, cf), V_MUL(b, sf)));                               \
+        SUF##v_store(y + f + r2, V_ADD(V_MUL(b, cf), V_MUL(a, sf)));                          \
+    }
+#else
+#define WIDE_STEPS(SUF)
+#endif
+
+#define DEFINE_HALF16(SUF)                                                                    \
+    static void half16_##SUF(const uint16_t *x, uint16_t *y, const float *restrict c,        \
+                             const float *restrict s, int64_t r2, float sg) {                 \
+        int64_t f = 0;                                                                        \
+        WIDE_STEPS(SUF)                                                                       \
+        for (; f < r2; ++f) {                                                                 \
+            float a = SUF##_load(x[f]), b = SUF##_load(x[f + r2]), cf = c[f], sf = sg * s[f]; \
+            float o1 = a * cf - b * sf, o2 = b * cf + a * sf;                                 \
+            y[f] = SUF##_store(o1);                                                           \
+            y[f + r2] = SUF##_store(o2);                                                      \
+        }                                                                                     \
+    }
+DEFINE_HALF16(bf16)
+DEFINE_HALF16(f16)
+
 /* bf16 / fp16 rows: converted span by span into float buffers (vectorized), rotated in
  * float32, rounded back. Each chunk is read before it is written (x == y is fine). */
 #define DEFINE_ROWS16(SUF)                                                                    \
@@ -209,6 +307,10 @@ DEFINE_ROWS(f64, double)
                                  const float *s, int64_t r2, float sg, int interleaved,       \
                                  int inplace) {                                               \
         (void)inplace;                                                                        \
+        if (!interleaved) {                                                                   \
+            half16_##SUF(x, y, c, s, r2, sg);                                                 \
+            return;                                                                           \
+        }                                                                                     \
         float a[CHUNK], b[CHUNK], o1[CHUNK], o2[CHUNK], t[2 * CHUNK];                         \
         for (int64_t f0 = 0; f0 < r2; f0 += CHUNK) {                                          \
             int64_t n = r2 - f0 < CHUNK ? r2 - f0 : CHUNK;                                    \
@@ -338,4 +440,18 @@ int posenc_rope(int dtype, int interleaved, int sign, int inplace, int ntensors,
         }
     }
     return 0;
+}
+
+/* posenc_rope with its arguments packed in one int64 array (one ctypes argument instead
+ * of twelve, and a template the caller reuses across calls of one shape):
+ *   p[0] dtype, p[1] interleaved, p[2] sign, p[3] inplace, p[4] ntensors, p[5] r2,
+ *   p[6] threads, p[7..8] x pointers, p[9..10] y pointers, p[11] cos, p[12] sin,
+ *   p[13..] META_LEN numbers per tensor. */
+int posenc_rope_packed(const int64_t *p) {
+    const void *xs[2] = {(const void *)(intptr_t)p[7], (const void *)(intptr_t)p[8]};
+    void *ys[2] = {(void *)(intptr_t)p[9], (void *)(intptr_t)p[10]};
+    if (p[4] < 1 || p[4] > 2) return -2;
+    return posenc_rope((int)p[0], (int)p[1], (int)p[2], (int)p[3], (int)p[4], p + 13, xs, ys,
+                       (const void *)(intptr_t)p[11], (const void *)(intptr_t)p[12], p[5],
+                       (int)p[6]);
 }

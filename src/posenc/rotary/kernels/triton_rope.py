@@ -217,8 +217,8 @@ def launch_triton(
 ) -> None:
     """Rotate ``x_tensors`` (q, and k if given) into ``y_tensors`` in one launch.
 
-    Same arguments as :func:`posenc.rotary.kernels.cpu.launch_cpu`: ``(B, S, H, D)``
-    sizes and (b, s, h, d) element strides of each tensor, cos/sin ``[.., S, R/2]`` with a
+    ``xs`` holds the ``(B, S, H, D)`` sizes and (b, s, h, d) element strides of each x,
+    ``y_strides`` those of each y; cos/sin ``[.., S, R/2]`` with a
     contiguous last dimension and (b, s) strides ``cos_strides``.
     """
     (bsz, seq, hq, d), q_strides = xs[0]

@@ -1,0 +1,124 @@
+"""A cos/sin table for integer positions: two gathers instead of ten ops per call.
+
+A rotary module's cos/sin are functions of the position alone (for a scaling that does not
+depend on the call's positions), so :class:`CosSinTable` computes them once, for positions
+``0 .. n - 1``, with the very arithmetic of :func:`posenc.rotary.apply._cos_sin` (float64
+angles reduced to ``[-pi, pi)`` before rounding, times the attention scale, one rounding to
+the dtype), and a call gathers its rows. The numbers are the ones the call would compute:
+the same elementwise functions of the same float64 inputs.
+
+When it serves a call (:meth:`CosSinTable.lookup`), and when the call computes instead:
+
+- integer positions on the CPU, where reading their range is not a device synchronisation
+  (one ``aminmax``); on accelerators the positions stay unread and the call computes on
+  the device, as does any call under ``torch.compile`` / ``torch.export`` /
+  ``torch.jit.trace`` (a graph must not capture the table);
+- positions ``>= 0`` that fit: the table grows (to the next power of two, at least
+  ``_MIN_ROWS``) when a call reaches past its end, up to ``max_bytes`` per dtype
+  (default :data:`DEFAULT_MAX_BYTES`, 64 MiB: 131 072 positions of a 128-wide float32
+  head); a call past that computes, and nothing grows.
+
+The table is a plain attribute of its module, never a buffer: ``state_dict()`` stays
+empty and ``module.to(torch.bfloat16)`` cannot round it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from posenc._angles import reduced_angles
+
+__all__ = ["DEFAULT_MAX_BYTES", "CosSinTable"]
+
+DEFAULT_MAX_BYTES = 64 << 20
+_MIN_ROWS = 4096
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+class CosSinTable:
+    """cos and sin of ``positions * inv_freq`` (times ``scale``) for positions ``0 .. n - 1``,
+    one table ``[n, r]`` per dtype whose first ``r / 2`` columns are cos and last ``r / 2``
+    sin, so one gather serves both.
+
+    Args:
+        inv_freq: the float64 frequencies ``[r / 2]`` (CPU).
+        scale: the factor cos and sin are multiplied by (YaRN's attention scale, else 1).
+        max_bytes: the most one dtype's table may hold; 0 turns the table off.
+    """
+
+    def __init__(
+        self, inv_freq: torch.Tensor, scale: float, *, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
+        self._inv_freq = inv_freq.detach().to("cpu", torch.float64)
+        self._scale = float(scale)
+        self.max_bytes = int(max_bytes)
+        self._tables: dict[torch.dtype, torch.Tensor] = {}
+        self._grow_lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_tables"] = {}  # rebuilt on use: a pickled module carries no table
+        del state["_grow_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._grow_lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict) -> CosSinTable:
+        return CosSinTable(self._inv_freq, self._scale, max_bytes=self.max_bytes)
+
+    @property
+    def rows(self) -> dict[torch.dtype, int]:
+        """Positions held per dtype (for tests and curious users)."""
+        return {dtype: t.shape[0] for dtype, t in self._tables.items()}
+
+    def lookup(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(cos, sin)`` ``[*P, r / 2]`` in ``dtype`` gathered for integer ``positions``
+        ``[*P]``, or ``None`` where the call must compute them (see the module docstring)."""
+        if (
+            not positions.is_cpu
+            or positions.dtype not in _INDEX_DTYPES
+            or positions.numel() == 0
+            or torch.compiler.is_compiling()
+            or torch.jit.is_tracing()
+        ):
+            return None
+        lo, hi = torch.aminmax(positions)
+        low, high = int(lo), int(hi)
+        if low < 0:
+            return None
+        table = self._tables.get(dtype)
+        if table is None or high >= table.shape[0]:
+            table = self._grow(dtype, high + 1)
+            if table is None:
+                return None
+        cos, sin = torch.nn.functional.embedding(positions, table).chunk(2, dim=-1)  # [*P, r/2]
+        return cos, sin
+
+    def _grow(self, dtype: torch.dtype, needed: int) -> torch.Tensor | None:
+        """The table for ``dtype`` with at least ``needed`` rows, or ``None`` past
+        ``max_bytes``."""
+        width = 2 * self._inv_freq.numel()
+        row_bytes = width * torch.empty((), dtype=dtype).element_size()
+        rows = max(_MIN_ROWS, 1 << (needed - 1).bit_length())
+        if rows * row_bytes > self.max_bytes:
+            rows = self.max_bytes // row_bytes
+            if rows < needed:
+                return None
+        with self._grow_lock:
+            table = self._tables.get(dtype)
+            if table is not None and table.shape[0] >= needed:
+                return table  # another thread grew it
+            with torch.device("cpu"), torch.no_grad():
+                theta = reduced_angles(torch.arange(rows, dtype=torch.int64), self._inv_freq)
+                cos, sin = torch.cos(theta), torch.sin(theta)
+                if self._scale != 1.0:
+                    cos, sin = cos * self._scale, sin * self._scale
+                table = torch.cat([cos.to(dtype), sin.to(dtype)], dim=-1)  # [rows, r]
+            self._tables[dtype] = table
+            return table
