@@ -148,3 +148,18 @@ def test_a_table_built_directly():
     theta = torch.tensor([[2.0, 0.5], [3.0, 0.75]], dtype=torch.float64)[None]
     torch.testing.assert_close(cos, (0.5 * theta.cos()).float(), rtol=0, atol=0)
     torch.testing.assert_close(sin, (0.5 * theta.sin()).float(), rtol=0, atol=0)
+
+
+def test_lowering_the_cap_drops_tables_that_no_longer_fit():
+    rope = posenc.RotaryEmbedding(16)
+    rope.cos_sin(torch.arange(3))  # 4096 positions x 64 bytes
+    rope.cos_sin(torch.arange(3), dtype=torch.float64)  # 4096 x 128 bytes
+    rope.cos_sin_table.max_bytes = 4096 * 64
+    assert rope.cos_sin_table.rows == {torch.float32: 4096}
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "big", None, True])
+def test_bad_cap_is_refused(value):
+    rope = posenc.RotaryEmbedding(16)
+    with pytest.raises(posenc.PosEncError, match="max_bytes"):
+        rope.cos_sin_table.max_bytes = value

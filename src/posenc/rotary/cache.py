@@ -29,6 +29,7 @@ import threading
 import torch
 
 from posenc._angles import reduced_angles
+from posenc._errors import check_int
 
 __all__ = ["DEFAULT_MAX_BYTES", "CosSinTable"]
 
@@ -53,7 +54,7 @@ class CosSinTable:
     ) -> None:
         self._inv_freq = inv_freq.detach().to("cpu", torch.float64)
         self._scale = float(scale)
-        self.max_bytes = int(max_bytes)
+        self.max_bytes = max_bytes
         self._tables: dict[torch.dtype, torch.Tensor] = {}
         self._grow_lock = threading.Lock()
 
@@ -68,7 +69,20 @@ class CosSinTable:
         self._grow_lock = threading.Lock()
 
     def __deepcopy__(self, memo: dict) -> CosSinTable:
-        return CosSinTable(self._inv_freq, self._scale, max_bytes=self.max_bytes)
+        return CosSinTable(self._inv_freq, self._scale, max_bytes=self._max_bytes)
+
+    @property
+    def max_bytes(self) -> int:
+        """The most one dtype's table may hold, in bytes (0: the table is off). Lowering it
+        drops tables that no longer fit."""
+        return self._max_bytes
+
+    @max_bytes.setter
+    def max_bytes(self, value: int) -> None:
+        self._max_bytes = check_int("max_bytes", value, min=0)
+        tables = getattr(self, "_tables", {})
+        for dtype in [d for d, t in tables.items() if t.numel() * t.element_size() > value]:
+            del tables[dtype]
 
     @property
     def rows(self) -> dict[torch.dtype, int]:
@@ -106,8 +120,8 @@ class CosSinTable:
         width = 2 * self._inv_freq.numel()
         row_bytes = width * torch.empty((), dtype=dtype).element_size()
         rows = max(_MIN_ROWS, 1 << (needed - 1).bit_length())
-        if rows * row_bytes > self.max_bytes:
-            rows = self.max_bytes // row_bytes
+        if rows * row_bytes > self._max_bytes:
+            rows = self._max_bytes // row_bytes
             if rows < needed:
                 return None
         with self._grow_lock:
