@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck bench clean
+.PHONY: demo test lint typecheck bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,17 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/rope.py
 	$(BIN)/python benchmarks/attention_bias.py
 	$(BIN)/python benchmarks/rope_decode.py
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken example,
+# link or API reference. The docs extra goes into the same .venv, once per pyproject.toml.
+DOCS_STAMP := $(VENV)/.docs-stamp
+
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
