@@ -356,7 +356,7 @@ T = posenc.sinusoidal_table
             lambda: posenc.sinusoidal_table_nd((2, 3), 5),
             r"dim must be divisible by the number of axes \(2\), got 5",
         ),
-        (lambda: posenc.sinusoidal_table_nd((2, 0), 4), r"shape\[1\] must be >= 1, got 0"),
+        (lambda: posenc.sinusoidal_table_nd((2, 0), 4), r"grid\[1\] must be >= 1, got 0"),
         (
             lambda: posenc.sinusoidal_table_nd(torch.zeros(3, 0), 4),
             r"grid coordinates must be \[..., n_axes\]",

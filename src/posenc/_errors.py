@@ -8,21 +8,28 @@ e.g. ``dim must be even for layout='half', got 7``.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 __all__ = [
+    "MAX_ALLOC_BYTES",
     "PosEncError",
+    "check_alloc",
+    "check_bool",
     "check_choice",
+    "check_device",
     "check_dtype",
     "check_embeddings",
+    "check_factory",
     "check_finite",
     "check_float",
     "check_int",
     "check_last_dim",
     "check_positions",
+    "check_same_device",
     "check_tensor",
     "check_traced",
     "tracing",
@@ -31,6 +38,13 @@ __all__ = [
 
 class PosEncError(ValueError):
     """Bad input to a posenc function: names the parameter, the rule and the value."""
+
+
+# The most one tensor posenc builds may take (1 TiB), whatever the device; a device's own
+# memory lowers it (:func:`check_alloc`). ``POSENC_MAX_ALLOC_BYTES`` lowers or raises it.
+MAX_ALLOC_BYTES = 1 << 40
+
+_INT64 = 1 << 63
 
 
 def tracing() -> bool:
@@ -61,6 +75,13 @@ def check_int(name: str, value: Any, *, min: int | None = None, max: int | None 
     A symbolic size (``torch.SymInt``, under ``torch.compile`` or ``torch.export``) is
     returned as it is, its bounds checked with ``torch._check`` (a guard or a runtime
     assertion, never a graph break)."""
+    if type(value) is int and not tracing():  # the common case, first (hot paths)
+        if (
+            (min is None or value >= min)
+            and (max is None or value <= max)
+            and -_INT64 <= value < _INT64
+        ):
+            return value
     if _symbolic_int(value):
         if min is not None:
             low = f"{name} must be >= {min}"
@@ -72,6 +93,8 @@ def check_int(name: str, value: Any, *, min: int | None = None, max: int | None 
     if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
         raise PosEncError(f"{name} must be an integer, got {value!r}")
     value = int(value)
+    if not -_INT64 <= value < _INT64:
+        raise PosEncError(f"{name} must fit in a 64-bit integer, got {value}")
     if min is not None and value < min:
         raise PosEncError(f"{name} must be >= {min}, got {value}")
     if max is not None and value > max:
@@ -101,6 +124,119 @@ def check_float(
     if max is not None and value > max:
         raise PosEncError(f"{name} must be <= {max}, got {value}")
     return value
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is a ``bool`` (``numpy.bool_`` too), never an int or a string."""
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        raise PosEncError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_device(name: str, value: Any) -> torch.device | None:
+    """Return ``value`` as a ``torch.device`` (None stays None): a device or its name that
+    this build of torch can use; ``"cuda"`` without CUDA is refused here, not by torch."""
+    if value is None:
+        return None
+    if type(value) is torch.device and value.type in ("cpu", "meta"):  # the common case
+        return value
+    if not isinstance(value, (str, torch.device)):
+        raise PosEncError(f"{name} must be a torch.device or a device name, got {value!r}")
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError) as e:
+        raise PosEncError(f"{name} must be a device name such as 'cpu', got {value!r}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PosEncError(f"{name} is {value!r}, but CUDA is not available")
+    if device.type not in ("cpu", "cuda", "meta") and not _available(device):
+        raise PosEncError(f"{name} is {value!r}, but that device is not available")
+    return device
+
+
+def _available(device: torch.device) -> bool:
+    backend = getattr(torch, device.type, None)
+    available = getattr(backend, "is_available", None)
+    return bool(available()) if callable(available) else False
+
+
+def check_factory(device: Any, dtype: Any) -> tuple[torch.device | None, torch.dtype | None]:
+    """A module's ``device=`` and ``dtype=`` (its parameters'): a usable device and a
+    floating dtype, or None for torch's defaults."""
+    device = check_device("device", device)
+    if dtype is not None:
+        check_dtype("dtype", dtype)
+    return device, dtype
+
+
+def check_same_device(names: Sequence[str], *tensors: torch.Tensor | None) -> None:
+    """Raise unless the given tensors (None skipped) are on one device and none is on the
+    meta device, where tensors hold no values (a metadata check: no device sync)."""
+    given = [(n, t) for n, t in zip(names, tensors) if t is not None]
+    for n, t in given:
+        if t.device.type == "meta":
+            raise PosEncError(f"{n} must hold values, got a tensor on the meta device")
+    if given:
+        first_name, first = given[0]
+        for n, t in given[1:]:
+            if t.device != first.device:
+                raise PosEncError(
+                    f"{n} must be on the device of {first_name} ({first.device}), got {t.device}"
+                )
+
+
+def _memory(device: torch.device) -> int:
+    """The memory of ``device`` in bytes (its total, not what is free right now)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    if device.type == "cpu":
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):  # not POSIX: the cap alone
+            return MAX_ALLOC_BYTES
+    return MAX_ALLOC_BYTES
+
+
+def _cap() -> int:
+    raw = os.environ.get("POSENC_MAX_ALLOC_BYTES")
+    if raw is None:
+        return MAX_ALLOC_BYTES
+    try:
+        return max(int(raw), 0)
+    except ValueError as e:
+        raise PosEncError(f"POSENC_MAX_ALLOC_BYTES must be an integer, got {raw!r}") from e
+
+
+def check_alloc(
+    name: str,
+    value: Any,
+    shape: Sequence[int],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> None:
+    """Raise before allocating a ``shape`` tensor of ``dtype`` on ``device`` that needs more
+    bytes than :data:`MAX_ALLOC_BYTES` (``POSENC_MAX_ALLOC_BYTES``) or the device's memory;
+    the message names the argument ``name=value`` that asks for it and the estimated bytes.
+
+    Symbolic sizes (under ``torch.compile``) are not checked: the graph's own runtime checks
+    hold them. Sizes that are not plain ints are left to the caller's other checks.
+    """
+    numel = 1
+    for n in shape:
+        if _symbolic_int(n) and tracing():
+            return
+        if isinstance(n, torch.SymInt):
+            return
+        numel *= max(int(n), 0)
+    itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 4
+    estimate = numel * itemsize
+    where = torch.device("cpu") if device is None else torch.device(device)
+    limit = min(_cap(), MAX_ALLOC_BYTES if where.type == "meta" else _memory(where))
+    if estimate > limit:
+        raise PosEncError(
+            f"{name}={value!r} would allocate a {list(shape)} {dtype} tensor, about "
+            f"{estimate:.3g} bytes, more than the {limit:.3g} bytes allowed on {where} "
+            f"(MAX_ALLOC_BYTES or the device's memory)"
+        )
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
@@ -158,18 +294,24 @@ def check_positions(
     seq_len: int | None = None,
     batch: int | None = None,
     ndims: Sequence[int] | None = (1, 2),
+    length: str | None = None,
 ) -> torch.Tensor:
     """Validate a position tensor of shape ``[s]`` or ``[b, s]`` (``ndims`` allowed ranks;
     ``None``: any shape, as for tables at arbitrary positions).
 
     ``seq_len`` and ``batch``, when given, must match the last and (for 2-D)
     first dimension. Integer and floating positions are accepted; floating
-    ones must be finite. Returns the tensor unchanged.
+    ones must be finite; meta tensors (no values) are refused. ``length`` names the argument
+    ``seq_len`` comes from, for the message. Returns the tensor unchanged.
     """
     if not isinstance(positions, torch.Tensor):
         raise PosEncError(f"{name} must be a torch.Tensor, got {type(positions).__name__}")
     if positions.dtype == torch.bool or positions.is_complex():
         raise PosEncError(f"{name} must be an integer or floating tensor, got {positions.dtype}")
+    if positions.device.type == "meta":
+        raise PosEncError(f"{name} must hold values, got a tensor on the meta device")
+    if batch is not None:
+        batch = check_int("batch", batch, min=0)
     if ndims is not None and positions.ndim not in tuple(ndims):
         shapes = " or ".join({1: "[s]", 2: "[b, s]"}.get(n, f"{n}-D") for n in ndims)
         raise PosEncError(f"{name} must be {shapes}, got shape {tuple(positions.shape)}")
@@ -177,6 +319,7 @@ def check_positions(
         raise PosEncError(
             f"{name} must have length {seq_len} (the sequence length) in its last "
             f"dimension, got shape {tuple(positions.shape)}"
+            + ("" if length is None else f" (the length is {length}={seq_len})")
         )
     if batch is not None and positions.ndim == 2 and positions.shape[0] not in (1, batch):
         raise PosEncError(

@@ -30,6 +30,7 @@ from posenc import positions as _positions
 from posenc._base import AdditiveEncoding
 from posenc._errors import (
     PosEncError,
+    check_alloc,
     check_choice,
     check_dtype,
     check_embeddings,
@@ -85,7 +86,9 @@ def index_table(
     elif length is not None:
         raise PosEncError(f"length applies only with normalize='length', got length={length!r}")
     dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
-    return _table(_positions.as_tensor(positions, device=device), dim, length, dtype)
+    pos = _positions.as_tensor(positions, device=device)
+    check_alloc("dim", dim, (2, pos.numel(), dim), torch.float64, pos.device)
+    return _table(pos, dim, length, dtype)
 
 
 def _table(pos: torch.Tensor, dim: int, length: int | None, dtype: torch.dtype) -> torch.Tensor:

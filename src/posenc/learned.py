@@ -28,11 +28,13 @@ from posenc import positions as _positions
 from posenc._base import AdditiveEncoding
 from posenc._errors import (
     PosEncError,
+    check_alloc,
     check_choice,
-    check_dtype,
     check_embeddings,
+    check_factory,
     check_float,
     check_int,
+    check_positions,
     check_tensor,
     check_traced,
     tracing,
@@ -142,6 +144,8 @@ def _resample(
     check_tensor("table", table, floating=True)
     if table.ndim != 2:
         raise PosEncError(f"table must be [n, dim], got shape {tuple(table.shape)}")
+    if table.shape[0] == 0:
+        raise PosEncError(f"table must have at least one row, got shape {tuple(table.shape)}")
     hw, prefix = _check_layout(table.shape[0], grid, num_prefix_tokens)
     if not isinstance(align_corners, bool):
         raise PosEncError(f"align_corners must be True or False, got {align_corners!r}")
@@ -157,6 +161,7 @@ def _resample(
                 "give the table a grid=(H, W) to resample it in 2-D"
             )
         new_len = check_int(size_name, size, min=prefix + 1)
+        check_alloc(size_name, size, (2, new_len, dim), compute, table.device)
         mode = check_choice("mode", "linear" if mode is None else mode, MODES_1D)
         if antialias:
             raise PosEncError(
@@ -172,6 +177,7 @@ def _resample(
                 f"{size_name} must be a grid (H', W') for a table with grid={hw}, got {size!r}"
             )
         new_hw = _check_grid(size_name, size)
+        check_alloc(size_name, size, (2, new_hw[0] * new_hw[1], dim), compute, table.device)
         mode = check_choice("mode", "bicubic" if mode is None else mode, MODES_2D)
         body = body.reshape(1, *hw, dim).permute(0, 3, 1, 2)  # [1, dim, H, W]
         out = F.interpolate(
@@ -235,13 +241,17 @@ class LearnedEmbedding(AdditiveEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device, dtype = check_factory(device, dtype)
         self.max_len = check_int("max_len", max_len, min=1)
         self.dim = check_int("dim", dim, min=1)
         self.grid, self.num_prefix_tokens = _check_layout(self.max_len, grid, num_prefix_tokens)
         dropout = check_float("dropout", dropout, min=0.0, max=1.0)
-        self.init_std = check_float("init_std", init_std, min=0.0)
-        if dtype is not None:
-            check_dtype("dtype", dtype)
+        # samples of N(0, init_std) stay finite in the weight's dtype (draws reach ~6 std)
+        finite = float(torch.finfo(dtype or torch.get_default_dtype()).max) / 1e3
+        self.init_std = check_float("init_std", init_std, min=0.0, max=finite)
+        name = "max_len" if self.max_len >= self.dim else "dim"
+        value = max(self.max_len, self.dim)
+        check_alloc(name, value, (self.max_len, self.dim), dtype or torch.float32, device)
         self.dropout = nn.Dropout(dropout)
         self.weight = nn.Parameter(torch.empty(self.max_len, self.dim, device=device, dtype=dtype))
         self.reset_parameters()
@@ -281,8 +291,11 @@ class LearnedEmbedding(AdditiveEncoding):
                      [0., 1., 0., 0.]]], grad_fn=<AddBackward0>)
         """
         check_tensor("table", table, floating=True)
-        if table.ndim != 2:
-            raise PosEncError(f"table must be [max_len, dim], got shape {tuple(table.shape)}")
+        if table.ndim != 2 or 0 in table.shape:
+            raise PosEncError(
+                f"table must be [max_len, dim] with max_len, dim >= 1, got shape "
+                f"{tuple(table.shape)}"
+            )
         module = cls(
             table.shape[0],
             table.shape[1],
@@ -296,7 +309,7 @@ class LearnedEmbedding(AdditiveEncoding):
         module.weight = nn.Parameter(table.detach().clone())
         return module
 
-    def _indices(self, positions: torch.Tensor) -> torch.Tensor:
+    def _indices(self, positions: torch.Tensor, offset: int = 0) -> torch.Tensor:
         """Validated long indices into ``weight`` (one host sync, like nn.Embedding's check)."""
         if positions.dtype == torch.bool or positions.is_complex():
             raise PosEncError(
@@ -323,25 +336,35 @@ class LearnedEmbedding(AdditiveEncoding):
                     f"are accepted), got {bad}"
                 )
             if lo < 0 or hi >= self.max_len:
+                shifted = f" (after offset={offset})" if offset else ""
                 raise PosEncError(
                     f"positions must be in [0, max_len) with max_len={self.max_len}, "
-                    f"got values from {lo:g} to {hi:g}"
+                    f"got values from {lo:g} to {hi:g}{shifted}"
                 )
         return positions.long()
 
+    def _check_weight(self) -> None:
+        if self.weight.is_meta:
+            raise PosEncError(
+                "the module's weight is on the meta device (no values); move it with "
+                "to_empty(device=...) and initialise it first, got device meta"
+            )
+
     def table(self, positions: torch.Tensor) -> torch.Tensor:
         """The weight rows at ``positions`` (``[*P]`` -> ``[*P, dim]``), validated."""
-        check_tensor("positions", positions)
+        check_positions("positions", positions, ndims=None)
+        self._check_weight()
         return F.embedding(self._indices(positions.to(self.weight.device)), self.weight)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
     ) -> torch.Tensor:
         check_embeddings(x, self.dim)
+        self._check_weight()
         pos = _positions.resolve(
             positions, x.shape[1], offset=offset, batch=x.shape[0], device=self.weight.device
         )
-        pe = F.embedding(self._indices(pos), self.weight)  # [s, dim] or [b, s, dim]
+        pe = F.embedding(self._indices(pos, offset), self.weight)  # [s, dim] or [b, s, dim]
         compute = torch.promote_types(torch.promote_types(x.dtype, pe.dtype), torch.float32)
         out = (x.to(compute) + pe.to(device=x.device, dtype=compute)).to(x.dtype)
         return self.dropout(out)

@@ -62,12 +62,27 @@ def _figure(figsize: tuple[float, float], dpi: int) -> Figure:
         from matplotlib.figure import Figure
     except ImportError as e:
         raise ImportError("posenc.plot needs matplotlib: pip install 'posenc[plot]'") from e
-    if len(figsize) != 2 or not all(isinstance(v, (int, float)) and v > 0 for v in figsize):
-        raise PosEncError(f"figsize must be two positive numbers (inches), got {figsize!r}")
+    _check_figsize(figsize)
     dpi = check_int("dpi", dpi, min=10, max=1000)
     fig = Figure(figsize=figsize, dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def _check_figsize(figsize: Any) -> None:
+    """Two finite positive numbers (inches) in a tuple or list, at most 1000 inches each."""
+    if (
+        not isinstance(figsize, (tuple, list))
+        or len(figsize) != 2
+        or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1000
+            for v in figsize
+        )
+    ):
+        raise PosEncError(
+            f"figsize must be two positive numbers (inches, <= 1000 each) in a tuple or list, "
+            f"got {figsize!r}"
+        )
 
 
 def _label(enc: Any) -> str:
@@ -214,11 +229,18 @@ def plot_decay(
         >>> len(fig.axes)
         2
     """
-    specs: list[EncodingSpec] = (
-        [encodings] if isinstance(encodings, (str, Mapping, Encoding)) else list(encodings)
-    )
+    if isinstance(encodings, (str, Mapping, Encoding)):
+        specs: list[EncodingSpec] = [encodings]
+    elif isinstance(encodings, (list, tuple)):
+        specs = list(encodings)
+    else:
+        raise PosEncError(
+            "encodings must be an encoding (name, config or module) or a list of them, "
+            f"got {type(encodings).__name__}"
+        )
     if not specs:
         raise PosEncError("encodings must name at least one encoding, got an empty list")
+    _check_figsize(figsize)
     curves = [decay(spec, max_distance) for spec in specs]
     similar = [c for c in curves if c.kind != "bias"]
     biases = [c for c in curves if c.kind == "bias"]
@@ -362,7 +384,7 @@ def plot_clock_hands(
     r = theta.shape[0]
     if frequencies is None:
         frequencies = sorted({round(i * (r - 1) / 4) for i in range(5)})
-    if isinstance(frequencies, (str, bytes)) or not frequencies:
+    if not isinstance(frequencies, (list, tuple, range)) or not frequencies:
         raise PosEncError(f"frequencies must be a non-empty list of indices, got {frequencies!r}")
     idx = [check_int("frequencies", i, min=0, max=r - 1) for i in frequencies]
     angles = reduced_angles(pos, theta[idx])  # [n, f]
@@ -393,6 +415,8 @@ def plot_clock_hands(
 def figure_bytes(fig: Figure, format: str = "png") -> bytes:
     """The figure encoded as PNG or SVG bytes (``figsize * dpi`` pixels for PNG)."""
     format = _format(format)
+    if not callable(getattr(fig, "savefig", None)):
+        raise PosEncError(f"fig must be a matplotlib Figure, got {type(fig).__name__}")
     buf = io.BytesIO()
     fig.savefig(buf, format=format)
     return buf.getvalue()
@@ -400,8 +424,12 @@ def figure_bytes(fig: Figure, format: str = "png") -> bytes:
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` (``.png`` or ``.svg``, chosen by the suffix)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise PosEncError(f"path must be a non-empty str or Path, got {path!r}")
     path = Path(path)
     data = figure_bytes(fig, _format(path.suffix.lstrip(".").lower(), name="path suffix"))
+    if not path.parent.is_dir():
+        raise PosEncError(f"path must be in an existing folder, got {str(path)!r}")
     path.write_bytes(data)
     return path
 

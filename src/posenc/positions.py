@@ -23,6 +23,9 @@ import torch
 
 from posenc._errors import (
     PosEncError,
+    check_alloc,
+    check_device,
+    check_dtype,
     check_int,
     check_positions,
     check_tensor,
@@ -56,7 +59,24 @@ def arange(
     """
     seq_len = check_int("seq_len", seq_len, min=0)
     offset = check_int("offset", offset)
+    device = check_device("device", device)
+    check_dtype("dtype", dtype, floating=False)
+    if dtype == torch.bool or dtype.is_complex:
+        raise PosEncError(f"dtype must be an integer or floating dtype, got {dtype}")
+    if not _symbolic(seq_len, offset) and offset + seq_len > _INT64_MAX + 1:
+        raise PosEncError(
+            f"offset + seq_len must be <= 2**63 (positions are int64), got offset={offset} "
+            f"and seq_len={seq_len}"
+        )
+    check_alloc("seq_len", seq_len, (seq_len,), dtype, device)
     return torch.arange(offset, offset + seq_len, device=device, dtype=dtype)
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _symbolic(*values: object) -> bool:
+    return tracing() or any(not isinstance(v, int) for v in values)
 
 
 def as_tensor(
@@ -73,7 +93,12 @@ def as_tensor(
     >>> as_tensor([0, 1.5])
     tensor([0.0000, 1.5000])
     """
+    device = check_device("device", device)
     if not isinstance(positions, torch.Tensor):
+        if isinstance(positions, (str, bytes, dict, set, frozenset)):
+            raise PosEncError(
+                f"{name} must be a tensor or a sequence of numbers, got {positions!r}"
+            )
         try:
             positions = torch.as_tensor(positions)
         except (TypeError, ValueError, RuntimeError) as e:
@@ -83,6 +108,14 @@ def as_tensor(
 
 
 def _lengths(name: str, values: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    if not isinstance(values, (torch.Tensor, list, tuple)):
+        raise PosEncError(
+            f"{name} must be a 1-D sequence of integers (a list, tuple or tensor), got {values!r}"
+        )
+    if isinstance(values, torch.Tensor) and values.device.type == "meta":
+        raise PosEncError(f"{name} must hold values, got a tensor on the meta device")
+    if not isinstance(values, torch.Tensor) and any(isinstance(v, bool) for v in values):
+        raise PosEncError(f"{name} must be a 1-D sequence of integers, got {values!r}")
     try:
         t = values if isinstance(values, torch.Tensor) else torch.as_tensor(list(values))
     except (TypeError, ValueError, RuntimeError) as e:
@@ -101,7 +134,8 @@ def from_seq_lens(seq_lens: Sequence[int] | torch.Tensor) -> torch.Tensor:
     lens = _lengths("seq_lens", seq_lens)
     if lens.numel() and bool((lens < 0).any()):
         raise PosEncError(f"seq_lens must be >= 0, got {lens.tolist()}")
-    total = int(lens.sum())
+    total = sum(lens.tolist())  # exact: a sum of int64 lengths may wrap
+    check_alloc("sum(seq_lens)", total, (total,), torch.long, lens.device)
     starts = torch.cumsum(lens, 0) - lens  # [n] start offset of each sequence
     return torch.arange(total, device=lens.device) - torch.repeat_interleave(starts, lens)
 
@@ -129,6 +163,10 @@ def from_attention_mask(mask: torch.Tensor) -> torch.Tensor:
     Shape: ``[b, s]`` -> ``[b, s]`` (int64).
     """
     check_tensor("mask", mask)
+    if mask.device.type == "meta":
+        raise PosEncError("mask must hold values, got a tensor on the meta device")
+    if mask.is_complex():
+        raise PosEncError(f"mask must be a boolean, integer or floating tensor, got {mask.dtype}")
     if mask.ndim != 2:
         raise PosEncError(f"mask must be [b, s], got shape {tuple(mask.shape)}")
     if mask.dtype != torch.bool:
@@ -147,9 +185,23 @@ def grid(shape: Sequence[int], *, device: torch.device | str | None = None) -> t
     Shape: ``shape = (n_0, ..., n_{k-1})`` -> ``[n_0, ..., n_{k-1}, k]``;
     ``grid((H, W))[i, j] == [i, j]``. Flatten with ``.reshape(-1, k)`` for a token sequence.
     """
-    if isinstance(shape, (int, torch.Tensor)) or len(shape) == 0:
-        raise PosEncError(f"shape must be a non-empty sequence of sizes, got {shape!r}")
-    sizes = [check_int(f"shape[{i}]", n, min=1) for i, n in enumerate(shape)]
+    return grid_of(shape, device=device)
+
+
+def grid_of(
+    shape: Sequence[int], *, device: torch.device | str | None = None, name: str = "shape"
+) -> torch.Tensor:
+    """:func:`grid`, naming its sizes ``name`` in errors (``sinusoidal_table_nd``'s ``grid``)."""
+    if not isinstance(shape, (list, tuple)) or len(shape) == 0:
+        raise PosEncError(
+            f"{name} must be a non-empty sequence of sizes (a list or tuple), got {shape!r}"
+        )
+    sizes = [check_int(f"{name}[{i}]", n, min=1) for i, n in enumerate(shape)]
+    device = check_device("device", device)
+    numel = 1
+    for n in sizes:
+        numel *= n
+    check_alloc(name, tuple(shape), (numel, len(sizes)), torch.long, device)
     axes = [torch.arange(n, device=device) for n in sizes]
     return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)
 
@@ -173,6 +225,10 @@ def randomized(
     if max_len < seq_len:
         raise PosEncError(f"max_len must be >= seq_len ({seq_len}), got {max_len}")
     rows = 1 if batch_size is None else check_int("batch_size", batch_size, min=1)
+    device = check_device("device", device)
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise PosEncError(f"generator must be a torch.Generator, got {generator!r}")
+    check_alloc("batch_size, max_len", (rows, max_len), (rows, max_len), torch.float32, device)
     # argsort of uniform noise gives a uniformly random subset; sort restores order.
     noise = torch.rand(rows, max_len, generator=generator, device=device)
     picked = noise.argsort(dim=-1)[:, :seq_len].sort(dim=-1).values
@@ -194,14 +250,39 @@ def resolve(
     Shape: ``[s]`` or ``[b, s]`` (``b`` equal to ``batch``, or 1).
     """
     offset = check_int("offset", offset)
+    seq_len = check_int("seq_len", seq_len, min=0)
+    device = check_device("device", device)
+    if batch is not None:
+        batch = check_int("batch", batch, min=0)
     if positions is None:
         return arange(seq_len, offset, device=device)
-    check_positions(name, positions, seq_len=seq_len, batch=batch)
+    check_positions(name, positions, seq_len=seq_len, batch=batch, length="seq_len")
     if device is not None:
         positions = positions.to(device)
     if offset:
-        positions = positions + offset
+        positions = add_offset(name, positions, offset)
     return positions
+
+
+def add_offset(name: str, positions: torch.Tensor, offset: int) -> torch.Tensor:
+    """``positions + offset``, refused where it would leave int64 (and wrap around).
+
+    Integer positions are added in int64. The values are read (one host sync) on the CPU,
+    and elsewhere only for an offset of magnitude >= 2**62; never while tracing."""
+    if positions.is_floating_point():
+        return positions + offset
+    if positions.dtype != torch.long:
+        positions = positions.long()
+    if tracing() or positions.numel() == 0:
+        return positions + offset
+    if positions.device.type == "cpu" or abs(offset) >= (1 << 62):
+        low, high = int(positions.min()), int(positions.max())
+        if high + offset > _INT64_MAX or low + offset < -_INT64_MAX - 1:
+            raise PosEncError(
+                f"offset={offset} moves {name} out of int64 (values {low}..{high}): "
+                f"positions + offset must stay within [-2**63, 2**63)"
+            )
+    return positions + offset
 
 
 def resolve_pair(
@@ -245,15 +326,24 @@ def resolve_pair(
     """
     q_len = check_int("q_len", q_len, min=1)
     k_len = q_len if k_len is None else check_int("k_len", k_len, min=1)
+    if batch is not None:
+        batch = check_int("batch", batch, min=0)
+    device = check_device("device", device)
     q_name, k_name = names
+    default = names == ("q_positions", "k_positions")
+    q_length = "q_len" if default else None
+    k_length = "k_len" if default else None
     if k_positions is not None:
-        kpos = _check_sequence(k_name, k_positions, k_len, batch, coords).to(device)
-        if q_positions is k_positions and q_len == k_len:  # one tensor: checked once
+        if q_positions is k_positions and q_len == k_len:  # one tensor: checked once, by
+            # the name of the queries (a rotary module passes its one ``positions`` as both)
+            kpos = _check_sequence(q_name, k_positions, k_len, batch, coords, q_length)
+            kpos = kpos.to(device)
             return kpos, kpos
+        kpos = _check_sequence(k_name, k_positions, k_len, batch, coords, k_length).to(device)
     else:
         kpos = _default(k_len, coords, device)
     if q_positions is not None:
-        qpos = _check_sequence(q_name, q_positions, q_len, batch, coords).to(device)
+        qpos = _check_sequence(q_name, q_positions, q_len, batch, coords, q_length).to(device)
     elif q_len == k_len:
         qpos = kpos
     elif q_len < k_len:
@@ -276,16 +366,22 @@ def _default(seq_len: int, coords: int | None, device) -> torch.Tensor:
 
 
 def _check_sequence(
-    name: str, p: torch.Tensor, seq_len: int, batch: int | None, coords: int | None
+    name: str,
+    p: torch.Tensor,
+    seq_len: int,
+    batch: int | None,
+    coords: int | None,
+    length: str | None = None,
 ) -> torch.Tensor:
     """Validate ``[s] | [b, s]`` positions (``coords``: ``[s, c] | [b, s, c]``)."""
     if coords is None:
-        return check_positions(name, p, seq_len=seq_len, batch=batch)
+        return check_positions(name, p, seq_len=seq_len, batch=batch, length=length)
     check_positions(name, p, ndims=None)  # a tensor of finite numbers; the shape below
     if p.ndim not in (2, 3) or p.shape[-1] != coords or p.shape[-2] != seq_len:
         raise PosEncError(
             f"{name} must be [s, {coords}] or [b, s, {coords}] (one coordinate per axis) "
             f"with s == {seq_len}, got shape {tuple(p.shape)}"
+            + ("" if length is None else f" (s is {length}={seq_len})")
         )
     if batch is not None and p.ndim == 3 and p.shape[0] not in (1, batch):
         raise PosEncError(

@@ -120,7 +120,7 @@ def parameters(cls: type[Encoding]) -> tuple[frozenset[str], frozenset[str]]:
 def build(
     spec: Spec,
     /,
-    *,
+    *args: Any,
     fill: Mapping[str, Any] | None = None,
     defaults: Mapping[str, Any] | None = None,
     **kwargs: Any,
@@ -136,7 +136,8 @@ def build(
             sets one to another value raises ``PosEncError``. ``None`` values are skipped.
         defaults: passed like ``fill`` when the spec leaves them out, but a spec may set
             them to anything.
-        **kwargs: constructor arguments added to (and overriding) the spec's.
+        **kwargs: constructor arguments added to (and overriding) the spec's, by name
+            only (``build("rope", 8)`` is refused: ``build("rope", head_dim=8)``).
 
     An instance is returned as it is when no keyword arguments are given (``fill`` and
     ``defaults`` are for names and configs).
@@ -146,27 +147,36 @@ def build(
         >>> posenc.build("alibi", fill={"num_heads": 4, "head_dim": 8}).num_heads
         4
     """
+    if args:
+        raise PosEncError(
+            f"build takes the encoding and then arguments by name only (e.g. "
+            f"build('rope', head_dim=64)), got {len(args)} more positional argument(s) "
+            f"{args!r}"
+        )
+    for name_, mapping in (("fill", fill), ("defaults", defaults)):
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise PosEncError(f"{name_} must be a dict of arguments, got {mapping!r}")
     if isinstance(spec, Encoding):
         return spec if not kwargs else build(spec.to_config(), **kwargs)
-    name, args = _split(spec)
+    name, given = _split(spec)
     cls = get(name)
-    name, args = cls.upgrade_config(args)
+    name, given = cls.upgrade_config(given)
     cls = get(name)
-    args.update(kwargs)
+    given.update(kwargs)
     accepted, _ = parameters(cls)
     for key, value in (fill or {}).items():
         if value is None or key not in accepted:
             continue
-        if key in args and args[key] != value:
+        if key in given and given[key] != value:
             raise PosEncError(
                 f"encoding {name!r}: {key} must be {value} here (set by the caller), "
-                f"got {args[key]!r}"
+                f"got {given[key]!r}"
             )
-        args[key] = value
+        given[key] = value
     for key, value in (defaults or {}).items():
-        if key in accepted and key not in args:
-            args[key] = value
+        if key in accepted and key not in given:
+            given[key] = value
     try:
-        return cls(**args)
+        return cls(**given)
     except TypeError as e:  # unknown or missing constructor argument
-        raise PosEncError(f"cannot build {name!r} from arguments {sorted(args)}: {e}") from e
+        raise PosEncError(f"cannot build {name!r} from arguments {sorted(given)}: {e}") from e

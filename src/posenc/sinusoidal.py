@@ -19,6 +19,7 @@ from posenc._angles import reduced_angles
 from posenc._base import AdditiveEncoding
 from posenc._errors import (
     PosEncError,
+    check_alloc,
     check_choice,
     check_dtype,
     check_embeddings,
@@ -80,6 +81,8 @@ def sinusoidal_table(
     dim = _check_options(dim, base, layout, order)
     pos = _positions.as_tensor(positions, device=device)
     dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
+    # float64 angles, sines and cosines before the table: about 3 tables of float64
+    check_alloc("dim", dim, (3, pos.numel(), dim), torch.float64, pos.device)
     return _table(pos, dim, base, layout, order, dtype)
 
 
@@ -140,7 +143,7 @@ def sinusoidal_table_nd(
             )
         coords = _positions.as_tensor(grid, device=device)
     else:
-        coords = _positions.grid(grid, device=device)
+        coords = _positions.grid_of(grid, device=device, name="grid")
     n_axes = coords.shape[-1]
     if dim % n_axes:
         raise PosEncError(f"dim must be divisible by the number of axes ({n_axes}), got {dim}")

@@ -91,7 +91,10 @@ def test_once_per_forward_and_equal_to_per_layer(name, monkeypatch):
     got = model(tokens, positions, attn_mask=mask)
     for method, calls in counted.items():
         expected = LAYERS if method == "bias_at" and enc.query_dependent else 1
-        assert len(calls) == expected, method
+        if method == "_call_frequencies":  # 0 when the cos/sin table (rotary/cache) holds them
+            assert len(calls) <= expected, method
+        else:
+            assert len(calls) == expected, method
     if not getattr(
         enc, "query_dependent", False
     ):  # Shaw resolves them in each of its per-layer calls

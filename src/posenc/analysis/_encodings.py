@@ -21,13 +21,16 @@ import torch
 
 from posenc import registry
 from posenc._base import BiasEncoding, Encoding
-from posenc._errors import PosEncError, check_int
+from posenc._errors import PosEncError, check_dtype, check_int
 
 __all__ = [
     "DEFAULT_ARGS",
+    "MAX_POSITIONS",
     "additive_table",
     "bias_matrix",
     "bias_profile",
+    "check_count",
+    "check_dtypes",
     "encoding_dim",
     "inv_freq",
     "resolve_encoding",
@@ -49,6 +52,27 @@ DEFAULT_ARGS: dict[str, Any] = {
 
 # Seed of every random draw of the analysis (learned initialisations, random queries).
 SEED = 0
+
+# The most positions (or distances) one measurement takes: pairwise measures hold n x n
+# values and rotary ones n x d x d, so 65 536 positions are already ~17 GB of similarity.
+MAX_POSITIONS = 1 << 16
+
+
+def check_count(name: str, value: object, *, min: int = 1) -> int:
+    """A number of positions or distances: an integer in ``[min, MAX_POSITIONS]``."""
+    return check_int(name, value, min=min, max=MAX_POSITIONS)
+
+
+def check_dtypes(dtype: object, position_dtype: object = None) -> None:
+    """``dtype`` (floating) and ``position_dtype`` (None, or a real dtype positions can be
+    rounded to: floating or integer, never bool or complex)."""
+    check_dtype("dtype", dtype)
+    if position_dtype is not None:
+        rounded = cast(torch.dtype, check_dtype("position_dtype", position_dtype, floating=False))
+        if rounded == torch.bool or rounded.is_complex:
+            raise PosEncError(
+                f"position_dtype must be a floating or integer dtype, got {position_dtype}"
+            )
 
 
 def resolve_encoding(encoding: str | Mapping[str, Any] | Encoding, **kwargs: Any) -> Encoding:
@@ -129,6 +153,11 @@ def resolve_positions(
             raise PosEncError(
                 f"{name} must be a non-empty range with start < stop, got ({start}, {stop})"
             )
+        if stop - start > MAX_POSITIONS:
+            raise PosEncError(
+                f"{name} must hold at most {MAX_POSITIONS} positions (MAX_POSITIONS), got "
+                f"{stop - start}"
+            )
         out = torch.arange(start, stop)
     elif isinstance(positions, list):
         try:
@@ -139,6 +168,12 @@ def resolve_positions(
     else:
         raise PosEncError(
             f"{name} must be a count, a (start, stop) pair or a 1-D tensor, got {positions!r}"
+        )
+    if out.device.type == "meta":
+        raise PosEncError(f"{name} must hold values, got a tensor on the meta device")
+    if out.numel() > MAX_POSITIONS:
+        raise PosEncError(
+            f"{name} must hold at most {MAX_POSITIONS} positions (MAX_POSITIONS), got {out.numel()}"
         )
     if out.numel() < min_len:
         raise PosEncError(f"{name} must hold at least {min_len} positions, got {out.numel()}")

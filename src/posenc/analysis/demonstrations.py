@@ -30,6 +30,9 @@ from posenc._errors import PosEncError, check_int
 from posenc.analysis._encodings import additive_table, resolve_encoding
 from posenc.analysis._results import Result
 
+# The widest embedding the demonstration builds (its projections are dim x dim).
+MAX_DIM = 1 << 12
+
 __all__ = [
     "ATTENTION_SETTINGS",
     "AttentionDemo",
@@ -180,7 +183,7 @@ def order_sensitivity(
         [('no positions', True), ('sinusoidal added to embeddings', False), ('RoPE in attention', False)]
     """
     words_a, words_b = _words(sentences)
-    dim = check_int("dim", dim, min=2)
+    dim = check_int("dim", dim, min=2, max=MAX_DIM)
     num_heads = check_int("num_heads", num_heads, min=1)
     if dim % (2 * num_heads):
         raise PosEncError(

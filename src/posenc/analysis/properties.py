@@ -31,6 +31,7 @@ from posenc._errors import check_float, check_int
 from posenc.analysis._encodings import (
     additive_table,
     bias_profile,
+    check_dtypes,
     encoding_dim,
     resolve_encoding,
     resolve_positions,
@@ -139,6 +140,7 @@ def boundedness(
         >>> boundedness("sinusoidal").bounded
         True
     """
+    check_dtypes(dtype)
     enc = resolve_encoding(encoding)
     pos = resolve_positions(positions, (0, 1024), min_len=2, nonnegative=enc.kind == "bias")
     unit, vectors = _vectors(enc, pos, dtype=dtype)
@@ -253,9 +255,10 @@ def uniqueness(
         >>> uniqueness("sinusoidal", 1024, position_dtype=torch.bfloat16).unique
         False
     """
+    check_dtypes(dtype, position_dtype)
     enc = resolve_encoding(encoding)
     pos = resolve_positions(positions, (0, 512), min_len=2, nonnegative=enc.kind == "bias")
-    rtol = check_float("rtol", rtol, min=0.0)
+    rtol = check_float("rtol", rtol, min=0.0, max=1.0)
     max_examples = check_int("max_examples", max_examples, min=0)
     unit, vectors = _vectors(enc, pos, dtype=dtype, position_dtype=position_dtype)
     keep = vectors.abs().amax(dim=0) > 0  # coordinates zero everywhere change no distance

@@ -9,11 +9,13 @@ from collections.abc import Sequence
 
 import torch
 
-from posenc._errors import PosEncError, check_float, check_int
+from posenc._errors import PosEncError, check_float, check_int, check_same_device, check_tensor
 from posenc.analysis._encodings import (
     additive_table,
     bias_matrix,
     bias_profile,
+    check_count,
+    check_dtypes,
     inv_freq,
     resolve_encoding,
     resolve_positions,
@@ -102,13 +104,14 @@ def shift_structure(
         >>> shift_structure("index").linear_map_holds
         False
     """
+    check_dtypes(dtype)
     enc = resolve_encoding(encoding)
     pos = resolve_positions(positions, (0, 256), min_len=2)
-    tol = check_float("tol", tol, min=0.0)
+    tol = check_float("tol", tol, min=0.0, max=1.0)
     n = pos.shape[0]
     if offsets is None:  # powers of two up to n / 4, so each fit has >= 3n/4 samples
         offsets = [2**i for i in range(n.bit_length()) if 2**i <= max(1, n // 4)]
-    if isinstance(offsets, (str, bytes)) or not offsets:
+    if not isinstance(offsets, (list, tuple, range)) or not offsets:
         raise PosEncError(f"offsets must be a non-empty sequence of integers, got {offsets!r}")
     ks = tuple(check_int("offsets", k, min=1, max=n - 1) for k in offsets)
     if enc.kind == "bias":
@@ -208,6 +211,19 @@ def roformer_bound(inv_freq: torch.Tensor, distances: torch.Tensor) -> torch.Ten
         >>> roformer_bound(torch.tensor([1.0, 0.5]), torch.tensor([0])).item()  # (1 + 2) / 2
         1.5
     """
+    for name, t in (("inv_freq", inv_freq), ("distances", distances)):
+        check_tensor(name, t)
+        if t.dtype == torch.bool or t.is_complex() or t.ndim != 1:
+            raise PosEncError(
+                f"{name} must be a 1-D real tensor, got shape {tuple(t.shape)} and {t.dtype}"
+            )
+    check_same_device(("inv_freq", "distances"), inv_freq, distances)
+    if inv_freq.numel() == 0:
+        raise PosEncError("inv_freq must hold at least one frequency, got an empty tensor")
+    if inv_freq.is_floating_point() and not bool(torch.isfinite(inv_freq).all()):
+        raise PosEncError("inv_freq must be finite, got a tensor containing NaN or inf")
+    if distances.is_floating_point() and not bool(torch.isfinite(distances).all()):
+        raise PosEncError("distances must be finite, got a tensor containing NaN or inf")
     theta = distances.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
     s = torch.cumsum(torch.polar(torch.ones_like(theta), theta), dim=-1)  # [m, r/2]: S_1..S_r/2
     return s.abs().mean(dim=-1)
@@ -234,9 +250,10 @@ def decay(
         >>> [round(v, 3) for v in d.normalized]
         [1.0, 0.966, 0.884, 0.8, 0.748]
     """
+    check_dtypes(dtype)
     enc = resolve_encoding(encoding)
-    max_distance = check_int("max_distance", max_distance, min=1)
-    anchors = check_int("anchors", anchors, min=1)
+    max_distance = check_count("max_distance", max_distance)
+    anchors = check_count("anchors", anchors)
     dist = torch.arange(max_distance + 1)
     per_head = bound = bound_normalized = normalized = None
     if enc.kind == "bias":

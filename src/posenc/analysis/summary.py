@@ -8,8 +8,7 @@ from typing import Any
 
 import torch
 
-from posenc._errors import check_int
-from posenc.analysis._encodings import resolve_encoding
+from posenc.analysis._encodings import check_count, check_dtypes, resolve_encoding
 from posenc.analysis._results import Result
 from posenc.analysis.properties import (
     Boundedness,
@@ -106,9 +105,11 @@ def properties(
         >>> row["bounded"], row["unique"], row["offset_only"]
         (True, True, True)
     """
+    check_dtypes(dtype)
     enc = resolve_encoding(encoding)
-    positions = check_int("positions", positions, min=2)
-    shift_positions = check_int("shift_positions", shift_positions, min=2)
+    positions = check_count("positions", positions, min=2)
+    shift_positions = check_count("shift_positions", shift_positions, min=2)
+    max_distance = check_count("max_distance", max_distance)
     return Properties(
         encoding=enc.name,
         kind=enc.kind,

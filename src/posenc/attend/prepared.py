@@ -22,6 +22,7 @@ still computed per call.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -252,6 +253,18 @@ class PreparedEncoding:
         return score_mod
 
 
+def _check_has_values(enc: Encoding) -> None:
+    """Refuse an encoding whose tensors are on the meta device (built there, never
+    ``to_empty``-ed): they hold no values, and a bias from them would be garbage."""
+    for t in itertools.chain(enc.parameters(), enc.buffers()):
+        if t.is_meta:
+            raise PosEncError(
+                f"encoding {enc.name!r} has its tensors on the meta device (no values); move "
+                "it with to_empty(device=...) and initialise it first"
+            )
+        return
+
+
 def prepare_encoding(
     encoding: str | Mapping[str, Any] | Encoding | None,
     *,
@@ -304,6 +317,8 @@ def prepare_encoding(
             f"encoding {enc.name!r} has num_heads={enc.num_heads}; it must equal the number "
             f"of query heads, {num_heads}"
         )
+    if enc is not None:
+        _check_has_values(enc)
     coords = enc.position_coords if isinstance(enc, RotaryEncoding) else None
     qpos, kpos = _positions.resolve_pair(
         q_len, k_len, q_positions, k_positions, batch=batch, device=device, coords=coords

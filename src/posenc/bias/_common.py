@@ -15,13 +15,22 @@ import torch
 from torch import nn
 
 from posenc import positions as _positions
-from posenc._errors import PosEncError, check_choice, check_positions
+from posenc._errors import (
+    PosEncError,
+    check_alloc,
+    check_choice,
+    check_positions,
+    check_same_device,
+    tracing,
+)
 
 __all__ = [
     "ExactConstants",
     "canonical",
     "causal_option",
+    "check_bias_size",
     "check_integer_positions",
+    "check_module_device",
     "check_pair",
     "distance",
     "head_first",
@@ -41,6 +50,7 @@ def check_pair(q_positions: Any, k_positions: Any) -> tuple[torch.Tensor, torch.
     """Validate a pair ``[q] | [b, q]`` and ``[k] | [b, k]`` whose batch sizes agree (or are 1)."""
     qpos = check_positions("q_positions", q_positions)
     kpos = check_positions("k_positions", k_positions)
+    check_same_device(("q_positions", "k_positions"), qpos, kpos)
     if qpos.ndim == 2 and kpos.ndim == 2 and 1 not in (qpos.shape[0], kpos.shape[0]):
         if qpos.shape[0] != kpos.shape[0]:
             raise PosEncError(
@@ -58,13 +68,51 @@ def resolve_pair(
     *,
     device: torch.device | str | None,
     batch: int | None = None,
+    num_heads: int | None = None,
+    channels: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The query and key positions a ``bias(q_len, k_len, ...)`` call means, validated once:
     the defaults of :func:`posenc.positions.resolve_pair` (keys ``arange(k_len)``, queries
     the last ``q_len`` of them), on ``device``, int64 for integer positions and float64 for
-    floating ones. ``batch``: the batch size ``[b, s]`` positions must have (or 1)."""
+    floating ones. ``batch``: the batch size ``[b, s]`` positions must have (or 1).
+
+    ``device`` is the module's: one on the meta device (no values) is refused. With
+    ``num_heads``, the ``[b, h, q, k]`` bias (times ``channels`` values per pair) it asks
+    for is checked against the allocation limit first (:func:`check_bias_size`)."""
+    check_module_device(device)
     qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions, batch=batch)
+    if num_heads is not None:
+        check_bias_size(qpos, kpos, num_heads, device, channels=channels)
     return canonical(qpos).to(device), canonical(kpos).to(device)
+
+
+def check_module_device(device: torch.device | str | None) -> None:
+    """Raise if a bias module's tensors are on the meta device: they hold no values, and a
+    bias computed from them would be garbage (``to_empty(device=...)`` gives real ones)."""
+    if device is not None and torch.device(device).type == "meta":
+        raise PosEncError(
+            "the module's parameters are on the meta device (no values); move it with "
+            "to_empty(device=...) and initialise it before computing a bias, got device meta"
+        )
+
+
+def check_bias_size(
+    qpos: torch.Tensor,
+    kpos: torch.Tensor,
+    num_heads: int,
+    device: torch.device | str | None,
+    *,
+    channels: int = 1,
+) -> None:
+    """Raise before materialising a ``[b, h, q, k]`` float32 bias (with its int64 distances)
+    that needs more memory than allowed (:func:`posenc._errors.check_alloc`)."""
+    if tracing():
+        return
+    b = max(qpos.shape[0] if qpos.ndim == 2 else 1, kpos.shape[0] if kpos.ndim == 2 else 1)
+    q, k = qpos.shape[-1], kpos.shape[-1]
+    # the bias, plus about three [b, q, k] int64 / float64 temporaries (distances, buckets)
+    shape = (b, num_heads * channels + 6, q, k)
+    check_alloc("q_len, k_len", (q, k), shape, torch.float32, device)
 
 
 def check_integer_positions(encoding: str, qpos: torch.Tensor, kpos: torch.Tensor) -> None:

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from posenc._base import BiasEncoding
-from posenc._errors import PosEncError, check_choice, check_int, check_tensor
+from posenc._errors import PosEncError, check_choice, check_device, check_int, check_tensor
 from posenc.bias._common import (
     ExactConstants,
     canonical,
@@ -29,7 +29,11 @@ from posenc.bias._common import (
     resolve_pair,
 )
 
-__all__ = ["ALiBiBias", "alibi_bias", "alibi_slopes"]
+__all__ = ["MAX_HEADS", "ALiBiBias", "alibi_bias", "alibi_slopes"]
+
+# The most heads ALiBi gives slopes to (the slopes are a Python list, built head by head).
+MAX_HEADS = 1 << 16
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _slope_values(num_heads: int) -> list[float]:
@@ -66,7 +70,7 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
         >>> posenc.alibi_slopes(3)
         tensor([0.0625, 0.0039, 0.2500])
     """
-    num_heads = check_int("num_heads", num_heads, min=1)
+    num_heads = check_int("num_heads", num_heads, min=1, max=MAX_HEADS)
     return torch.tensor(_slope_values(num_heads), dtype=torch.float64).to(torch.float32)
 
 
@@ -172,7 +176,8 @@ class ALiBiBias(ExactConstants, BiasEncoding):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        self.num_heads = check_int("num_heads", num_heads, min=1)
+        device = check_device("device", device)
+        self.num_heads = check_int("num_heads", num_heads, min=1, max=MAX_HEADS)
         self.causal = bool(check_choice("causal", causal, (True, False)))
         if slopes is None:
             values = _slope_values(self.num_heads)
@@ -203,8 +208,11 @@ class ALiBiBias(ExactConstants, BiasEncoding):
         for i, s in enumerate(slopes):
             if isinstance(s, bool) or not isinstance(s, (int, float)):
                 raise PosEncError(f"slopes[{i}] must be a number, got {s!r}")
-            if not (0.0 <= float(s) < float("inf")):
-                raise PosEncError(f"slopes[{i}] must be finite and >= 0, got {s}")
+            if not (0.0 <= float(s) <= _FLOAT32_MAX):
+                raise PosEncError(
+                    f"slopes[{i}] must be finite and >= 0, got {s} (finite in float32, the "
+                    "slopes' dtype)"
+                )
             values.append(float(s))
         return values
 
@@ -226,7 +234,14 @@ class ALiBiBias(ExactConstants, BiasEncoding):
         Positions default to ``arange(k_len)`` for keys and the last ``q_len`` of them for
         queries; given positions are moved to the slopes' device.
         """
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.slopes.device)
+        qpos, kpos = resolve_pair(
+            q_len,
+            k_len,
+            q_positions,
+            k_positions,
+            device=self.slopes.device,
+            num_heads=self.num_heads,
+        )
         return self.bias_at(qpos, kpos)
 
     def bias_at(

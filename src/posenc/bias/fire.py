@@ -20,7 +20,14 @@ import torch
 from torch import nn
 
 from posenc._base import BiasEncoding
-from posenc._errors import PosEncError, check_float, check_int
+from posenc._errors import (
+    PosEncError,
+    check_alloc,
+    check_factory,
+    check_float,
+    check_int,
+    check_same_device,
+)
 from posenc.bias._common import (
     canonical,
     check_pair,
@@ -34,15 +41,22 @@ from posenc.bias._common import (
 __all__ = ["FIREBias", "fire_bias", "fire_normalized_distance"]
 
 
+# Bounds of the numbers c and threshold: |c| * max(threshold, position) stays finite in
+# float32 (where the formula is evaluated) for positions up to ~1e22.
+LIMITS = {"c": 1e4, "threshold": 1e12, "init_c": 1e4, "init_threshold": 1e12}
+
+
 def _as_scalar(name: str, value: float | torch.Tensor) -> torch.Tensor | float:
     if isinstance(value, torch.Tensor):
+        if value.device.type == "meta":
+            raise PosEncError(f"{name} must hold values, got a tensor on the meta device")
         if value.numel() != 1 or not value.is_floating_point():
             raise PosEncError(
                 f"{name} must be a number or a one-element floating tensor, got "
                 f"shape {tuple(value.shape)} dtype {value.dtype}"
             )
         return value.reshape(())
-    return check_float(name, value)
+    return check_float(name, value, min=-LIMITS[name], max=LIMITS[name])
 
 
 def _normalized(
@@ -92,6 +106,9 @@ def fire_normalized_distance(
     qpos, kpos = check_pair(q_positions, k_positions)
     c = _as_scalar("c", c)
     threshold = _as_scalar("threshold", threshold)
+    for name, t in (("c", c), ("threshold", threshold)):
+        if isinstance(t, torch.Tensor):
+            check_same_device(("q_positions", name), qpos, t)
     eps = check_float("eps", eps, min=0.0)
     return _normalized_pairs(qpos, kpos, c, threshold, eps)
 
@@ -196,11 +213,22 @@ class FIREBias(BiasEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device, dtype = check_factory(device, dtype)
         self.num_heads = check_int("num_heads", num_heads, min=1)
         self.mlp_width = check_int("mlp_width", mlp_width, min=1)
-        self.init_c = check_float("init_c", init_c, min=0.0, min_exclusive=True)
+        name = "mlp_width" if self.mlp_width > self.num_heads else "num_heads"
+        value = max(self.mlp_width, self.num_heads)
+        shape = (self.mlp_width + 2, self.num_heads + 2)
+        check_alloc(name, value, shape, dtype or torch.float32, device)
+        self.init_c = check_float(
+            "init_c", init_c, min=0.0, min_exclusive=True, max=LIMITS["init_c"]
+        )
         self.init_threshold = check_float(
-            "init_threshold", init_threshold, min=0.0, min_exclusive=True
+            "init_threshold",
+            init_threshold,
+            min=0.0,
+            min_exclusive=True,
+            max=LIMITS["init_threshold"],
         )
         self.eps = check_float("eps", eps, min=0.0)
         self.mlp = nn.Sequential(
@@ -240,7 +268,9 @@ class FIREBias(BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.c.device)
+        qpos, kpos = resolve_pair(
+            q_len, k_len, q_positions, k_positions, device=self.c.device, num_heads=self.num_heads
+        )
         return self.bias_at(qpos, kpos)
 
     def bias_at(

@@ -19,8 +19,11 @@ from torch import nn
 from posenc._base import BiasEncoding
 from posenc._errors import (
     PosEncError,
+    check_alloc,
+    check_factory,
     check_float,
     check_int,
+    check_same_device,
     check_tensor,
     check_traced,
     tracing,
@@ -71,6 +74,7 @@ def kerple_bias(
         check_tensor(name, r, floating=True)
         if r.ndim != 1 or r.numel() == 0:
             raise PosEncError(f"{name} must be a non-empty [h] tensor, got shape {tuple(r.shape)}")
+    check_same_device(("r1", "r2"), r1, r2)
     if r1.shape != r2.shape:
         raise PosEncError(
             f"r1 and r2 must have the same shape [h], got {tuple(r1.shape)} and {tuple(r2.shape)}"
@@ -127,8 +131,12 @@ class KerpleBias(BiasEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device, dtype = check_factory(device, dtype)
         self.num_heads = check_int("num_heads", num_heads, min=1)
         self.eps = check_float("eps", eps, min=0.0, min_exclusive=True)
+        check_alloc(
+            "num_heads", self.num_heads, (2, self.num_heads), dtype or torch.float32, device
+        )
         self.r1 = nn.Parameter(torch.empty(self.num_heads, device=device, dtype=dtype))
         self.r2 = nn.Parameter(torch.empty(self.num_heads, device=device, dtype=dtype))
         self.reset_parameters()
@@ -147,7 +155,9 @@ class KerpleBias(BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.r1.device)
+        qpos, kpos = resolve_pair(
+            q_len, k_len, q_positions, k_positions, device=self.r1.device, num_heads=self.num_heads
+        )
         return self.bias_at(qpos, kpos)
 
     def bias_at(

@@ -21,10 +21,19 @@ import torch
 from torch import nn
 
 from posenc._base import BiasEncoding
-from posenc._errors import PosEncError, check_choice, check_int, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_alloc,
+    check_choice,
+    check_factory,
+    check_int,
+    check_same_device,
+    check_tensor,
+)
 from posenc.bias._common import (
     canonical,
     check_integer_positions,
+    check_module_device,
     check_pair,
     pairs,
     renamed,
@@ -125,8 +134,11 @@ def shaw_relative_logits(
     """
     _check_4d("q", q, "[b, h, q, d]")
     max_distance = _check_table("table", table, q.shape[-1])
+    check_same_device(("q", "table"), q, table)
     b, h, q_len, _ = q.shape
-    k_len = k_positions.shape[-1] if isinstance(k_positions, torch.Tensor) else -1
+    k_len = (
+        k_positions.shape[-1] if isinstance(k_positions, torch.Tensor) and k_positions.ndim else -1
+    )
     qpos, kpos = _check_index(q_positions, k_positions, (b, h, q_len, k_len))
     return _logits(q, table, qpos, kpos, max_distance)
 
@@ -171,6 +183,7 @@ def shaw_relative_values(
     """
     _check_4d("probs", probs, "[b, h, q, k]")
     max_distance = _check_table("table", table)
+    check_same_device(("probs", "table"), probs, table)
     b, h, q_len, k_len = probs.shape
     qpos, kpos = _check_index(q_positions, k_positions, (b, h, q_len, k_len))
     return _values(probs, table, qpos, kpos, max_distance)
@@ -240,6 +253,7 @@ class ShawRelativeBias(BiasEncoding):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        device, dtype = check_factory(device, dtype)
         self.num_heads = check_int("num_heads", num_heads, min=1)
         self.head_dim = check_int("head_dim", head_dim, min=1)
         self.max_distance = check_int("max_distance", max_distance, min=1)
@@ -247,6 +261,9 @@ class ShawRelativeBias(BiasEncoding):
         # Instance attribute: whether attention must call value_bias.
         self.value_dependent = values  # type: ignore[misc]
         rows = 2 * self.max_distance + 1
+        name = "max_distance" if rows > self.head_dim else "head_dim"
+        value = self.max_distance if rows > self.head_dim else self.head_dim
+        check_alloc(name, value, (2, rows, self.head_dim), dtype or torch.float32, device)
         self.rel_k = nn.Parameter(torch.empty(rows, self.head_dim, device=device, dtype=dtype))
         self.rel_v: nn.Parameter | None
         if values:
@@ -286,6 +303,8 @@ class ShawRelativeBias(BiasEncoding):
         """The key term ``q_i . a^K_ij`` ``[b, h, q, k]`` (float32) for the scaled queries ``q``."""
         q = self._query(q)
         self._check_heads("q", q, "[b, h, q, d]")
+        check_module_device(self.rel_k.device)
+        check_same_device(("q", "the module's table rel_k"), q, self.rel_k)
         if q.shape[2] != q_len:
             raise PosEncError(
                 f"q must have q_len ({q_len}) queries in dim 2, got shape {tuple(q.shape)}"
@@ -318,8 +337,10 @@ class ShawRelativeBias(BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The value term ``sum_j p_ij a^V_ij`` ``[b, h, q, d]`` (float32), added to ``probs @ v``."""
-        self._value_table()
+        table = self._value_table()
         self._check_heads("probs", probs, "[b, h, q, k]")
+        check_module_device(table.device)
+        check_same_device(("probs", "the module's table rel_v"), probs, table)
         b, _, q_len, k_len = probs.shape
         qpos, kpos = resolve_pair(
             q_len, k_len, q_positions, k_positions, device=probs.device, batch=b

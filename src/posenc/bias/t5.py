@@ -20,7 +20,14 @@ import torch
 from torch import nn
 
 from posenc._base import BiasEncoding
-from posenc._errors import PosEncError, check_choice, check_int, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_alloc,
+    check_choice,
+    check_factory,
+    check_int,
+    check_tensor,
+)
 from posenc.bias._common import (
     ExactConstants,
     canonical,
@@ -32,7 +39,11 @@ from posenc.bias._common import (
     resolve_pair,
 )
 
-__all__ = ["T5RelativeBias", "t5_relative_bias", "t5_relative_bucket"]
+__all__ = ["MAX_DISTANCE", "T5RelativeBias", "t5_relative_bias", "t5_relative_bucket"]
+
+# The largest max_distance: the bucket lookup table holds 2 * max_distance + 1 int64 entries
+# (16 MiB here), built once per module; every distance beyond it shares the last bucket.
+MAX_DISTANCE = 1 << 20
 
 
 def _check_options(num_buckets: int, max_distance: int, causal: bool) -> tuple[int, int]:
@@ -45,7 +56,7 @@ def _check_options(num_buckets: int, max_distance: int, causal: bool) -> tuple[i
             "num_buckets must be >= 4 when causal=False (each direction gets half, and "
             f"a half needs an exact and a logarithmic bucket), got {num_buckets}"
         )
-    max_distance = check_int("max_distance", max_distance, min=1)
+    max_distance = check_int("max_distance", max_distance, min=1, max=MAX_DISTANCE)
     if max_distance < num_buckets / 2:
         raise PosEncError(
             f"max_distance must be >= num_buckets / 2 ({num_buckets / 2:g}), got {max_distance}"
@@ -97,7 +108,11 @@ def t5_relative_bucket(
         tensor([15, 10,  3,  0, 19, 26, 31])
     """
     check_tensor("relative_position", relative_position)
-    if relative_position.is_floating_point() or relative_position.dtype == torch.bool:
+    if (
+        relative_position.is_floating_point()
+        or relative_position.is_complex()
+        or relative_position.dtype == torch.bool
+    ):
         raise PosEncError(
             f"relative_position must be an integer tensor, got dtype {relative_position.dtype}"
         )
@@ -185,6 +200,11 @@ def t5_relative_bias(
     if table.ndim != 2:
         raise PosEncError(f"table must be [num_buckets, h], got shape {tuple(table.shape)}")
     causal = causal_option(causal, bidirectional, default=False)
+    if table.shape[0] < 2:
+        raise PosEncError(f"table must have >= 2 rows (buckets), got shape {tuple(table.shape)}")
+    if table.device.type == "meta":
+        raise PosEncError("table must hold values, got a tensor on the meta device")
+    _check_options(table.shape[0], max_distance, causal)  # max_distance, before the table
     lut = _lookup_table(table.shape[0], max_distance, causal).to(table.device)
     qp, kp = pairs(qpos.to(table.device, torch.long), kpos.to(table.device, torch.long))
     return _gather(table, _buckets(qp, kp, lut))
@@ -240,9 +260,12 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         bidirectional: bool | None = None,
     ) -> None:
         super().__init__()
+        device, dtype = check_factory(device, dtype)
         self.num_heads = check_int("num_heads", num_heads, min=1)
         self.causal = causal_option(causal, bidirectional, default=False)
         self.num_buckets, self.max_distance = _check_options(num_buckets, max_distance, self.causal)
+        shape = (self.num_buckets, self.num_heads)
+        check_alloc("num_heads", self.num_heads, shape, dtype or torch.float32, device)
         self.weight = nn.Parameter(
             torch.empty(self.num_buckets, self.num_heads, device=device, dtype=dtype)
         )
@@ -293,7 +316,14 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bucket of every (query, key) pair: ``[q, k]`` (or ``[b, q, k]``) int64."""
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.weight.device)
+        qpos, kpos = resolve_pair(
+            q_len,
+            k_len,
+            q_positions,
+            k_positions,
+            device=self.weight.device,
+            num_heads=self.num_heads,
+        )
         check_integer_positions("T5 buckets", qpos, kpos)
         return _buckets(*pairs(qpos, kpos), self.bucket_lut)
 
@@ -306,7 +336,14 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
-        qpos, kpos = resolve_pair(q_len, k_len, q_positions, k_positions, device=self.weight.device)
+        qpos, kpos = resolve_pair(
+            q_len,
+            k_len,
+            q_positions,
+            k_positions,
+            device=self.weight.device,
+            num_heads=self.num_heads,
+        )
         return self.bias_at(qpos, kpos)
 
     def bias_at(

@@ -23,16 +23,23 @@ from posenc import registry
 from posenc._base import BiasEncoding, Encoding, RotaryEncoding
 from posenc._errors import (
     PosEncError,
+    check_alloc,
+    check_bool,
     check_float,
     check_int,
     check_positions,
+    check_same_device,
     check_tensor,
     check_traced,
     tracing,
 )
 from posenc.attend import PreparedEncoding, attention
 
-__all__ = ["KVCache", "TinyTransformer"]
+__all__ = ["MAX_LAYERS", "MAX_NEW_TOKENS", "KVCache", "TinyTransformer"]
+
+# Bounds of the two Python loops over a user's size: layers built, tokens generated.
+MAX_LAYERS = 1 << 12
+MAX_NEW_TOKENS = 1 << 20
 
 
 class KVCache:
@@ -185,7 +192,7 @@ class TinyTransformer(nn.Module):
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, min=1)
         self.dim = check_int("dim", dim, min=1)
-        self.num_layers = check_int("num_layers", num_layers, min=1)
+        self.num_layers = check_int("num_layers", num_layers, min=1, max=MAX_LAYERS)
         self.num_heads = check_int("num_heads", num_heads, min=1)
         if self.dim % self.num_heads:
             raise PosEncError(f"dim must be divisible by num_heads ({num_heads}), got {dim}")
@@ -194,6 +201,7 @@ class TinyTransformer(nn.Module):
         if self.dropout == 1.0:
             raise PosEncError("dropout must be < 1, got 1.0")
         self.max_len = None if max_len is None else check_int("max_len", max_len, min=1)
+        self._check_size()
         for name, flag in (("causal", causal), ("tie_embeddings", tie_embeddings)):
             if not isinstance(flag, bool):
                 raise PosEncError(f"{name} must be a bool, got {flag!r}")
@@ -270,16 +278,25 @@ class TinyTransformer(nn.Module):
 
     # --- forward --------------------------------------------------------------
 
+    def _check_size(self) -> None:
+        """The parameters' bytes, estimated before any is allocated (one message per cause)."""
+        d, per_layer = self.dim, (4 + 2 * self.mlp_ratio) * self.dim  # [per_layer, d] a layer
+        check_alloc("dim", d, (6, d, d))
+        check_alloc("mlp_ratio", self.mlp_ratio, (per_layer, d))
+        check_alloc("vocab_size", self.vocab_size, (self.vocab_size, d))
+        check_alloc("num_layers", self.num_layers, (self.num_layers, per_layer, d))
+
     def _check_tokens(self, tokens: Any) -> torch.Tensor:
         check_tensor("tokens", tokens)
+        check_same_device(("tokens", "the model's weights (embed)"), tokens, self.embed.weight)
         if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise PosEncError(
                 f"tokens must be an int64 tensor [b, s], got shape {tuple(tokens.shape)} "
                 f"and dtype {tokens.dtype}"
             )
-        if tokens.shape[1] < 1:
+        if tokens.shape[0] < 1 or tokens.shape[1] < 1:
             raise PosEncError(
-                f"tokens must hold at least one token per row, got {tuple(tokens.shape)}"
+                f"tokens must hold at least one row and token, got {tuple(tokens.shape)}"
             )
         if tracing():  # torch.compile / export: the vocabulary range as a graph assertion
             in_range = (tokens >= 0) & (tokens < self.vocab_size)
@@ -297,6 +314,10 @@ class TinyTransformer(nn.Module):
         if attn_mask is None:
             return None
         check_tensor("attn_mask", attn_mask)
+        if attn_mask.device.type == "meta":
+            raise PosEncError("attn_mask must hold values, got a tensor on the meta device")
+        if attn_mask.is_complex():
+            raise PosEncError(f"attn_mask must be bool or integer 0 / 1, got {attn_mask.dtype}")
         if tuple(attn_mask.shape) != (b, s):
             raise PosEncError(
                 f"attn_mask must be [b, s] = [{b}, {s}] (True or 1 = real token), got shape "
@@ -378,7 +399,6 @@ class TinyTransformer(nn.Module):
             )
 
         x = self.drop(x)
-        # Positions, rotary cos/sin and the bias are computed once here for every layer.
         # Positions (validated once, above), rotary cos/sin and the bias are computed once
         # here for every layer: the new tokens' queries against every key.
         inner = None
@@ -421,9 +441,13 @@ class TinyTransformer(nn.Module):
 
         if not self.causal:
             raise PosEncError("generate needs a causal model (causal=True); this one is an encoder")
-        n = check_int("max_new_tokens", max_new_tokens, min=0)
+        n = check_int("max_new_tokens", max_new_tokens, min=0, max=MAX_NEW_TOKENS)
+        use_cache = check_bool("use_cache", use_cache)
         tokens = self._check_tokens(tokens)
         b, s = tokens.shape
+        # the keys and values of every layer for every token, before the first step
+        kv = (2 * self.num_layers * b * (s + n), self.dim)
+        check_alloc("max_new_tokens", n, kv, self.embed.weight.dtype, tokens.device)
         mask = self._padding(attn_mask, b, s, tokens.device)
         positions = None if mask is None else from_attention_mask(mask)
         out = tokens

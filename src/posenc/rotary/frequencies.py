@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc._errors import PosEncError, check_alloc, check_choice, check_float, check_int
 from posenc.rotary.scalings._registry import SCALINGS, ScalingParams, default_frequencies
 from posenc.rotary.scalings.linear import LinearScaling
 from posenc.rotary.scalings.llama3 import Llama3Scaling
@@ -115,7 +115,8 @@ def parse_scaling(scaling: Any) -> Scaling | None:
     required = [
         n
         for n, f in fields.items()
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        or f.metadata.get("required")
     ]
     missing = [n for n in required if n not in args]
     if missing:
@@ -165,13 +166,18 @@ def rope_frequencies(
     dim = check_int("dim", dim, min=2)
     if dim % 2:
         raise PosEncError(f"dim must be even (the rotary dim pairs channels), got {dim}")
+    check_alloc("dim", dim, (4, dim), torch.float64)  # a few [dim / 2] float64 vectors
     base = check_float("base", base, min=1.0, min_exclusive=True)
     if isinstance(seq_len, torch.Tensor) and seq_len.numel() == 1:
+        if seq_len.dtype == torch.bool or seq_len.is_complex() or seq_len.device.type == "meta":
+            raise PosEncError(f"seq_len must be a real number, got {seq_len!r}")
         seq_len = seq_len.item()  # one host synchronisation (dynamic scaling needs the value)
+    if isinstance(seq_len, bool):
+        raise PosEncError(f"seq_len must be a number (the largest position + 1), got {seq_len!r}")
     if seq_len is not None and not isinstance(seq_len, float) and hasattr(seq_len, "__index__"):
         seq_len = int(seq_len)
     if seq_len is not None:
-        seq_len = check_float("seq_len", seq_len)
+        seq_len = check_float("seq_len", seq_len, min=-(2.0**63), max=2.0**63)
     params = parse_scaling(scaling)
     if params is None:
         return default_frequencies(dim, base), 1.0

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from posenc._errors import PosEncError, check_float, check_int
+from posenc._errors import PosEncError, check_alloc, check_float, check_int, check_positions
 from posenc.rotary.frequencies import Scaling, rope_frequencies
 from posenc.rotary.layout import Layout, check_rotary_dims
 from posenc.rotary.module import RotaryEmbedding
@@ -49,8 +49,8 @@ def axial_frequencies(axis_dims: Sequence[int], *, base: float = 10000.0) -> tor
         tensor([1.0000, 0.1000, 1.0000, 0.1000], dtype=torch.float64)
     """
     base = check_float("base", base, min=1.0, min_exclusive=True)
-    if isinstance(axis_dims, (str, bytes, torch.Tensor)) or not hasattr(axis_dims, "__len__"):
-        raise PosEncError(f"axis_dims must be a sequence of even integers, got {axis_dims!r}")
+    if not isinstance(axis_dims, (list, tuple)):
+        raise PosEncError(f"axis_dims must be a list or tuple of even integers, got {axis_dims!r}")
     if not len(axis_dims):
         raise PosEncError("axis_dims must name at least one axis, got an empty sequence")
     blocks = []
@@ -58,8 +58,34 @@ def axial_frequencies(axis_dims: Sequence[int], *, base: float = 10000.0) -> tor
         dim = check_int(f"axis_dims[{a}]", dim, min=2)
         if dim % 2:
             raise PosEncError(f"axis_dims[{a}] must be even (RoPE rotates pairs), got {dim}")
+        check_alloc(f"axis_dims[{a}]", dim, (dim,), torch.float64)
         blocks.append(rope_frequencies(dim, base=base)[0])
     return torch.cat(blocks)
+
+
+def check_head_dim(head_dim: Any) -> int:
+    """``head_dim`` of a rotary module: an integer >= 2 whose frequency tables fit in memory
+    (checked before any is built, so the error names ``head_dim``)."""
+    head_dim = check_int("head_dim", head_dim, min=2)
+    check_alloc("head_dim", head_dim, (4, head_dim), torch.float64)
+    return head_dim
+
+
+def _nd_cos_sin(
+    module: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:meth:`RotaryEmbedding.cos_sin` of ``[*P, n_axes]`` positions, checked first (a 0-d
+    or wrongly sized last axis is a PosEncError, not an IndexError)."""
+    check_positions("positions", positions, ndims=None)
+    n = module.position_coords
+    if positions.ndim == 0 or positions.shape[-1] != n:
+        raise PosEncError(
+            f"positions must be [*P, {n}] (one coordinate per axis), got shape "
+            f"{tuple(positions.shape)}"
+        )
+    if dtype not in (torch.float32, torch.float64):
+        raise PosEncError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
+    return RotaryEmbedding.cos_sin(module, positions, dtype=dtype)
 
 
 class MultimodalRotaryEmbedding(RotaryEmbedding):
@@ -106,6 +132,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
     ) -> None:
         if sections is None:
             raise PosEncError("sections must be given for M-RoPE (e.g. (16, 24, 24)), got None")
+        check_head_dim(head_dim)
         super().__init__(
             head_dim,
             base=base,
@@ -122,6 +149,12 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             layout=layout,
             scaling=self.scaling,
         )
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at ``[*P, 3]`` positions: ``[*P, rotary_dim / 2]`` each."""
+        return _nd_cos_sin(self, positions, dtype)
 
 
 def _axis_dims(head_dim: int, n_axes: Any, rotary_dim: Any, axis_dims: Any) -> tuple[int, ...]:
@@ -203,7 +236,7 @@ class AxialRotaryEmbedding(RotaryEmbedding):
         axis_dims: Sequence[int] | None = None,
     ) -> None:
         n_axes = check_int("n_axes", n_axes, min=1)
-        head_dim = check_rotary_dims(head_dim, None)[0]
+        head_dim = check_rotary_dims(check_head_dim(head_dim), None)[0]
         dims = _axis_dims(head_dim, n_axes, rotary_dim, axis_dims)
         # Read by _frequencies() inside RotaryEmbedding.__init__ (a plain attribute).
         self._axis_dims = dims
@@ -226,6 +259,12 @@ class AxialRotaryEmbedding(RotaryEmbedding):
     @property
     def axis_dims(self) -> tuple[int, ...]:
         return self._axis_dims
+
+    def cos_sin(
+        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin at ``[*P, n_axes]`` positions: ``[*P, rotary_dim / 2]`` each."""
+        return _nd_cos_sin(self, positions, dtype)
 
     def _frequencies(self, seq_len: float | None) -> tuple[torch.Tensor, float]:
         return axial_frequencies(self._axis_dims, base=self._base), 1.0

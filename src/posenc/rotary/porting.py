@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from posenc._errors import PosEncError, check_choice, check_int, check_tensor
+from posenc._errors import PosEncError, check_alloc, check_choice, check_int, check_tensor
 from posenc.rotary.layout import LAYOUTS, Layout, check_rotary_dims
 
 __all__ = ["layout_permutation", "permute_qk_weight"]
@@ -50,6 +50,7 @@ def layout_permutation(
     check_choice("source", source, LAYOUTS)
     check_choice("target", target, LAYOUTS)
     head_dim, rotary_dim = check_rotary_dims(head_dim, rotary_dim)
+    check_alloc("head_dim", head_dim, (3, head_dim), torch.long)
     perm = torch.arange(head_dim)
     if source == target:
         return perm
@@ -95,6 +96,8 @@ def permute_qk_weight(
         tensor([0., 2., 1., 3., 4., 6., 5., 7.])
     """
     check_tensor("weight", weight)
+    if weight.dtype == torch.bool or weight.is_complex():
+        raise PosEncError(f"weight must be a real (floating or integer) tensor, got {weight.dtype}")
     num_heads = check_int("num_heads", num_heads, min=1)
     if weight.ndim not in (1, 2):
         raise PosEncError(
@@ -108,6 +111,11 @@ def permute_qk_weight(
             f"divisible by num_heads={num_heads}"
         )
     head_dim = out // num_heads
+    if head_dim < 2:
+        raise PosEncError(
+            f"weight dimension {dim} ({out}) must hold num_heads={num_heads} heads of >= 2 "
+            f"channels, got shape {tuple(weight.shape)}"
+        )
     if head_dim % 2:
         raise PosEncError(f"head_dim = {out} // num_heads={num_heads} must be even, got {head_dim}")
     perm = layout_permutation(head_dim, source=source, target=target, rotary_dim=rotary_dim)

@@ -111,9 +111,14 @@ def set_field(obj: Any, name: str, value: Any) -> None:
     object.__setattr__(obj, name, value)
 
 
+# The largest factor (and other multiplier) a scaling takes: a million times the trained
+# context; beyond it frequencies and attention factors leave float32.
+MAX_FACTOR = 1e6
+
+
 def check_factor(kind: str, value: Any) -> float:
-    """A scaling factor: a number ``>= 1``."""
-    return check_float(f"{kind} scaling factor", value, min=1.0)
+    """A scaling factor: a number in ``[1, MAX_FACTOR]``."""
+    return check_float(f"{kind} scaling factor", value, min=1.0, max=MAX_FACTOR)
 
 
 def check_length(kind: str, name: str, value: Any) -> int:
@@ -122,8 +127,8 @@ def check_length(kind: str, name: str, value: Any) -> int:
 
 
 def check_positive(kind: str, name: str, value: Any) -> float:
-    """A number ``> 0``."""
-    return check_float(f"{kind} scaling {name}", value, min=0.0, min_exclusive=True)
+    """A number in ``(0, MAX_FACTOR]``."""
+    return check_float(f"{kind} scaling {name}", value, min=0.0, min_exclusive=True, max=MAX_FACTOR)
 
 
 def check_factor_or_max_position(kind: str, factor: Any, max_position: Any) -> None:

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from posenc._errors import PosEncError, check_float
+from posenc._errors import PosEncError
 from posenc.rotary.scalings._registry import (
     ScalingParams,
     check_factor,
@@ -46,7 +46,7 @@ class Llama3Scaling(ScalingParams):
         set_field(self, "factor", check_factor(kind, self.factor))
         low = check_positive(kind, "low_freq_factor", self.low_freq_factor)
         set_field(self, "low_freq_factor", low)
-        high = check_float("llama3 scaling high_freq_factor", self.high_freq_factor)
+        high = check_positive(kind, "high_freq_factor", self.high_freq_factor)
         if high <= self.low_freq_factor:
             raise PosEncError(
                 f"llama3 scaling high_freq_factor must be > low_freq_factor "

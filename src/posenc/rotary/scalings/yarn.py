@@ -43,7 +43,11 @@ class YarnScaling(ScalingParams):
     """
 
     factor: float | None = None
-    original_max_position: int
+    # required: the None default only makes leaving it out a PosEncError, not a TypeError
+    original_max_position: int = dataclasses.field(
+        default=None,  # type: ignore[assignment]
+        metadata={"required": True},
+    )
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     mscale: float | None = None
