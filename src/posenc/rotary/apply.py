@@ -29,6 +29,7 @@ dispatches. ``LAYOUTS``, ``SEQ_DIMS`` and ``Layout`` are those of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -109,9 +110,16 @@ def rotary_cos_sin(
     check_tensor("inv_freq", inv_freq, floating=True)
     if inv_freq.ndim != 1:
         raise PosEncError(f"inv_freq must be 1-D [r/2], got shape {tuple(inv_freq.shape)}")
+    if inv_freq.is_meta:  # another real device is fine: the angles are formed on positions'
+        raise PosEncError("inv_freq must hold values, got a tensor on the meta device")
     check_finite("inv_freq", inv_freq)
     attention_scale = check_float("attention_scale", attention_scale)
     check_dtype("dtype", dtype)
+    if not math.isfinite(torch.tensor(attention_scale, dtype=dtype).item()):
+        raise PosEncError(
+            f"attention_scale must be finite in {dtype} (cos and sin are multiplied by it), "
+            f"got {attention_scale}"
+        )
     if sections is not None:
         sections = check_sections(sections, inv_freq.shape[0])
         if positions.ndim < 1 or positions.shape[-1] != len(sections):

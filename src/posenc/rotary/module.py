@@ -15,9 +15,8 @@ Shapes: ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (``seq_dim=-2``), or
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 
@@ -25,7 +24,9 @@ from posenc import positions as _positions
 from posenc._base import RotaryEncoding
 from posenc._errors import (
     PosEncError,
+    check_alloc,
     check_choice,
+    check_device,
     check_float,
     check_int,
     check_last_dim,
@@ -39,40 +40,12 @@ from posenc.rotary.frequencies import Scaling, parse_scaling, rope_frequencies
 from posenc.rotary.kernels import dispatch_rotary
 from posenc.rotary.kernels.plain import check_cos_sin
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout, check_rotary_dims
+from posenc.rotary.rotation import Rotation, check_cos_sin_dtype, renamed_positions
 
 __all__ = ["RotaryEmbedding", "Rotation"]
 
 
-class Rotation(NamedTuple):
-    """cos/sin of the queries' and the keys' positions, one value per frequency
-    (``[.., s, rotary_dim / 2]``), xPos scales included; ``cos_k is cos_q`` when the
-    queries and keys are the same tokens (then rotated in one fused pass)."""
-
-    cos_q: torch.Tensor
-    sin_q: torch.Tensor
-    cos_k: torch.Tensor
-    sin_k: torch.Tensor
-
-
 _CACHE_SIZE = 16  # (device, seq_len) frequency copies kept for dynamic scaling
-
-
-def _renamed_positions(q_positions: Any, positions: Any, stacklevel: int) -> Any:
-    """``q_positions``, or the deprecated keyword ``positions`` (its 0.1.0 name) if given;
-    ``stacklevel`` points the warning at the caller's line."""
-    if positions is None:
-        return q_positions
-    if q_positions is not None:
-        raise PosEncError(
-            "q_positions and positions (its deprecated old name) were both given; "
-            "pass q_positions only"
-        )
-    warnings.warn(
-        "positions= is renamed q_positions=; positions= will be removed in the next release",
-        DeprecationWarning,
-        stacklevel=stacklevel,
-    )
-    return positions
 
 
 class RotaryEmbedding(RotaryEncoding):
@@ -168,6 +141,7 @@ class RotaryEmbedding(RotaryEncoding):
     ) -> None:
         super().__init__()
         self._head_dim, self._rotary_dim = check_rotary_dims(head_dim, rotary_dim)
+        check_alloc("head_dim", head_dim, (4, self._rotary_dim), torch.float64)
         self._layout = check_choice("layout", layout, LAYOUTS)
         self._base = check_float("base", base, min=1.0, min_exclusive=True)
         self._scaling = parse_scaling(scaling)
@@ -355,6 +329,7 @@ class RotaryEmbedding(RotaryEncoding):
         Shape: ``[*P]`` (with sections ``[*P, n_axes]``) -> ``[*P, rotary_dim / 2]`` each.
         """
         check_positions("positions", positions, ndims=None)
+        check_cos_sin_dtype(dtype)
         hit = None if self._table is None else self._table.lookup(positions, dtype)
         if hit is not None:
             return hit
@@ -372,7 +347,7 @@ class RotaryEmbedding(RotaryEncoding):
         positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # the caller, past nn.Module.__call__ -> _wrapped_call_impl -> _call_impl -> forward
-        q_positions = _renamed_positions(q_positions, positions, stacklevel=5)
+        q_positions = renamed_positions(q_positions, positions, stacklevel=5)
         check_choice("seq_dim", seq_dim, SEQ_DIMS)
         self._check_qk("q", q, seq_dim)
         self._check_qk("k", k, seq_dim)
@@ -428,15 +403,15 @@ class RotaryEmbedding(RotaryEncoding):
             >>> [torch.equal(a, b) for a, b in zip(rope.rotate(q, k, rot), rope(q, k))]
             [True, True]
         """
-        q_positions = _renamed_positions(q_positions, positions, stacklevel=3)
+        q_positions = renamed_positions(q_positions, positions, stacklevel=3)
         sq = check_int("q_len", q_len, min=1)
         sk = sq if k_len is None else check_int("k_len", k_len, min=1)
-        if dtype not in (torch.float32, torch.float64):
-            raise PosEncError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        check_cos_sin_dtype(dtype)
+        device = check_device("device", device)
         if device is None:
             given = [p for p in (q_positions, k_positions) if isinstance(p, torch.Tensor)]
             device = given[0].device if given else torch.device("cpu")
-        q_pos, k_pos = self._resolve(q_positions, k_positions, sq, sk, batch, torch.device(device))
+        q_pos, k_pos = self._resolve(q_positions, k_positions, sq, sk, batch, device)
         return self.rotation_at(q_pos, k_pos, dtype=dtype)
 
     def rotation_at(
