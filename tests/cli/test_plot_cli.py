@@ -63,7 +63,6 @@ def test_plot_writes_svg(capsys, tmp_path):
         (["table", "-e", "sinusoidal", "-o", "{tmp}/x.jpg"], "--out must end in .png or .svg"),
         (["table", "-e", "sinusoidal", "-o", "{tmp}/missing/x.png"], "--out folder does not exist"),
         (["table", "-e", "sinusoidal", "-o", "{tmp}"], "--out must end in"),
-        (["table", "-e", "sinusoidal", "-o", "/proc/posenc-test.png"], "cannot write --out"),
         (["table", "-e", "sinusoidal", "-p", "5:5", "-o", "{tmp}/x.png"], "is empty"),
         (["similarity", "-e", "alibi", "-o", "{tmp}/x.png"], "similarity needs an additive"),
         (["bias", "-e", "rope", "-o", "{tmp}/x.png"], "must be a bias encoding"),
@@ -71,7 +70,7 @@ def test_plot_writes_svg(capsys, tmp_path):
         (["table", "-e", "rope", "--param", "nope=1", "-o", "{tmp}/x.png"], "cannot build 'rope'"),
         (
             ["decay", "-e", "sinusoidal", "--max-distance", "0", "-o", "{tmp}/x.png"],
-            "max_distance must be >= 1",
+            "--max-distance must be >= 1, got 0",
         ),
     ],
 )
@@ -81,6 +80,14 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):
     assert err.startswith("posenc: error: ") and err.count("\n") == 1, err
     assert message in err and "Traceback" not in err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_an_unwritable_out_is_one_line_and_exit_1(capsys, tmp_path):
+    """The environment's refusal (here /proc) is exit code 1, not a usage error."""
+    code, out, err = run(capsys, "plot", "table", "-e", "sinusoidal", "-o", "/proc/posenc-t.png")
+    assert code == 1 and out == ""
+    assert err.startswith("posenc: error: ") and err.count("\n") == 1, err
+    assert "posenc-t.png" in err and "Traceback" not in err
 
 
 def test_missing_matplotlib_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch):

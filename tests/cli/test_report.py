@@ -134,8 +134,10 @@ def test_report_says_when_the_experiments_are_absent(tmp_path, monkeypatch):
     ("out", "message"),
     [
         ("{tmp}/file.txt", "--out must be a directory"),
-        ("{tmp}/file.txt/sub", "--out cannot be created"),
-        ("/proc/posenc-report", "--out cannot be created"),
+        ("{tmp}/file.txt/sub", "cannot be created (Not a directory)"),
+        ("/proc/posenc-report", "cannot be created"),
+        ("", "--out must not be empty, got ''"),
+        ("  ", "--out must not be empty, got '  '"),
     ],
 )
 def test_bad_out_is_one_line_and_exit_2(capsys, tmp_path, out, message):
@@ -168,6 +170,27 @@ def test_an_encoding_that_cannot_be_measured_gets_an_error_row(tmp_path, monkeyp
     page = (tmp_path / "index.html").read_text()
     assert '<tr class="encoding-row error" data-encoding="needs_foo">' in page
     assert page.count('class="encoding-row') == 2
+
+
+class _Scripted(AdditiveEncoding):
+    """An encoding whose error message is HTML: the page must show it, not run it."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        raise PosEncError("<script>alert('x')</script> & <b>bold</b>")
+
+
+def test_text_in_the_page_is_escaped(tmp_path, monkeypatch):
+    module = types.ModuleType("posenc_test_scripted")
+    module.Scripted = _Scripted  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(registry._ENTRIES, "scripted", f"{module.__name__}:Scripted")
+    data = build_report(tmp_path, quick=True, encodings=["scripted", "index"], lengthgen=False)
+    assert "<script>alert" in data["encodings"][0]["error"]  # the JSON keeps the raw text
+    page = (tmp_path / "index.html").read_text()
+    assert "<script>alert" not in page and "<b>bold</b>" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt;" in page
 
 
 def test_report_without_matplotlib_names_the_extra(capsys, tmp_path, monkeypatch):

@@ -259,7 +259,7 @@ def test_parse_positions_bad(spec, match):
         (["table", "index", "--length", "4"], "--length applies only with --normalize length"),
         (
             ["table", "index", "--normalize", "max"],
-            "normalize must be one of None, 'length', got 'max'",
+            "--normalize must be one of 'length', got 'max'",
         ),
         (["table", "learned"], "'learned' has no fixed table (its table is trained weights"),
         (["table", "none"], "'none' has no fixed table (it adds nothing)"),
@@ -330,5 +330,5 @@ def test_console_script_error_has_no_traceback():
     assert proc.returncode == 2 and proc.stdout == ""
     assert (
         proc.stderr
-        == "posenc: error: layout must be one of 'interleaved', 'half', got 'diagonal'\n"
+        == "posenc: error: --layout must be one of 'interleaved', 'half', got 'diagonal'\n"
     )

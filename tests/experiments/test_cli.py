@@ -104,7 +104,12 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--device", "gpu"], "device must be one of 'cpu', 'cuda', got 'gpu'"),
         (["--extend", "pi", "--encodings", "alibi"], "extend needs 'rope' among the encodings"),
         (["--threads", "0"], "--threads must be >= 1, got 0"),
-        (["--preset", "huge"], "preset must be one of 'default', 'quick', got 'huge'"),
+        (["--preset", "huge"], "--preset must be one of 'default', 'quick', got 'huge'"),
+        (
+            ["--dim", "4096", "--layers", "512", "--heads", "8"],
+            r"this study needs about [\d.]+ TB of memory per process \(dim 4096, 512 layers",
+        ),
+        (["--eval-lens", "1000000"], r"this study needs about [\d.]+ TB of memory per process"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(
@@ -126,7 +131,7 @@ def test_bad_input_is_one_line_and_exit_code_2(
     ]
     code, _, err = _run(base + args, capsys)
     _one_line_error(code, err, pattern)
-    assert not (tmp_path / "out" / "checkpoints").exists()  # nothing trained
+    assert not (tmp_path / "out").exists()  # nothing trained, not even the folder made
 
 
 def test_unwritable_out_dir(tmp_path: Path, capsys) -> None:
@@ -146,7 +151,9 @@ def test_unwritable_out_dir(tmp_path: Path, capsys) -> None:
         ],
         capsys,
     )
-    _one_line_error(code, err, r"out_dir '.*file/out' is not writable")
+    _one_line_error(
+        code, err, r"--out '.*file/out' cannot be created \(Not a directory: '.*file'\)"
+    )
 
 
 def test_resume_from_another_config_or_a_corrupt_checkpoint(tmp_path: Path, capsys) -> None:

@@ -212,7 +212,7 @@ def test_bad_inputs_are_refused_before_training(kwargs: dict, message: str) -> N
 def test_unwritable_out_dir(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(PosEncError, match=r"out_dir '.*file/out' is not writable"):
+    with pytest.raises(PosEncError, match=r"out_dir '.*file/out' cannot be created"):
         run_study("lm", ["rope"], train_len=8, eval_lens=[8], out_dir=blocker / "out", **TINY)
 
 
@@ -236,3 +236,53 @@ def test_bad_checkpoints_are_refused_before_training(tmp_path: Path, damage: str
             "lm", ["none", "rope"], resume=True, on_event=lambda k, f: events.append(k), **changed
         )
     assert events == []
+
+
+def test_numpy_integers_are_plain_ints_in_the_results(tmp_path: Path) -> None:
+    """``checkpoint_every=np.int64(0)`` used to reach json.dumps as a NumPy scalar."""
+    import numpy as np
+
+    results = run_study(
+        "copy",
+        ["none"],
+        out_dir=tmp_path,
+        train_len=np.int64(8),
+        eval_lens=[np.int64(8)],
+        checkpoint_every=np.int64(0),
+        seed=np.int64(2),
+        **{**TINY, "steps": np.int64(2), "batch_size": np.int32(2), "dim": np.int64(16)},
+    )
+    train = results["settings"]["train"]
+    assert train["checkpoint_every"] == 0 and type(train["checkpoint_every"]) is int
+    assert json.loads((tmp_path / "results.json").read_text())["settings"]["train"] == train
+
+
+def _study(world_size: int = 1, **options):
+    from posenc.experiments.settings import resolve
+
+    base = dict.fromkeys(
+        "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup random_positions "
+        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples".split()
+    )
+    return resolve(
+        "lm",
+        ["none", "rope", "learned"],
+        {**base, "preset": "default", "seed": 0, **options},
+        world_size,
+    )
+
+
+def test_the_memory_estimate_lets_the_documented_studies_run() -> None:
+    from posenc.experiments.settings import study_bytes
+
+    assert study_bytes(_study()) < 1e9  # the README's default study: well under a GB
+    big = _study(8, steps=20000, train_len=512, eval_lens=[512, 4096], dim=512, num_layers=8)
+    assert study_bytes(big, world_size=8) < 40e9  # the torchrun example, per 80 GB GPU
+    huge = _study(dim=4096, num_layers=512, num_heads=8)
+    assert study_bytes(huge) > 1e12
+
+
+def test_a_study_over_max_bytes_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(PosEncError, match=r"this study needs about [\d.]+ [MG]B of memory per"):
+        run_study("copy", ["none"], out_dir=tmp_path / "out", max_bytes=1000, **TINY)
+    assert not (tmp_path / "out").exists()

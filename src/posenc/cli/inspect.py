@@ -12,9 +12,15 @@ from typing import Annotated, Any
 
 import typer
 
-from posenc._errors import PosEncError, check_int
+from posenc._errors import PosEncError
 from posenc.cli import app, fail
-from posenc.cli._analysis import PARAM_HELP, encoding_config
+from posenc.cli._analysis import (
+    MAX_POSITIONS,
+    PARAM_HELP,
+    check_analysis_size,
+    encoding_config,
+)
+from posenc.cli._checks import integer, text
 
 __all__ = ["inspect", "property_rows"]
 
@@ -90,22 +96,38 @@ def property_rows(props: Any) -> list[tuple[str, str, str]]:
 
 @app.command("inspect")
 def inspect(
-    encoding: Annotated[str, typer.Argument(help="Registry name, e.g. rope.")],
-    param: Annotated[list[str] | None, typer.Option("--param", help=PARAM_HELP)] = None,
+    encoding: Annotated[
+        str, typer.Argument(help="Registry name, e.g. rope.", callback=text("ENCODING"))
+    ],
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help=PARAM_HELP, callback=text("--param"))
+    ] = None,
     length: Annotated[
-        int, typer.Option(help="Positions 0..length-1 measured (bias: distances).")
+        int,
+        typer.Option(
+            help="Positions 0..length-1 measured (bias: distances).",
+            callback=integer("--length", min=2, max=MAX_POSITIONS),
+        ),
     ] = 512,
-    max_distance: Annotated[int, typer.Option(help="Largest distance of the decay.")] = 128,
+    max_distance: Annotated[
+        int,
+        typer.Option(
+            help="Largest distance of the decay.",
+            callback=integer("--max-distance", min=1, max=MAX_POSITIONS),
+        ),
+    ] = 128,
     as_json: Annotated[bool, typer.Option("--json", help="Print every number as JSON.")] = False,
 ) -> None:
     """Measure an encoding: boundedness, uniqueness, shift structure and decay."""
     from posenc.analysis import properties
 
     try:
-        check_int("--length", length, min=2)
-        check_int("--max-distance", max_distance, min=1)
+        spec = encoding_config(encoding, param)
+        check_analysis_size(
+            f"inspect at --length {length}", spec, length, max_distance=max_distance
+        )
         props = properties(
-            encoding_config(encoding, param),
+            spec,
             length,
             shift_positions=min(length, 256),
             max_distance=max_distance,

@@ -7,15 +7,57 @@ Runs the same under ``torchrun --nproc_per_node=N -m posenc lengthgen ...``
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from posenc._errors import PosEncError, check_choice, check_int
 from posenc.cli import app, fail
+from posenc.cli._checks import byte_limit, check_out_dir, choice, integer, number, text
 
 _DEFAULT_ENCODINGS = "none,sinusoidal,learned,rope,alibi,t5"
+_COUNT = 10**7  # steps, examples: as experiments.settings.MAX_COUNT (not imported: slow)
+_LEN = 2**20  # lengths: as experiments.settings.MAX_LENGTH
+
+
+def _int(option: str, low: int, high: int) -> Any:
+    """An integer option's parse-time check: in ``[low, high]``."""
+    return integer(option, min=low, max=high)
+
+
+def _memory_limit(device: str) -> int:
+    """What one process of the study may use: a CUDA device's memory, or half the host's
+    free memory (a study is the one command meant to use a lot)."""
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.get_device_properties(0).total_memory)
+    return byte_limit(cap=None)
+
+
+def _task(value: str) -> str:
+    from posenc.experiments.tasks import TASKS  # here: `posenc table` need not import it
+
+    return str(choice("--task", tuple(TASKS))(value))
+
+
+def _device(value: str) -> str:
+    from posenc.experiments.distributed import DEVICES
+
+    return str(choice("--device", tuple(DEVICES))(value))
+
+
+def _extend(value: str | None) -> str | None:
+    """``pi,ntk,yarn`` (any of them) or ``none``."""
+    if value is None or value.strip().lower() == "none":
+        return value
+    from posenc.experiments.extension import EXTENSIONS
+
+    text("--extend")(value)
+    for method in value.split(","):
+        choice("--extend", (*EXTENSIONS, "none"))(method.strip())
+    return value
 
 
 def _lengths(text: str, train_len: int | None) -> list[int]:
@@ -76,47 +118,117 @@ def _summary(results: dict) -> None:
 
 @app.command()
 def lengthgen(
-    out: Annotated[Path, typer.Option("--out", help="Output directory.")],
-    task: Annotated[str, typer.Option(help="lm, copy, reverse, recall or addition.")] = "lm",
-    encodings: Annotated[str, typer.Option(help="Comma-separated registry names.")] = (
-        _DEFAULT_ENCODINGS
-    ),
-    train_len: Annotated[int | None, typer.Option(help="Training length L [preset].")] = None,
-    eval_lens: Annotated[
-        str | None, typer.Option(help="e.g. 64,128 or L,2L,4L,8L [preset].")
+    out: Annotated[str, typer.Option("--out", help="Output directory.", callback=text("--out"))],
+    task: Annotated[
+        str,
+        typer.Option(help="lm, copy, reverse, recall or addition.", callback=_task),
+    ] = "lm",
+    encodings: Annotated[
+        str, typer.Option(help="Comma-separated registry names.", callback=text("--encodings"))
+    ] = _DEFAULT_ENCODINGS,
+    train_len: Annotated[
+        int | None,
+        typer.Option(help="Training length L [preset].", callback=_int("--train-len", 1, _LEN)),
     ] = None,
-    steps: Annotated[int | None, typer.Option(help="Training steps per encoding [preset].")] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
-    seed: Annotated[int, typer.Option(help="Seed of initialisation, data and eval sets.")] = 0,
+    eval_lens: Annotated[
+        str | None,
+        typer.Option(help="e.g. 64,128 or L,2L,4L,8L [preset].", callback=text("--eval-lens")),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            help="Training steps per encoding [preset].", callback=_int("--steps", 1, _COUNT)
+        ),
+    ] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.", callback=_device)] = "cpu",
+    seed: Annotated[
+        int,
+        typer.Option(
+            help="Seed of initialisation, data and eval sets.",
+            callback=_int("--seed", -(2**63), 2**63 - 1),
+        ),
+    ] = 0,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoints in --out.")] = False,
-    preset: Annotated[str, typer.Option(help="default or quick.")] = "default",
-    batch_size: Annotated[int | None, typer.Option(help="Sequences per step [preset].")] = None,
-    dim: Annotated[int | None, typer.Option(help="Model width [preset].")] = None,
-    layers: Annotated[int | None, typer.Option(help="Transformer layers [preset].")] = None,
-    heads: Annotated[int | None, typer.Option(help="Attention heads [preset].")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate [preset].")] = None,
-    warmup: Annotated[int | None, typer.Option(help="Warmup steps [preset].")] = None,
+    preset: Annotated[str, typer.Option(help="default or quick.", callback=text("--preset"))] = (
+        "default"
+    ),
+    batch_size: Annotated[
+        int | None,
+        typer.Option(help="Sequences per step [preset].", callback=_int("--batch-size", 1, _COUNT)),
+    ] = None,
+    dim: Annotated[
+        int | None, typer.Option(help="Model width [preset].", callback=_int("--dim", 1, 2**16))
+    ] = None,
+    layers: Annotated[
+        int | None,
+        typer.Option(help="Transformer layers [preset].", callback=_int("--layers", 1, 1024)),
+    ] = None,
+    heads: Annotated[
+        int | None,
+        typer.Option(help="Attention heads [preset].", callback=_int("--heads", 1, 1024)),
+    ] = None,
+    lr: Annotated[
+        float | None,
+        typer.Option(
+            help="Peak learning rate [preset].", callback=number("--lr", min=0.0, exclusive=True)
+        ),
+    ] = None,
+    warmup: Annotated[
+        int | None,
+        typer.Option(help="Warmup steps [preset].", callback=_int("--warmup", 0, _COUNT)),
+    ] = None,
     random_positions: Annotated[
-        int | None, typer.Option(help="Train on randomized positions from [0, L_max).")
+        int | None,
+        typer.Option(
+            help="Train on randomized positions from [0, L_max).",
+            callback=_int("--random-positions", 1, _LEN),
+        ),
     ] = None,
     extend: Annotated[
-        str | None, typer.Option(help="RoPE context extension: pi,ntk,yarn or none [preset].")
+        str | None,
+        typer.Option(
+            help="RoPE context extension: pi,ntk,yarn or none [preset].", callback=_extend
+        ),
     ] = None,
     extend_factor: Annotated[
-        float | None, typer.Option(help="Extension factor [max eval len / train len].")
+        float | None,
+        typer.Option(
+            help="Extension factor [max eval len / train len].",
+            callback=number("--extend-factor", min=1.0, max=float(_LEN)),
+        ),
     ] = None,
     finetune_steps: Annotated[
-        int | None, typer.Option(help="Fine-tune steps per extension, 0: none [preset].")
+        int | None,
+        typer.Option(
+            help="Fine-tune steps per extension, 0: none [preset].",
+            callback=_int("--finetune-steps", 0, _COUNT),
+        ),
     ] = None,
     checkpoint_every: Annotated[
-        int | None, typer.Option(help="Checkpoint every N steps, 0: at the end [preset].")
+        int | None,
+        typer.Option(
+            help="Checkpoint every N steps, 0: at the end [preset].",
+            callback=_int("--checkpoint-every", 0, _COUNT),
+        ),
     ] = None,
-    eval_tokens: Annotated[int | None, typer.Option(help="Bytes scored per length (lm).")] = None,
+    eval_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="Bytes scored per length (lm).", callback=_int("--eval-tokens", 1, 10**9)
+        ),
+    ] = None,
     eval_examples: Annotated[
-        int | None, typer.Option(help="Examples per length (synthetic).")
+        int | None,
+        typer.Option(
+            help="Examples per length (synthetic).", callback=_int("--eval-examples", 1, _COUNT)
+        ),
     ] = None,
     threads: Annotated[
-        int, typer.Option(help="torch intra-op threads per process (1 is fastest for tiny models).")
+        int,
+        typer.Option(
+            help="torch intra-op threads per process (1 is fastest for tiny models).",
+            callback=_int("--threads", 1, 1024),
+        ),
     ] = 1,
     plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write lengthgen.png.")] = True,
     quiet: Annotated[bool, typer.Option(help="No progress bar or summary table.")] = False,
@@ -129,19 +241,19 @@ def lengthgen(
 
     main_rank = int(os.environ.get("RANK", "0")) == 0
     try:
-        if threads < 1:
-            raise PosEncError(f"--threads must be >= 1, got {threads}")
         from posenc.experiments.settings import PRESETS
 
-        check_choice("preset", preset, tuple(PRESETS))
+        check_choice("--preset", preset, tuple(PRESETS))
         base_len = train_len if train_len is not None else PRESETS[preset]["train_len"]
         lens = None if eval_lens is None else _lengths(eval_lens, base_len)
         methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
+        # the path first: a folder that cannot be written is exit code 1 (OSError, in main)
+        path = check_out_dir(out, create=False)
         options: dict[str, Any] = dict(
             train_len=train_len,
             eval_lens=lens,
             steps=steps,
-            out_dir=out,
+            out_dir=path,
             device=device,
             seed=seed,
             preset=preset,
@@ -161,6 +273,7 @@ def lengthgen(
             resume=resume,
             plot=plot,
             threads=threads,
+            max_bytes=_memory_limit(device),
         )
         if quiet or not main_rank:
             results = run_study(task, encodings, **options)
@@ -175,5 +288,5 @@ def lengthgen(
     if main_rank and not quiet:
         _summary(results)
         typer.echo(
-            f"wrote {out / 'results.json'}" + (f" and {out / 'lengthgen.png'}" if plot else "")
+            f"wrote {path / 'results.json'}" + (f" and {path / 'lengthgen.png'}" if plot else "")
         )

@@ -12,14 +12,16 @@ import typer
 
 from posenc._errors import PosEncError
 from posenc.cli import app, fail
-from posenc.cli._analysis import check_out_dir
+from posenc.cli._checks import check_out_dir, text
 
 __all__ = ["report"]
 
 
 @app.command("report")
 def report(
-    out: Annotated[str, typer.Option("--out", "-o", help="Output folder.")] = "report",
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="Output folder.", callback=text("--out"))
+    ] = "report",
     quick: Annotated[
         bool, typer.Option("--quick", help="Smaller ranges and a tiny study: under a minute.")
     ] = False,
@@ -28,7 +30,10 @@ def report(
         typer.Option("--lengthgen/--no-lengthgen", help="Run the length-generalization study."),
     ] = True,
 ) -> None:
-    """Write DIR/index.html (figures embedded), DIR/report.json and DIR/*.png."""
+    """Write DIR/index.html (figures embedded), DIR/report.json and DIR/*.png.
+
+    Exit codes: 0 written, 2 a bad option, 1 the environment refused (a folder that
+    cannot be written, a full disk)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -48,7 +53,11 @@ def report(
         TextColumn("{task.description}"),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as bar:
+    # no bar where stderr is not a terminal (a log, a pipe): there it would be noise before
+    # an error line; the last line says what was written either way
+    with Progress(
+        *columns, console=console, transient=False, disable=not console.is_terminal
+    ) as bar:
         tasks: dict[str, Any] = {}
 
         def on_progress(stage: str, done: int, total: int, description: str) -> None:
@@ -62,10 +71,8 @@ def report(
             bar.stop()
             fail(str(e))
             return
-        except OSError as e:
-            bar.stop()
-            fail(f"cannot write to --out {out!r}: {e.strerror or e}")
-            return
+        # an OSError (a full disk) reaches main: one line, exit code 1; the files of an
+        # earlier report stay whole, every one is written atomically
     errors = [e["name"] for e in data["encodings"] if e["error"]]
     typer.echo(
         f"wrote {path / 'index.html'}, {path / 'report.json'} and "

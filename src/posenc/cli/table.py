@@ -30,25 +30,35 @@ from rich.table import Table
 from posenc import registry
 from posenc._errors import PosEncError, check_choice, check_int
 from posenc.cli import app, fail
+from posenc.cli._checks import check_bytes, choice, integer, number, text
 from posenc.index import index_table
 from posenc.sinusoidal import LAYOUTS, ORDERS, sinusoidal_table
 
 __all__ = ["MAX_ROWS", "TABLES", "parse_positions", "table"]
 
 MAX_ROWS = 100_000
+MAX_POSITION = 2**53  # positions are exact in float64 up to here
 FORMATS = ("text", "csv", "json")
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 _ASCII = str.maketrans("₀₁₂₃₄₅₆₇₈₉ω·", "0123456789w*")  # for terminals that are not UTF-8
 
 
-def _number(text: str, spec: str) -> Fraction:
+def _number(text: str, spec: str, name: str = "positions") -> Fraction:
     try:
-        return Fraction(text.strip())
-    except (ValueError, ZeroDivisionError):
+        value = Fraction(text.strip())
+    except (ValueError, ZeroDivisionError, OverflowError):
         raise PosEncError(
-            f"positions must be numbers or ranges 'a:b' / 'a:b:step' separated by commas, "
+            f"{name} must be numbers or ranges 'a:b' / 'a:b:step' separated by commas, "
             f"got {text.strip()!r} in {spec!r}"
         ) from None
+    if abs(value) > MAX_POSITION:
+        raise PosEncError(
+            f"{name} must be at most 2**53 = {MAX_POSITION} in magnitude (exact in float64), "
+            f"got {text.strip()!r}"
+        )
+    if value != 0 and abs(value) < Fraction(1, 2**30):
+        raise PosEncError(f"{name} must be 0 or at least 2**-30 in magnitude, got {text.strip()!r}")
+    return value
 
 
 def parse_positions(spec: str, *, name: str = "positions") -> list[int | float]:
@@ -72,15 +82,17 @@ def parse_positions(spec: str, *, name: str = "positions") -> list[int | float]:
     for item in spec.split(","):
         parts = item.split(":")
         if len(parts) == 1:
-            values.append(_number(parts[0], spec))
+            values.append(_number(parts[0], spec, name))
             continue
         if len(parts) > 3:
             raise PosEncError(f"{name} range must be 'a:b' or 'a:b:step', got {item.strip()!r}")
         if not parts[1].strip():
             raise PosEncError(f"{name} range must have an end, got {item.strip()!r}")
-        start = _number(parts[0], spec) if parts[0].strip() else Fraction(0)
-        stop = _number(parts[1], spec)
-        step = _number(parts[2], spec) if len(parts) == 3 and parts[2].strip() else Fraction(1)
+        start = _number(parts[0], spec, name) if parts[0].strip() else Fraction(0)
+        stop = _number(parts[1], spec, name)
+        step = (
+            _number(parts[2], spec, name) if len(parts) == 3 and parts[2].strip() else Fraction(1)
+        )
         if step == 0:
             raise PosEncError(f"{name} step must not be 0, got {item.strip()!r}")
         count = math.ceil((stop - start) / step)
@@ -112,8 +124,8 @@ class _Table:
 
 
 def _sinusoidal(pos: torch.Tensor, dim: int, opts: dict[str, Any]) -> _Table:
-    layout: Any = opts["layout"] or "interleaved"  # validated by sinusoidal_table
-    order: Any = opts["order"] or "sin_cos"
+    layout: Any = "interleaved" if opts["layout"] is None else opts["layout"]
+    order: Any = "sin_cos" if opts["order"] is None else opts["order"]
     base = 10000.0 if opts["base"] is None else opts["base"]
     values = sinusoidal_table(pos, dim, base=base, layout=layout, order=order, dtype=torch.float64)
     first, second = ("sin", "cos") if order == "sin_cos" else ("cos", "sin")
@@ -273,7 +285,10 @@ def table(
     encoding: Annotated[
         str, typer.Argument(help=f"Encoding with a fixed table: {', '.join(TABLES)}.")
     ],
-    dim: Annotated[int, typer.Option("--dim", "-d", help="Number of channels.")] = 8,
+    dim: Annotated[
+        int,
+        typer.Option("--dim", "-d", help="Number of channels.", callback=integer("--dim", min=1)),
+    ] = 8,
     positions: Annotated[
         str,
         typer.Option(
@@ -281,29 +296,63 @@ def table(
             "-p",
             help="Positions: 'a:b' (end excluded), 'a:b:step', or a comma list such as "
             "'0:4,10,100.5'. Floats and negatives allowed.",
+            callback=text("--positions"),
         ),
     ] = "0:8",
     layout: Annotated[
-        str | None, typer.Option(help=f"sinusoidal: {' or '.join(LAYOUTS)} (default interleaved).")
+        str | None,
+        typer.Option(
+            help=f"sinusoidal: {' or '.join(LAYOUTS)} (default interleaved).",
+            callback=choice("--layout", LAYOUTS),
+        ),
     ] = None,
     order: Annotated[
-        str | None, typer.Option(help=f"sinusoidal: {' or '.join(ORDERS)} (default sin_cos).")
+        str | None,
+        typer.Option(
+            help=f"sinusoidal: {' or '.join(ORDERS)} (default sin_cos).",
+            callback=choice("--order", ORDERS),
+        ),
     ] = None,
-    base: Annotated[float | None, typer.Option(help="sinusoidal: wavelength base (10000).")] = None,
+    base: Annotated[
+        float | None,
+        typer.Option(
+            help="sinusoidal: wavelength base (10000).",
+            callback=number("--base", min=1.0, exclusive=True),
+        ),
+    ] = None,
     normalize: Annotated[
-        str | None, typer.Option(help="index: 'length' to add p / L instead of p.")
+        str | None,
+        typer.Option(
+            help="index: 'length' to add p / L instead of p.",
+            callback=choice("--normalize", ("length",)),
+        ),
     ] = None,
     length: Annotated[
         int | None,
-        typer.Option(help="index with --normalize length: L (default: the number of positions)."),
+        typer.Option(
+            help="index with --normalize length: L (default: the number of positions).",
+            callback=integer("--length", min=1, max=MAX_POSITION),
+        ),
     ] = None,
     channels: Annotated[
-        str | None, typer.Option(help="Channels to show, same syntax as --positions (default all).")
+        str | None,
+        typer.Option(
+            help="Channels to show, same syntax as --positions (default all).",
+            callback=text("--channels"),
+        ),
     ] = None,
-    fmt: Annotated[str, typer.Option("--format", "-f", help="text, csv or json.")] = "text",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format", "-f", help="text, csv or json.", callback=choice("--format", FORMATS)
+        ),
+    ] = "text",
     digits: Annotated[
         int | None,
-        typer.Option(help="Decimals: text shows 4 by default; csv and json are exact unless set."),
+        typer.Option(
+            help="Decimals: text shows 4 by default; csv and json are exact unless set.",
+            callback=integer("--digits", min=0, max=17),
+        ),
     ] = None,
 ) -> None:
     """Print the table of an additive encoding (rows: positions, columns: channels)."""
@@ -329,8 +378,10 @@ def table(
         dim = check_int("dim", dim, min=1)
         if digits is not None:
             digits = check_int("digits", digits, min=0, max=17)
-        pos = parse_positions(positions)
-        picked = range(dim) if channels is None else parse_positions(channels, name="channels")
+        pos = parse_positions(positions, name="--positions")
+        # a float64 table, its Python floats and their text: about 48 bytes a value
+        check_bytes(f"a table of {len(pos)} positions x {dim} channels", 48 * len(pos) * dim)
+        picked = range(dim) if channels is None else parse_positions(channels, name="--channels")
         if any(not isinstance(c, int) or not 0 <= c < dim for c in picked):
             raise PosEncError(
                 f"channels must be integers in [0, dim) = [0, {dim}), got {channels!r}"

@@ -1,4 +1,4 @@
-"""Checkpoints that survive a kill and never execute code.
+"""Checkpoints that survive a kill, never execute code, and refuse any damage in one line.
 
 A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts:
 
@@ -7,8 +7,15 @@ A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts:
 - written atomically: ``torch.save`` to a temporary file in the same directory,
   ``fsync``, then ``os.replace`` over the old one, so a kill at any moment
   leaves either the previous checkpoint or the new one, never half a file;
+- sealed: the ``torch.save`` bytes are followed by one trailer line holding their
+  sha256 (:data:`TRAILER`); any flipped, missing or added byte is refused before
+  anything is unpickled. ``torch.load`` ignores the trailer, so the file still
+  loads with ``torch.load(path, weights_only=True)``;
 - read with ``torch.load(weights_only=True)``: the unpickler accepts only
-  tensors and plain containers, so a checkpoint file cannot run code;
+  tensors and plain containers, so a checkpoint file cannot run code; a file
+  holding other pickled objects is refused as such;
+- every field is checked on load (:mod:`.checkpoint_fields`): a crafted value is one
+  line of :class:`~posenc.PosEncError`, never a traceback or a silent resume;
 - ``config`` is the run's configuration as a JSON string; resuming under another
   configuration is refused, naming the keys that differ;
 - ``rng`` holds the torch CPU (and CUDA) generator states and Python's
@@ -19,9 +26,13 @@ A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts:
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
+import pickle
 import random
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -30,18 +41,24 @@ from typing import Any, BinaryIO
 import torch
 
 from posenc._errors import PosEncError
+from posenc.experiments.checkpoint_fields import KEYS, check_fields
 
 __all__ = [
     "FORMAT",
+    "TRAILER",
     "atomic_write",
+    "clean_stale_temps",
     "get_rng_state",
     "load_checkpoint",
     "save_checkpoint",
     "set_rng_state",
 ]
 
-FORMAT = 1
-_KEYS = ("format", "config", "step", "model", "optimizer", "rng", "data", "seconds", "loss")
+FORMAT = 2  # 2: sha256 trailer and checked fields; 1 (no trailer) is refused
+#: The last line of a checkpoint: ``TRAILER + sha256(torch.save bytes).hexdigest() + b"\n"``.
+TRAILER = b"\nposenc-checkpoint-sha256:"
+_TRAILER_LEN = len(TRAILER) + 64 + 1
+_TEMP = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")  # what _temp_name makes
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -57,7 +74,7 @@ def get_rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`get_rng_state` returned."""
+    """Restore what :func:`get_rng_state` returned (checked by :func:`load_checkpoint`)."""
     torch.set_rng_state(state["torch"])
     py = state["python"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
@@ -70,17 +87,38 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
 
 
+def clean_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporary files a killed write left in ``folder``; returns them.
+
+    Call it only while holding the folder's lock (:mod:`.outdir`): then no other
+    writer can own a temporary file there."""
+    folder = Path(folder)
+    removed: list[Path] = []
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        if _TEMP.match(entry.name) and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically (temporary file + ``os.replace``).
+    """Write ``state`` to ``path`` atomically (temporary file + ``os.replace``), sealed
+    with the sha256 trailer.
 
     ``state`` must hold the keys listed in the module docstring; ``format`` is added.
     """
-    missing = [k for k in _KEYS if k != "format" and k not in state]
+    missing = [k for k in KEYS if k != "format" and k not in state]
     if missing:
-        raise PosEncError(f"state must hold the keys {list(_KEYS[1:])}, missing {missing}")
+        raise PosEncError(f"state must hold the keys {list(KEYS[1:])}, missing {missing}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(path, lambda f: torch.save({"format": FORMAT, **state}, f))
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, **state}, buffer)
+    body = buffer.getvalue()
+    seal = TRAILER + hashlib.sha256(body).hexdigest().encode("ascii") + b"\n"
+    _write_atomically(path, lambda f: (f.write(body), f.write(seal)))
     try:  # make the rename itself durable (POSIX); harmless where unsupported
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:
@@ -108,6 +146,11 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk: name the file it was writing, not a temporary one
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None or str(e.filename) == str(tmp):
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -123,6 +166,60 @@ def _differences(saved: dict[str, Any], wanted: dict[str, Any]) -> str:
     return "; ".join(diffs[:4]) + ("; ..." if len(diffs) > 4 else "")
 
 
+def _unseal(data: bytes) -> tuple[bytes, str | None]:
+    """``(body, None)`` when the trailer is intact and matches, else ``(body, why)``."""
+    tail = data[-_TRAILER_LEN:]
+    if len(data) < _TRAILER_LEN or not tail.startswith(TRAILER) or not tail.endswith(b"\n"):
+        return data, "no sha256 trailer: cut short, or not written by this posenc"
+    body, digest = data[:-_TRAILER_LEN], tail[len(TRAILER) : -1]
+    if hashlib.sha256(body).hexdigest().encode("ascii") != digest:
+        return body, "its sha256 does not match the one it was saved with"
+    return body, None
+
+
+def _read(path: Path, map_location: str | torch.device) -> Any:
+    """Check the seal, then unpickle with ``weights_only=True``; every failure one line."""
+    where = f"checkpoint {str(path)!r}"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise PosEncError(f"{where} does not exist") from None
+    except IsADirectoryError:
+        raise PosEncError(f"{where} is a directory, not a checkpoint file") from None
+    body, damage = _unseal(data)
+    if damage is not None and (body is not data or not body.startswith(b"PK")):
+        # a seal that does not match, or not even a torch zip archive: unpickle nothing
+        raise PosEncError(f"{where} is truncated or corrupt ({damage})")
+    try:
+        state = torch.load(io.BytesIO(body), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        if found:  # unsealed (another tool's file) or sealed with a pickled object inside
+            raise PosEncError(
+                f"{where} is refused: it holds pickled Python objects ({found.group(1)}), and "
+                f"posenc loads only tensors and plain containers (a pickled object could run code)"
+            ) from None
+        raise PosEncError(f"{where} is truncated or corrupt ({damage or 'unreadable'})") from None
+    except Exception as e:  # zip / EOF / storage errors of a damaged file
+        reason = damage or (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise PosEncError(f"{where} is truncated or corrupt ({reason[:200]})") from None
+    if damage is not None and _whole_archive(body):  # an archive that was never sealed
+        raise PosEncError(
+            f"{where} has no sha256 trailer: cut short at its end, or not a posenc checkpoint "
+            f"of format {FORMAT} (written by another tool or an older posenc); drop --resume "
+            f"or use another --out to start afresh"
+        )
+    if damage is not None:  # bytes after the archive that are not a seal
+        raise PosEncError(f"{where} is truncated or corrupt (its sha256 trailer is damaged)")
+    return state
+
+
+def _whole_archive(data: bytes) -> bool:
+    """``data`` ends exactly where its zip end-of-central-directory record ends."""
+    end = data.rfind(b"PK\x05\x06")
+    return end >= 0 and end + 22 + int.from_bytes(data[end + 20 : end + 22], "little") == len(data)
+
+
 def load_checkpoint(
     path: str | os.PathLike[str],
     *,
@@ -132,28 +229,31 @@ def load_checkpoint(
     """Read a checkpoint written by :func:`save_checkpoint` for the run ``config``.
 
     Raises:
-        PosEncError: the file is truncated or corrupt, is not a posenc checkpoint, or
-            was written by a run with a different configuration.
+        PosEncError: the file is truncated or corrupt (the sha256 trailer does not match),
+            holds pickled objects, is not a posenc checkpoint, has a field out of its
+            rules (:func:`~posenc.experiments.checkpoint_fields.check_fields`), or was
+            written by a run with a different configuration.
     """
     path = Path(path)
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except FileNotFoundError:
-        raise PosEncError(f"checkpoint {str(path)!r} does not exist") from None
-    except Exception as e:  # zip / unpickling / EOF errors of a damaged file
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PosEncError(f"checkpoint {str(path)!r} is truncated or corrupt ({reason})") from e
-    if not isinstance(state, dict) or any(k not in state for k in _KEYS):
-        raise PosEncError(f"checkpoint {str(path)!r} is not a posenc checkpoint (missing keys)")
+    state = _read(path, map_location)
+    where = f"checkpoint {str(path)!r}"
+    if not isinstance(state, dict) or any(k not in state for k in KEYS):
+        raise PosEncError(f"{where} is not a posenc checkpoint (missing keys)")
     if state["format"] != FORMAT:
+        raise PosEncError(f"{where} has format {state['format']!r}, this posenc reads {FORMAT}")
+    try:
+        saved = json.loads(state["config"]) if isinstance(state["config"], str) else None
+    except json.JSONDecodeError:
+        saved = None
+    if not isinstance(saved, dict):
         raise PosEncError(
-            f"checkpoint {str(path)!r} has format {state['format']!r}, this posenc reads {FORMAT}"
+            f"{where} field config must be a JSON object, got {state['config']!r:.80}"
         )
-    saved = json.loads(state["config"]) if isinstance(state["config"], str) else state["config"]
     config = json.loads(json.dumps(config))  # tuples -> lists, as saved
     if saved != config:
         raise PosEncError(
-            f"checkpoint {str(path)!r} was written by a different configuration "
+            f"{where} was written by a different configuration "
             f"({_differences(saved, config)}); use another --out or drop --resume"
         )
+    check_fields(where, state, config)
     return state

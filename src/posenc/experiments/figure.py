@@ -7,12 +7,14 @@ the study extended RoPE, the extension runs beside the plain ``rope`` model.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from posenc._errors import PosEncError
+from posenc.experiments.checkpoint import atomic_write
 
 __all__ = ["plot_study"]
 
@@ -105,6 +107,8 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
     fig.suptitle(f"{results['task']}: trained at {results['train_len']} tokens")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format=path.suffix.lstrip(".").lower() or "png")
     plt.close(fig)
+    atomic_write(path, buffer.getvalue())  # a full disk keeps the previous figure whole
     return path

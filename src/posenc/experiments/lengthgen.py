@@ -19,6 +19,7 @@ same order; only the encoding differs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -32,15 +33,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from posenc._errors import PosEncError, check_int
-from posenc.experiments.checkpoint import atomic_write, load_checkpoint
+from posenc.experiments.checkpoint import atomic_write
 from posenc.experiments.distributed import Dist, setup
 from posenc.experiments.evaluate import evaluate
 from posenc.experiments.extension import extended_config
 from posenc.experiments.models import build_model
+from posenc.experiments.outdir import lock_out_dir
 from posenc.experiments.seeding import derive_seed
-from posenc.experiments.settings import DEFAULT_ENCODINGS, PRESETS, Study, resolve
+from posenc.experiments.settings import DEFAULT_ENCODINGS, PRESETS, Study, resolve, study_bytes
 from posenc.experiments.tasks import LMTask, Task, make_task
-from posenc.experiments.train import TrainResult, TrainSettings, run_config, train
+from posenc.experiments.train import (
+    TrainResult,
+    TrainSettings,
+    load_resumable,
+    run_config,
+    train,
+)
 
 if TYPE_CHECKING:
     from posenc.models import TinyTransformer
@@ -56,12 +64,19 @@ _EVAL_MAX_TOKENS = 8192  # tokens per eval forward pass (fewer for long windows,
 
 
 def _check_out_dir(out_dir: Path) -> None:
+    """``out_dir`` names a folder that can be made and written. A path that cannot be a
+    folder is the caller's mistake (PosEncError); a folder the environment refuses
+    (permissions, a read-only or full file system) is an OSError, as it is."""
+    if not str(out_dir).strip():
+        raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PosEncError(f"out_dir must be a folder, got the file {str(out_dir)!r}")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".posenc-write-test-"):
-            pass
-    except OSError as e:
-        raise PosEncError(f"out_dir {str(out_dir)!r} is not writable ({e.strerror or e})") from e
+    except (FileExistsError, NotADirectoryError) as e:
+        raise PosEncError(f"out_dir {str(out_dir)!r} cannot be created ({e.strerror})") from None
+    with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".posenc-write-test-"):
+        pass
 
 
 def write_results(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> Path:
@@ -70,6 +85,15 @@ def write_results(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -
     text = json.dumps(results, indent=2, allow_nan=False) + "\n"
     atomic_write(path, text.encode("utf-8"))
     return path
+
+
+def _gb(n: float) -> str:
+    """``803 GB``, ``2.76 TB``: decimal units, three digits."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if n < 1000:
+            return f"{n:.3g} {unit}"
+        n /= 1000
+    return f"{n:.3g} PB"
 
 
 def _train_record(result: TrainResult, **extra: Any) -> dict[str, Any]:
@@ -124,7 +148,7 @@ class _Runner:
         path = self._ckpt(label)
         if self.resume and path is not None and path.exists():
             config = run_config(self._config(label, model, **extra), settings, self.dist.world_size)
-            load_checkpoint(path, config=config)
+            load_resumable(path, model, None, config)
 
     def fit(
         self, label: str, model: TinyTransformer, settings: TrainSettings, **extra: Any
@@ -271,6 +295,7 @@ def run_study(
     threads: int | None = None,
     plot: bool = True,
     on_event: Event | None = None,
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Train a model per encoding at ``train_len``, evaluate it at ``eval_lens``.
 
@@ -305,20 +330,29 @@ def run_study(
             thread per process stays fast on a busy CPU (``posenc lengthgen`` uses 1).
         plot: write ``lengthgen.png`` (needs matplotlib, ``pip install 'posenc[plot]'``).
         on_event: progress callback, see :data:`Event`.
+        max_bytes: refuse a study whose estimated peak memory per process
+            (:func:`~posenc.experiments.settings.study_bytes`) is above this many bytes,
+            before anything is allocated (``posenc lengthgen`` passes its limit); None: no limit.
 
     Returns:
         The results dict (see the module docstring); also written to
         ``out_dir/results.json`` by rank 0.
 
     Raises:
-        PosEncError: bad settings, an unwritable ``out_dir``, or a checkpoint that is
-            corrupt or from another configuration (checked before anything trains).
+        PosEncError: bad settings, a study over ``max_bytes``, an ``out_dir`` that is empty,
+            a file or under a file, an ``out_dir`` another live run holds
+            (``OUT/.posenc.lock``), or a checkpoint that is damaged, crafted or from another
+            configuration (all checked before anything trains).
+        OSError: ``out_dir`` cannot be written (permissions, a read-only or full file
+            system); files written before (``results.json``, checkpoints, the figure) are
+            left whole, every one is written atomically.
     """
     started = time.perf_counter()
     if threads is not None:
         threads = check_int("threads", threads, min=1)
     dist = setup(device)
     threads_before = torch.get_num_threads()
+    held = contextlib.ExitStack()  # the lock of out_dir, held by rank 0 until the end
     try:
         if threads is not None:
             torch.set_num_threads(threads)
@@ -347,12 +381,24 @@ def run_study(
             },
             dist.world_size,
         )
+        if max_bytes is not None:
+            need = study_bytes(study, eval_max_tokens=_EVAL_MAX_TOKENS, world_size=dist.world_size)
+            if need > max_bytes:
+                raise PosEncError(
+                    f"this study needs about {_gb(need)} of memory per process (dim {study.model.dim}, "
+                    f"{study.model.num_layers} layers, batch_size {study.train.batch_size}, "
+                    f"lengths up to {max(study.train_len, *study.eval_lens)}), over the limit of "
+                    f"{_gb(max_bytes)}"
+                )
         if resume and out_dir is None:
             raise PosEncError("resume needs out_dir (where the checkpoints are), got None")
+        if out_dir is not None and not str(out_dir).strip():  # Path("") would be "."
+            raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
         out = None if out_dir is None else Path(out_dir)
         if out is not None:
             if dist.is_main:
                 _check_out_dir(out)
+                held.enter_context(lock_out_dir(out))  # refuses a second run into out_dir
             dist.barrier()
         task_obj = make_task(task, eval_tokens=study.eval_tokens, eval_examples=study.eval_examples)
         task_obj.check_length("train_len", study.train_len)
@@ -396,6 +442,7 @@ def run_study(
         dist.barrier()
         return results
     finally:
+        held.close()
         torch.set_num_threads(threads_before)
         dist.close()
 

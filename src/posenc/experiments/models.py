@@ -41,10 +41,8 @@ class ModelSettings:
     mlp_ratio: int = 4
 
     def __post_init__(self) -> None:
-        check_int("dim", self.dim, min=1)
-        check_int("num_layers", self.num_layers, min=1)
-        check_int("num_heads", self.num_heads, min=1)
-        check_int("mlp_ratio", self.mlp_ratio, min=1)
+        for name in ("dim", "num_layers", "num_heads", "mlp_ratio"):  # stored as plain ints
+            object.__setattr__(self, name, check_int(name, getattr(self, name), min=1))
         if self.dim % self.num_heads:
             raise PosEncError(
                 f"dim must be divisible by num_heads ({self.num_heads}), got {self.dim}"

@@ -16,7 +16,22 @@ from posenc.experiments.models import ModelSettings, check_distinct, encoding_la
 from posenc.experiments.tasks import TASKS
 from posenc.experiments.train import TrainSettings
 
-__all__ = ["DEFAULT_ENCODINGS", "PRESETS", "Study", "resolve"]
+__all__ = [
+    "DEFAULT_ENCODINGS",
+    "MAX_COUNT",
+    "MAX_LENGTH",
+    "PRESETS",
+    "Study",
+    "resolve",
+    "study_bytes",
+]
+
+#: Bounds on what a study loops over (steps, examples) and on its lengths: far beyond any
+#: study a tiny model is for, and a refusal instead of a run that never ends.
+MAX_COUNT = 10**7
+MAX_LENGTH = 2**20
+_MAX_EVAL_TOKENS = 10**9
+_VOCAB = 256  # the largest vocabulary of the built-in tasks (bytes)
 
 DEFAULT_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
 
@@ -82,7 +97,7 @@ def _pick(name: str, given: Any, preset: Mapping[str, Any]) -> Any:
 def _int_list(name: str, values: Any) -> tuple[int, ...]:
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise PosEncError(f"{name} must be a list of integers, got {values!r}")
-    out = tuple(check_int(f"{name} entry", v, min=1) for v in values)
+    out = tuple(check_int(f"{name} entry", v, min=1, max=MAX_LENGTH) for v in values)
     if not out:
         raise PosEncError(f"{name} must hold at least one length, got {list(values)!r}")
     return out
@@ -101,13 +116,15 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         raise PosEncError("encodings must name at least one encoding, got none")
     labels = tuple(encoding_label(e) for e in encodings)
     check_distinct(labels)
-    steps = check_int("steps", o["steps"], min=1)
-    train_len = check_int("train_len", o["train_len"], min=1)
+    steps = check_int("steps", o["steps"], min=1, max=MAX_COUNT)
+    train_len = check_int("train_len", o["train_len"], min=1, max=MAX_LENGTH)
     eval_lens = _int_list("eval_lens", o["eval_lens"])
     random_positions = o["random_positions"]
     if random_positions is not None:
-        random_positions = check_int("random_positions", random_positions, min=train_len)
-    batch_size = check_int("batch_size", o["batch_size"], min=1)
+        random_positions = check_int(
+            "random_positions", random_positions, min=train_len, max=MAX_LENGTH
+        )
+    batch_size = check_int("batch_size", o["batch_size"], min=1, max=MAX_COUNT)
     if batch_size % world_size:
         raise PosEncError(
             f"batch_size must be divisible by the number of processes ({world_size}), "
@@ -120,7 +137,7 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
     factor = o["extend_factor"]
     if factor is None:
         factor = max(eval_lens) / train_len
-    factor = check_float("extend_factor", factor, min=1.0)
+    factor = check_float("extend_factor", factor, min=1.0, max=float(MAX_LENGTH))
     if extend and factor <= 1.0:
         raise PosEncError(
             f"extend needs an eval length beyond train_len ({train_len}) or an extend_factor "
@@ -128,8 +145,8 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         )
     warmup = steps // 10
     if o["warmup"] is not None:
-        warmup = min(check_int("warmup", o["warmup"], min=0), steps)
-    finetune_steps = check_int("finetune_steps", o["finetune_steps"], min=0)
+        warmup = min(check_int("warmup", o["warmup"], min=0, max=MAX_COUNT), steps)
+    finetune_steps = check_int("finetune_steps", o["finetune_steps"], min=0, max=MAX_COUNT)
     if finetune_steps and not extend:
         raise PosEncError("finetune_steps needs extend (pi, ntk or yarn), got no extend methods")
     specs = tuple(encoding_spec(e, train_len=train_len) for e in encodings)
@@ -139,20 +156,50 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         specs=specs,
         train_len=train_len,
         eval_lens=eval_lens,
-        model=ModelSettings(o["dim"], o["num_layers"], o["num_heads"]),
+        model=ModelSettings(
+            check_int("dim", o["dim"], min=1, max=2**16),
+            check_int("num_layers", o["num_layers"], min=1, max=2**10),
+            check_int("num_heads", o["num_heads"], min=1, max=2**10),
+        ),
         train=TrainSettings(
             steps=steps,
             batch_size=batch_size,
             seq_len=train_len,
-            lr=o["lr"],
+            lr=check_float("lr", o["lr"], min=0.0, min_exclusive=True),
             warmup=warmup,
             random_positions=random_positions,
-            seed=check_int("seed", o["seed"]),
-            checkpoint_every=o["checkpoint_every"],
+            seed=check_int("seed", o["seed"], min=-(2**63), max=2**63 - 1),
+            checkpoint_every=check_int(
+                "checkpoint_every", o["checkpoint_every"], min=0, max=MAX_COUNT
+            ),
         ),
         extend=extend,
         extend_factor=factor,
         finetune_steps=finetune_steps,
-        eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1),
-        eval_examples=check_int("eval_examples", o["eval_examples"], min=1),
+        eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1, max=_MAX_EVAL_TOKENS),
+        eval_examples=check_int("eval_examples", o["eval_examples"], min=1, max=MAX_COUNT),
     )
+
+
+def study_bytes(study: Study, *, eval_max_tokens: int = 8192, world_size: int = 1) -> int:
+    """A generous estimate of the memory one process of ``study`` needs at its peak, in
+    bytes: the weights with their gradients and AdamW moments, plus the larger of one
+    training step's saved activations (every layer, attention probabilities included), one
+    fine-tune step's, and one evaluation pass's (no grad: one layer at a time), float32."""
+    m, t = study.model, study.train
+    d, h, layers, v = m.dim, m.num_heads, m.num_layers, _VOCAB
+    rows = max(study.train_len, t.random_positions or 0)  # a learned table's rows
+    params = 2 * v * d + layers * (4 + 2 * m.mlp_ratio) * d * d + rows * d
+    hidden = (8 + 2 * m.mlp_ratio) * d  # floats a token keeps per layer, besides scores
+
+    def step(batch: int, length: int) -> int:  # with grad: every layer's activations
+        return batch * length * (layers * (hidden + 3 * h * length) + 3 * v)
+
+    longest = max(study.eval_lens)
+    per_rank = max(1, t.batch_size // world_size)
+    peak = step(per_rank, study.train_len)
+    if study.finetune_steps:  # batch_size * train_len tokens at the longest eval length
+        peak = max(peak, step(max(1, per_rank * study.train_len // longest), longest))
+    eval_rows = max(1, eval_max_tokens // longest)
+    peak = max(peak, eval_rows * longest * (2 * hidden + 3 * h * longest + 3 * v))
+    return 4 * (4 * params + peak)

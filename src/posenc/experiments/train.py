@@ -34,12 +34,21 @@ from posenc.experiments.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from posenc.experiments.checkpoint_fields import check_fits
 from posenc.experiments.distributed import Dist
 from posenc.experiments.schedule import warmup_cosine
 from posenc.experiments.seeding import generator
 from posenc.experiments.tasks import IGNORE, Task
 
-__all__ = ["StepInfo", "TrainDiverged", "TrainResult", "TrainSettings", "run_config", "train"]
+__all__ = [
+    "StepInfo",
+    "TrainDiverged",
+    "TrainResult",
+    "TrainSettings",
+    "load_resumable",
+    "run_config",
+    "train",
+]
 
 _LOSS_WINDOW = 10  # final_loss averages the last steps' training losses
 
@@ -79,18 +88,25 @@ class TrainSettings:
     checkpoint_every: int = 0
 
     def __post_init__(self) -> None:
-        check_int("steps", self.steps, min=1)
-        check_int("batch_size", self.batch_size, min=1)
-        check_int("seq_len", self.seq_len, min=1)
-        check_float("lr", self.lr, min=0.0, min_exclusive=True)
-        check_int("warmup", self.warmup, min=0)
-        check_float("min_lr_ratio", self.min_lr_ratio, min=0.0, max=1.0)
-        check_float("weight_decay", self.weight_decay, min=0.0)
-        check_float("grad_clip", self.grad_clip, min=0.0)
-        check_int("seed", self.seed)
-        check_int("checkpoint_every", self.checkpoint_every, min=0)
+        # checked, and stored as plain int / float (a NumPy scalar would reach json.dumps)
+        checked: dict[str, float] = {
+            "steps": check_int("steps", self.steps, min=1),
+            "batch_size": check_int("batch_size", self.batch_size, min=1),
+            "seq_len": check_int("seq_len", self.seq_len, min=1),
+            "lr": check_float("lr", self.lr, min=0.0, min_exclusive=True),
+            "warmup": check_int("warmup", self.warmup, min=0),
+            "min_lr_ratio": check_float("min_lr_ratio", self.min_lr_ratio, min=0.0, max=1.0),
+            "weight_decay": check_float("weight_decay", self.weight_decay, min=0.0),
+            "grad_clip": check_float("grad_clip", self.grad_clip, min=0.0),
+            "seed": check_int("seed", self.seed),
+            "checkpoint_every": check_int("checkpoint_every", self.checkpoint_every, min=0),
+        }
         if self.random_positions is not None:
-            check_int("random_positions", self.random_positions, min=self.seq_len)
+            checked["random_positions"] = check_int(
+                "random_positions", self.random_positions, min=int(checked["seq_len"])
+            )
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,6 +141,22 @@ def run_config(config: dict[str, Any], settings: TrainSettings, world_size: int)
     """What a checkpoint records as its run's configuration (and resuming must match):
     ``config`` plus the training settings and the world size, as plain JSON values."""
     return json.loads(json.dumps({**config, "train": settings.to_dict(), "world_size": world_size}))
+
+
+def load_resumable(
+    path: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    config: dict[str, Any],
+) -> dict[str, Any]:
+    """Load the checkpoint at ``path`` for the run ``config`` (see :func:`run_config`) and
+    check that its weights and optimizer state fit ``model`` and ``optimizer`` (None:
+    a fresh one for ``config["train"]``), before anything is loaded into them."""
+    state = load_checkpoint(path, config=config)
+    if optimizer is None:
+        optimizer = _optimizer(model, TrainSettings(**config["train"]))
+    check_fits(f"checkpoint {str(path)!r}", state, model, optimizer)
+    return state
 
 
 def _optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
@@ -189,7 +221,7 @@ def train(
     start, seconds, losses, resumed_from = 0, 0.0, [], None
     local_seconds = 0.0  # time spent in this process (for the throughput)
     if checkpoint is not None and resume and Path(checkpoint).exists():
-        state = load_checkpoint(checkpoint, config=full_config)
+        state = load_resumable(checkpoint, model, optimizer, full_config)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"][dist.rank])

@@ -19,6 +19,7 @@ from posenc._errors import PosEncError
 from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve_encoding
 from posenc.analysis._encodings import size
 from posenc.analysis._results import jsonable
+from posenc.experiments.checkpoint import atomic_write  # temp file + rename: all or nothing
 from posenc.report.schema import SCHEMA_VERSION, validate_report
 
 __all__ = ["LENGTHGEN_SETTINGS", "Settings", "build_report", "check_plot_extra", "settings_for"]
@@ -101,7 +102,7 @@ class _Figures:
         start = time.perf_counter()
         fig = draw(self.dpi)
         width, height = fig.canvas.get_width_height()
-        (self.out / file).write_bytes(figure_bytes(fig))
+        atomic_write(self.out / file, figure_bytes(fig))
         self.records.append(
             {
                 "file": file,
@@ -294,19 +295,27 @@ def build_report(
         The data written to ``report.json``.
 
     Raises:
-        PosEncError: an unknown encoding name or an ``out_dir`` that cannot be written.
+        PosEncError: an unknown encoding name, or an ``out_dir`` that is empty, a file or
+            under a file.
+        OSError: ``out_dir`` is not writable, or the disk filled up; files written by an
+            earlier report are left whole (every file is written atomically).
         ImportError: matplotlib (the ``plot`` extra) is missing.
     """
     started = time.perf_counter()
     progress = on_progress or _quiet
     check_plot_extra()
     out = Path(out_dir)
+    if not str(out_dir).strip():
+        raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
+    if out.exists() and not out.is_dir():
+        raise PosEncError(f"out_dir must be a folder, got the file {str(out)!r}")
     try:
         out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    except (FileExistsError, NotADirectoryError) as e:
         raise PosEncError(f"out_dir cannot be created: {str(out)!r} ({e.strerror})") from None
-    if not os.access(out, os.W_OK):
-        raise PosEncError(f"out_dir is not writable: {str(out)!r}")
+    # other OSErrors (permission, read-only or full file system) are the environment's
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise PermissionError(13, f"out_dir is not writable: {str(out)!r}")
     names = registry.names() if encodings is None else [registry.get(n).name for n in encodings]
     if not names:
         raise PosEncError("encodings must name at least one encoding, got an empty list")
@@ -394,7 +403,8 @@ def build_report(
     html = render_html(data, out)
     data["seconds"]["total"] = time.perf_counter() - started
     validate_report(data)
-    (out / "report.json").write_text(json.dumps(data, indent=1, allow_nan=False) + "\n")
-    (out / "index.html").write_text(html, encoding="utf-8")
+    # atomic: a full disk leaves the previous report.json / index.html as they were
+    atomic_write(out / "report.json", (json.dumps(data, indent=1, allow_nan=False) + "\n").encode())
+    atomic_write(out / "index.html", html.encode("utf-8"))
     progress("analysis", total, total, "done")
     return data

@@ -1,0 +1,91 @@
+"""One run per output folder: a lock file, and the leftovers of a killed run cleaned.
+
+:func:`lock_out_dir` takes ``OUT/.posenc.lock`` with an exclusive ``flock``: a second run
+into the same folder is refused, naming the process that holds it; a lock whose process
+is gone (killed, crashed) holds no ``flock`` any more and is simply taken over, since the
+kernel releases it when its owner dies. While the lock is held, the temporary files of
+interrupted atomic writes (``.NAME.PID.HEX.tmp``) in ``OUT`` and ``OUT/checkpoints`` can
+only be stale, and are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from posenc._errors import PosEncError
+from posenc.experiments.checkpoint import clean_stale_temps
+
+__all__ = ["LOCK_NAME", "lock_out_dir"]
+
+LOCK_NAME = ".posenc.lock"
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock, the rest still holds
+    fcntl = None  # type: ignore[assignment]
+
+
+def _holder(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return "another process"
+    return text.splitlines()[0][:120] if text else "another process"
+
+
+def _acquire(path: Path) -> int:
+    """An open descriptor of ``path`` holding its exclusive flock."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise PosEncError(
+                f"--out {str(path.parent)!r} is in use by another posenc run ({_holder(path)}); "
+                f"wait for it to finish or use another --out"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:  # the file we locked may have been removed by the previous owner's release
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def lock_out_dir(out: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold ``out``'s lock for the ``with`` block and clean stale temporary files.
+
+    Raises:
+        PosEncError: another live process holds the lock.
+    """
+    out = Path(out)
+    if fcntl is None:  # pragma: no cover
+        yield
+        return
+    path = out / LOCK_NAME
+    fd = _acquire(path)
+    try:
+        stamp = f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%H:%M:%S')}\n"
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, stamp.encode("utf-8"))
+        except OSError as e:  # a full disk: name the file
+            raise OSError(e.errno, e.strerror, str(path)) from e
+        for folder in (out, out / "checkpoints"):
+            clean_stale_temps(folder)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)  # releases the flock
