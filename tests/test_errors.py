@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ from posenc._errors import (
     check_bool,
     check_device,
     check_factory,
+    check_float,
     check_int,
     check_positions,
     check_same_device,
@@ -105,3 +107,23 @@ def test_check_positions_refuses_meta_and_bad_batch():
         check_positions("positions", torch.arange(3, device="meta"))
     with pytest.raises(PosEncError, match="batch must be an integer, got 'x'"):
         check_positions("positions", torch.arange(3), batch="x")
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(np.float32(1.5), 1.5), (np.float64(2.0), 2.0), (np.int64(3), 3.0), (7, 7.0)],
+    ids=["np.float32", "np.float64", "np.int64", "int"],
+)
+def test_check_float_takes_numpy_numbers(value, expected):
+    result = check_float("x", value)
+    assert type(result) is float and result == expected
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [(np.bool_(True), "must be a number"), (10**400, "must be finite, got an integer of 401")],
+    ids=["np.bool_", "huge-int"],
+)
+def test_check_float_refuses(value, match):
+    with pytest.raises(PosEncError, match=match):
+        check_float("x", value)

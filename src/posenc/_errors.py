@@ -8,6 +8,7 @@ e.g. ``dim must be even for layout='half', got 7``.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -110,10 +111,20 @@ def check_float(
     max: float | None = None,
     min_exclusive: bool = False,
 ) -> float:
-    """Return ``value`` as a finite ``float`` within the given bounds."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """Return ``value`` as a finite ``float`` within the given bounds (a Python or NumPy
+    real number; never a bool, a string or a tensor)."""
+    if (
+        isinstance(value, bool)
+        or type(value).__name__ == "bool_"
+        or not isinstance(value, numbers.Real)
+    ):
         raise PosEncError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError as e:  # an int past the float range
+        raise PosEncError(
+            f"{name} must be finite, got an integer of {len(str(abs(int(value))))} digits"
+        ) from e
     if not -math.inf < value < math.inf:  # math.isfinite, in a form Dynamo traces
         raise PosEncError(f"{name} must be finite, got {value}")
     if min is not None:

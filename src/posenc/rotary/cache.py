@@ -114,6 +114,19 @@ class CosSinTable:
         cos, sin = torch.nn.functional.embedding(positions, table).chunk(2, dim=-1)  # [*P, r/2]
         return cos, sin
 
+    def leading(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(cos, sin)`` ``[n, r / 2]`` of positions ``0 .. n - 1`` (views of the table, no
+        gather), or ``None`` past ``max_bytes`` or while tracing."""
+        if n < 1 or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return None
+        table = self._tables.get(dtype)
+        if table is None or n > table.shape[0]:
+            table = self._grow(dtype, n)
+            if table is None:
+                return None
+        cos, sin = table[:n].chunk(2, dim=-1)
+        return cos, sin
+
     def _grow(self, dtype: torch.dtype, needed: int) -> torch.Tensor | None:
         """The table for ``dtype`` with at least ``needed`` rows, or ``None`` past
         ``max_bytes``."""

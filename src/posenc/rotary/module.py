@@ -36,6 +36,7 @@ from posenc._errors import (
 )
 from posenc.rotary.apply import _cos_sin, check_sections
 from posenc.rotary.cache import CosSinTable
+from posenc.rotary.fast import fast_forward
 from posenc.rotary.frequencies import Scaling, parse_scaling, rope_frequencies
 from posenc.rotary.kernels import dispatch_rotary
 from posenc.rotary.kernels.plain import check_cos_sin
@@ -161,6 +162,8 @@ class RotaryEmbedding(RotaryEncoding):
         self._device_cache: dict[Any, torch.Tensor] = {}
         fixed = self._scaling is None or not self._scaling.position_dependent
         self._table = CosSinTable(inv_freq, scale) if fixed and self._sections is None else None
+        # forward's fast path serves rotations computed here (not a subclass's own, xPos')
+        self._fast = type(self).rotation_at is RotaryEmbedding.rotation_at
         self._set_config(
             head_dim=self._head_dim,
             base=self._base,
@@ -346,6 +349,10 @@ class RotaryEmbedding(RotaryEncoding):
         seq_dim: int = -2,
         positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if k_positions is None and positions is None:  # the common call, checked for itself
+            fast = fast_forward(self, q, k, q_positions, seq_dim)
+            if fast is not None:
+                return fast
         # the caller, past nn.Module.__call__ -> _wrapped_call_impl -> _call_impl -> forward
         q_positions = renamed_positions(q_positions, positions, stacklevel=5)
         check_choice("seq_dim", seq_dim, SEQ_DIMS)

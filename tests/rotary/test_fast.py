@@ -1,0 +1,155 @@
+"""RotaryEmbedding.forward's fast path (posenc.rotary.fast) against the general path: the
+same bits on every call it serves, and every other call left to the general path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+import posenc
+from posenc.rotary import fast, kernels
+from posenc.rotary import module as rotary_module
+
+pytestmark = pytest.mark.skipif(
+    shutil.which(os.environ.get("CC", "cc")) is None, reason="the CPU fast path needs a C compiler"
+)
+
+
+@pytest.fixture(autouse=True)
+def cpu_path():
+    previous = kernels._cpu_on
+    kernels.enable_cpu_fast_path(True)
+    yield
+    kernels._cpu_on = previous
+
+
+def general(rope, *args, **kwargs):
+    """The call through the general path (the fast one switched off)."""
+    saved = rotary_module.fast_forward
+    rotary_module.fast_forward = lambda *a, **kw: None
+    try:
+        return rope(*args, **kwargs)
+    finally:
+        rotary_module.fast_forward = saved
+
+
+def served(rope, q, k, positions=None, seq_dim=-2):
+    return fast.fast_forward(rope, q, k, positions, seq_dim) is not None
+
+
+def tensors(dtype, seq_dim, b=3, hq=4, hk=2, s=5, d=16, view="contiguous"):
+    gen = torch.Generator().manual_seed(s + d)
+    shape_q = (b, hq, s, d) if seq_dim == -2 else (b, s, hq, d)
+    shape_k = (b, hk, s, d) if seq_dim == -2 else (b, s, hk, d)
+    q = torch.randn(*shape_q, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(*shape_k, generator=gen, dtype=torch.float64).to(dtype)
+    if view == "transposed":  # the other memory order, same logical shape
+        q, k = q.transpose(1, 2).contiguous().transpose(1, 2), k.transpose(1, 2).contiguous()
+        k = k.transpose(1, 2)
+    return q, k
+
+
+POSITIONS = {
+    "none": None,
+    "s": torch.tensor([4, 0, 9, 70000, 3]),
+    "bs": torch.randint(0, 5000, (3, 5), generator=torch.Generator().manual_seed(1)),
+    "1s": torch.tensor([[1, 2, 3, 4, 5]]),
+    "int32": torch.tensor([7, 8, 9, 10, 11], dtype=torch.int32),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+@pytest.mark.parametrize("pos", list(POSITIONS))
+@pytest.mark.parametrize("rotary_dim", [16, 10], ids=["full", "partial"])
+@pytest.mark.parametrize("view", ["contiguous", "transposed"])
+def test_fast_equals_general(dtype, layout, seq_dim, pos, rotary_dim, view):
+    rope = posenc.RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim)
+    q, k = tensors(dtype, seq_dim, view=view)
+    positions = POSITIONS[pos]
+    with torch.no_grad():
+        assert served(rope, q, k, positions, seq_dim)
+        out = rope(q, k, positions, seq_dim=seq_dim)
+        want = general(rope, q, k, positions, seq_dim=seq_dim)
+    for a, b in zip(out, want):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+def test_scalings_with_a_table_are_served():
+    rope = posenc.RotaryEmbedding(
+        16, scaling={"type": "yarn", "factor": 4.0, "original_max_position": 64}
+    )
+    q, k = tensors(torch.float32, -2)
+    with torch.no_grad():
+        assert served(rope, q, k)
+        assert all(torch.equal(a, b) for a, b in zip(rope(q, k), general(rope, q, k)))
+
+
+def _grad_q():
+    q, k = tensors(torch.float32, -2)
+    return q.requires_grad_(), k
+
+
+LEFT_TO_THE_GENERAL_PATH = {
+    "float64": lambda: tensors(torch.float64, -2),
+    "mixed-dtypes": lambda: (tensors(torch.float32, -2)[0], tensors(torch.bfloat16, -2)[1]),
+    "requires-grad": _grad_q,
+    "3-d": lambda: tuple(t[0] for t in tensors(torch.float32, -2)),
+    "q-k-lengths-differ": lambda: (
+        tensors(torch.float32, -2)[0][:, :, :2],
+        tensors(torch.float32, -2)[1],
+    ),
+    "wrong-head-dim": lambda: tuple(t[..., :8] for t in tensors(torch.float32, -2)),
+}
+
+
+@pytest.mark.parametrize("case", list(LEFT_TO_THE_GENERAL_PATH))
+def test_other_tensors_take_the_general_path(case):
+    rope = posenc.RotaryEmbedding(16)
+    q, k = LEFT_TO_THE_GENERAL_PATH[case]()
+    assert not served(rope, q, k)
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [
+        torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0]),  # floating
+        torch.tensor([-1, 0, 1, 2, 3]),  # negative: the table computes
+        torch.tensor([1 << 40, 0, 1, 2, 3]),  # past the table's cap
+        torch.tensor(3),  # 0-d
+        torch.arange(4),  # the wrong length
+        torch.zeros(2, 5, dtype=torch.int64),  # the wrong batch
+        torch.zeros(3, 5, 1, dtype=torch.int64),  # 3-d
+        torch.tensor([1, 2, 3, 4, 5], dtype=torch.int16),
+    ],
+    ids=["float", "negative", "past-cap", "0-d", "length", "batch", "3-d", "int16"],
+)
+def test_other_positions_take_the_general_path(positions):
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    assert not served(rope, q, k, positions)
+
+
+def test_xpos_and_position_dependent_scalings_take_the_general_path():
+    q, k = tensors(torch.float32, -2)
+    assert not served(posenc.XPosEmbedding(16), q, k)
+    dynamic = {"type": "dynamic", "factor": 2.0, "max_position": 8}
+    assert not served(posenc.RotaryEmbedding(16, scaling=dynamic), q, k)
+
+
+def test_fused_path_off_takes_the_general_path():
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    kernels.enable_cpu_fast_path(False)
+    assert not served(rope, q, k)
+
+
+def test_bad_input_still_raises_the_general_message():
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    with pytest.raises(posenc.PosEncError, match="q_positions must have length 5"):
+        rope(q, k, torch.arange(4))
