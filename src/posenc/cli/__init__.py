@@ -1,8 +1,10 @@
 """The ``posenc`` command.
 
 Each subcommand lives in its own module and registers itself on ``app`` below.
-Bad arguments give one line on stderr and exit code 2; the environment's refusals (a full
-disk, a folder that cannot be written, memory that cannot be had) one line and exit code 1;
+Bad arguments and a missing optional dependency (matplotlib, the ``plot`` extra, for
+``plot``, ``report`` and ``lengthgen --plot``) give one line on stderr and exit code 2; the
+environment's refusals (a full disk, a folder that cannot be written, memory that cannot be
+had) one line and exit code 1;
 never a traceback (``POSENC_TRACEBACK=1`` shows one for an unexpected error).
 """
 
@@ -12,11 +14,8 @@ import os
 import sys
 from typing import Any
 
-try:
-    import typer
-    import typer.main
-except ImportError as e:  # pragma: no cover - exercised only without the extra
-    raise ImportError("the posenc command needs the 'cli' extra: pip install 'posenc[cli]'") from e
+import typer  # a core dependency: the command works after a plain `pip install posenc`
+import typer.main
 
 try:  # recent typer vendors its own copy of click
     from typer._click import exceptions as _click_errors
@@ -111,6 +110,9 @@ def _run(argv: list[str] | None) -> object:
     except KeyboardInterrupt:
         typer.echo("posenc: interrupted", err=True)
         sys.exit(130)
+    except ImportError as e:  # an optional dependency (an extra) is missing: one line, as
+        typer.echo(f"posenc: error: {_one_line(str(e))}", err=True)  # plot and report do
+        sys.exit(2)
     except OSError as e:  # ENOSPC, EACCES, EROFS, ...: the environment, not the command line
         typer.echo(f"posenc: error: {_os_error(e)}", err=True)
         sys.exit(1)

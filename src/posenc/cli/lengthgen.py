@@ -230,7 +230,13 @@ def lengthgen(
             callback=_int("--threads", 1, 1024),
         ),
     ] = 1,
-    plot: Annotated[bool, typer.Option("--plot/--no-plot", help="Write lengthgen.png.")] = True,
+    plot: Annotated[
+        bool | None,
+        typer.Option(
+            "--plot/--no-plot",
+            help="Write lengthgen.png (default: when matplotlib, the 'plot' extra, is installed).",
+        ),
+    ] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar or summary table.")] = False,
 ) -> None:
     """Train a small model per encoding at --train-len and evaluate it at --eval-lens.
@@ -247,6 +253,7 @@ def lengthgen(
         base_len = train_len if train_len is not None else PRESETS[preset]["train_len"]
         lens = None if eval_lens is None else _lengths(eval_lens, base_len)
         methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
+        plot = _plot_choice(plot)
         # the path first: a folder that cannot be written is exit code 1 (OSError, in main)
         path = check_out_dir(out, create=False)
         options: dict[str, Any] = dict(
@@ -290,3 +297,17 @@ def lengthgen(
         typer.echo(
             f"wrote {path / 'results.json'}" + (f" and {path / 'lengthgen.png'}" if plot else "")
         )
+
+
+def _plot_choice(plot: bool | None) -> bool:
+    """``--plot`` / ``--no-plot`` as given; unset: plot when matplotlib is installed (a plain
+    ``pip install posenc`` trains and writes results.json without it). ``--plot`` without
+    matplotlib is refused before anything trains (an ImportError: one line, exit code 2)."""
+    import importlib.util
+
+    have = importlib.util.find_spec("matplotlib") is not None
+    if plot is None:
+        return have
+    if plot and not have:
+        raise ImportError("--plot needs matplotlib: pip install 'posenc[plot]', or pass --no-plot")
+    return plot

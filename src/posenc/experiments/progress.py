@@ -17,20 +17,16 @@ class StudyProgress:
     """
 
     def __init__(self, *, transient: bool = False) -> None:
-        try:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-        except ImportError as e:
-            raise ImportError(
-                "progress bars need the 'cli' extra: pip install 'posenc[cli]'"
-            ) from e
+        from rich.console import Console  # a core dependency, with the posenc command
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
         self._progress = Progress(
             TextColumn("{task.description:<14}"),
             BarColumn(),
