@@ -286,3 +286,44 @@ def test_a_study_over_max_bytes_is_refused_before_anything_is_written(tmp_path: 
     with pytest.raises(PosEncError, match=r"this study needs about [\d.]+ [MG]B of memory per"):
         run_study("copy", ["none"], out_dir=tmp_path / "out", max_bytes=1000, **TINY)
     assert not (tmp_path / "out").exists()
+
+
+def _resolved(encodings, **options):
+    from posenc.experiments.settings import resolve
+
+    base = dict.fromkeys(
+        "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup random_positions "
+        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples".split()
+    )
+    return resolve("lm", encodings, {**base, "preset": "default", "seed": 0, **options}, 1)
+
+
+@pytest.mark.parametrize(
+    ("encodings", "options", "extend", "finetune"),
+    [
+        (["sinusoidal", "alibi"], {}, (), 0),  # no RoPE: the preset's extension is skipped
+        (["sinusoidal", "alibi"], {"train_len": 64, "eval_lens": [64, 512]}, (), 0),
+        (["rope"], {"extend": []}, (), 0),  # --extend none: no fine-tune either
+        (["rope"], {"eval_lens": [64]}, (), 0),  # nothing past train_len to extend to
+        (["rope", "alibi"], {}, ("pi", "ntk", "yarn"), 40),  # the preset, as before
+        (["rope"], {"extend": ["ntk"], "finetune_steps": 5}, ("ntk",), 5),
+    ],
+    ids=["no-rope", "issue-example", "extend-none", "no-longer-eval", "preset", "explicit"],
+)
+def test_explicit_choices_win_over_the_preset(encodings, options, extend, finetune) -> None:
+    study = _resolved(encodings, **options)
+    assert study.extend == extend and study.finetune_steps == finetune
+
+
+@pytest.mark.parametrize(
+    ("encodings", "options", "message"),
+    [
+        (["alibi"], {"extend": ["pi"]}, "extend needs 'rope' among the encodings"),
+        (["rope"], {"extend": [], "finetune_steps": 10}, "finetune_steps needs extend"),
+        (["rope"], {"extend": ["pi"], "eval_lens": [64]}, "extend needs an eval length beyond"),
+    ],
+    ids=["extend-without-rope", "finetune-without-extend", "extend-without-longer-eval"],
+)
+def test_only_conflicts_the_caller_wrote_are_errors(encodings, options, message) -> None:
+    with pytest.raises(PosEncError, match=message):
+        _resolved(encodings, **options)

@@ -130,14 +130,23 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
             f"batch_size must be divisible by the number of processes ({world_size}), "
             f"got {batch_size}"
         )
+    # Explicit choices win over the preset's: the preset's RoPE extension is dropped when
+    # the study has no RoPE model or nothing past train_len to extend to, and its fine-tune
+    # with it; only a conflict the caller wrote (extend or finetune_steps given) is an error.
+    extend_given, finetune_given = (
+        options.get("extend") is not None,
+        options.get("finetune_steps") is not None,
+    )
     extend = tuple(o["extend"].split(",") if isinstance(o["extend"], str) else o["extend"])
     extend = tuple(check_choice("extend", m, tuple(EXTENSIONS)) for m in extend if m)
-    if extend and "rope" not in labels:
-        raise PosEncError(f"extend needs 'rope' among the encodings, got {', '.join(labels)}")
     factor = o["extend_factor"]
     if factor is None:
         factor = max(eval_lens) / train_len
     factor = check_float("extend_factor", factor, min=1.0, max=float(MAX_LENGTH))
+    if extend and not extend_given and ("rope" not in labels or factor <= 1.0):
+        extend = ()
+    if extend and "rope" not in labels:
+        raise PosEncError(f"extend needs 'rope' among the encodings, got {', '.join(labels)}")
     if extend and factor <= 1.0:
         raise PosEncError(
             f"extend needs an eval length beyond train_len ({train_len}) or an extend_factor "
@@ -148,7 +157,11 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         warmup = min(check_int("warmup", o["warmup"], min=0, max=MAX_COUNT), steps)
     finetune_steps = check_int("finetune_steps", o["finetune_steps"], min=0, max=MAX_COUNT)
     if finetune_steps and not extend:
-        raise PosEncError("finetune_steps needs extend (pi, ntk or yarn), got no extend methods")
+        if finetune_given:
+            raise PosEncError(
+                "finetune_steps needs extend (pi, ntk or yarn), got no extend methods"
+            )
+        finetune_steps = 0  # the preset's fine-tune belongs to the extension just dropped
     specs = tuple(encoding_spec(e, train_len=train_len) for e in encodings)
     return Study(
         task=task,
