@@ -163,3 +163,12 @@ def test_bad_cap_is_refused(value):
     rope = posenc.RotaryEmbedding(16)
     with pytest.raises(posenc.PosEncError, match="max_bytes"):
         rope.cos_sin_table.max_bytes = value
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_cos_sin_in_16_bits_rounds_the_float64_values_once(dtype):
+    rope = posenc.RotaryEmbedding(16)
+    positions = torch.tensor([0, 5, 3000])
+    cos, sin = rope.cos_sin(positions, dtype=dtype)
+    want_cos, want_sin = rope.cos_sin(positions, dtype=torch.float64)
+    assert torch.equal(cos, want_cos.to(dtype)) and torch.equal(sin, want_sin.to(dtype))

@@ -13,15 +13,12 @@ loop; ``tests/rotary/test_fast.py`` compares the two on every case it serves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from posenc.rotary import kernels
 from posenc.rotary.kernels import cpu, ops
-
-if TYPE_CHECKING:
-    from posenc.rotary.module import RotaryEmbedding
 
 __all__ = ["fast_forward"]
 
@@ -30,7 +27,7 @@ _INDEX = (torch.int64, torch.int32)
 
 
 def fast_forward(
-    rope: RotaryEmbedding,
+    rope: Any,  # a posenc.RotaryEmbedding (not imported: the module imports this file)
     q: torch.Tensor,
     k: torch.Tensor,
     positions: torch.Tensor | None,

@@ -27,6 +27,7 @@ from posenc._errors import (
     check_alloc,
     check_choice,
     check_device,
+    check_dtype,
     check_float,
     check_int,
     check_last_dim,
@@ -332,7 +333,7 @@ class RotaryEmbedding(RotaryEncoding):
         Shape: ``[*P]`` (with sections ``[*P, n_axes]``) -> ``[*P, rotary_dim / 2]`` each.
         """
         check_positions("positions", positions, ndims=None)
-        check_cos_sin_dtype(dtype)
+        check_dtype("dtype", dtype)  # any floating dtype (rotation() takes float32/64 only)
         hit = None if self._table is None else self._table.lookup(positions, dtype)
         if hit is not None:
             return hit

@@ -83,8 +83,6 @@ def _nd_cos_sin(
             f"positions must be [*P, {n}] (one coordinate per axis), got shape "
             f"{tuple(positions.shape)}"
         )
-    if dtype not in (torch.float32, torch.float64):
-        raise PosEncError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     return RotaryEmbedding.cos_sin(module, positions, dtype=dtype)
 
 
