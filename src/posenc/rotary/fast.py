@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from posenc.rotary import kernels
-from posenc.rotary.kernels import cpu, ops
+from posenc.rotary.kernels import ops
 
 __all__ = ["fast_forward"]
 
@@ -73,19 +73,14 @@ def fast_forward(
     if rows is None:
         return None
     cos, sin = rows
-    xs = [q, k]
-    ops.check_launch("cpu", xs, cos, sin, seq_dim=seq_dim, inplace=False)
-    cos, sin, cos_strides = ops._tables(cos, sin, torch.float32)
-    ys = [ops._empty_like(q), ops._empty_like(k)]
-    cpu.launch_cpu(
-        xs,
-        ys,
+    q_out, k_out = ops.rotate_eager(  # the launch every path shares: check_launch first
+        q,
+        k,
         cos,
         sin,
-        cos_strides,
-        seq_dim=seq_dim,
         interleaved=rope._layout == "interleaved",
-        conjugate=False,
+        seq_dim=seq_dim,
+        backend="cpu",
         inplace=False,
     )
-    return ys[0], ys[1]
+    return q_out, k_out  # type: ignore[return-value]

@@ -14,15 +14,28 @@ other rotary module (the kernels included) may import it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from posenc._errors import PosEncError, check_int
 
-__all__ = ["LAYOUTS", "SEQ_DIMS", "Layout", "check_rotary_dims"]
+__all__ = ["LAYOUTS", "SEQ_DIMS", "Layout", "bshd_order", "check_rotary_dims"]
 
 Layout = Literal["half", "interleaved"]
 LAYOUTS: tuple[Layout, ...] = ("half", "interleaved")
 SEQ_DIMS = (-2, -3)
+
+
+def bshd_order(
+    shape: Sequence[int], strides: Sequence[int], seq_dim: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Sizes and strides of a 4-D q/k tensor in ``(b, s, h, d)`` order: swapped from
+    ``[b, h, s, d]`` for ``seq_dim=-2``, as they are for ``[b, s, h, d]`` (``-3``)."""
+    b, n1, n2, d = shape
+    sb, s1, s2, sd = strides
+    if seq_dim == -2:
+        return (b, n2, n1, d), (sb, s2, s1, sd)
+    return (b, n1, n2, d), (sb, s1, s2, sd)
 
 
 def check_rotary_dims(head_dim: Any, rotary_dim: Any) -> tuple[int, int]:

@@ -46,6 +46,8 @@ from pathlib import Path
 
 import torch
 
+from posenc.rotary.layout import bshd_order
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not a POSIX system
@@ -314,18 +316,6 @@ def _meta(
     return [v for dim in dims for v in dim] + [sd, yd, d]
 
 
-def _bshd(shape: tuple[int, ...], strides: tuple[int, ...], seq_dim: int):
-    """Sizes and strides in (b, s, h, d) order (``[b, h, s, d]`` when ``seq_dim == -2``)."""
-    if seq_dim == -2:
-        return (shape[0], shape[2], shape[1], shape[3]), (
-            strides[0],
-            strides[2],
-            strides[1],
-            strides[3],
-        )
-    return tuple(shape), tuple(strides)
-
-
 # Argument templates per call shape (see posenc_rope_packed in rope_cpu.c): the pointers
 # are written into a copy per call, so concurrent calls never share one.
 _PLANS: dict[tuple, array.array] = {}
@@ -337,8 +327,8 @@ def _plan(key: tuple) -> array.array:
     dtype, seq_dim, interleaved, conjugate, inplace, cos_strides, r2, threads, tensors = key
     meta: list[int] = []
     for shape, strides, y_strides in tensors:
-        x = _bshd(shape, strides, seq_dim)
-        meta += _meta(x, _bshd(shape, y_strides, seq_dim)[1], cos_strides)
+        x = bshd_order(shape, strides, seq_dim)
+        meta += _meta(x, bshd_order(shape, y_strides, seq_dim)[1], cos_strides)
     header = [_DTYPES[dtype], int(interleaved), -1 if conjugate else 1, int(inplace)]
     plan = array.array("q", [*header, len(tensors), r2, threads, 0, 0, 0, 0, 0, 0, *meta])
     if len(_PLANS) >= _PLANS_MAX:

@@ -31,6 +31,7 @@ from posenc.rotary.kernels.plain import (
     check_inplace_memory,
     memory_range,
 )
+from posenc.rotary.layout import bshd_order
 
 __all__ = ["bshd", "check_launch", "rotary_op", "rotary_op_", "rotate_eager"]
 
@@ -41,11 +42,7 @@ _KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 def bshd(x: torch.Tensor, seq_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Sizes ``(B, S, H, D)`` and element strides of ``x`` (``[b, h, s, d]`` for
     ``seq_dim=-2``, ``[b, s, h, d]`` for ``seq_dim=-3``): the kernels' view, no copy."""
-    b, n1, n2, d = x.shape
-    sb, s1, s2, sd = x.stride()
-    if seq_dim == -2:  # [b, h, s, d]
-        return (b, n2, n1, d), (sb, s2, s1, sd)
-    return (b, n1, n2, d), (sb, s1, s2, sd)
+    return bshd_order(x.shape, x.stride(), seq_dim)
 
 
 def _tables(
