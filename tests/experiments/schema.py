@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-RUN_KEYS = {"encoding", "config", "train", "eval"}
+RUN_KEYS = {"encoding", "seed", "config", "train", "eval"}
 TRAIN_KEYS = {"steps", "final_loss", "seconds"}
 LM_CELL = {"loss", "ppl", "loss_past", "ppl_past", "tokens", "tokens_past"}
 SYNTHETIC_CELL = {"loss", "accuracy", "token_accuracy", "examples"}
@@ -28,9 +28,13 @@ def check_results(
     assert results["train_len"] == train_len
     assert results["eval_lens"] == eval_lens
     assert results["metric"] == ("ppl" if task == "lm" else "accuracy")
-    assert {"settings", "environment", "runs", "seconds"} <= set(results)
+    assert {"settings", "environment", "runs", "summary", "seeds", "seconds"} <= set(results)
+    seeds = results["seeds"]
+    assert seeds and results["settings"]["seeds"] == seeds
     assert [run["encoding"] for run in results["runs"]] == encodings
+    _check_summary(results, seeds)
     for run in results["runs"]:
+        assert run["seed"] in seeds
         assert set(run) == RUN_KEYS, run.keys()
         assert run["config"]["name"] == run["encoding"].split("+")[0]
         assert TRAIN_KEYS <= set(run["train"])
@@ -56,3 +60,25 @@ def check_results(
             else:
                 assert 0.0 <= cell["accuracy"] <= cell["token_accuracy"] <= 1.0
                 assert cell["examples"] > 0
+
+
+def _check_summary(results: dict[str, Any], seeds: list[int]) -> None:
+    """``summary``: per label (first-appearance order) and length, mean / min / max of each
+    metric over the runs of that label, and how many seeds gave a value."""
+    labels = list(dict.fromkeys(run["encoding"] for run in results["runs"]))
+    assert list(results["summary"]) == labels
+    for label in labels:
+        runs = [r for r in results["runs"] if r["encoding"] == label]
+        assert sorted(r["seed"] for r in runs) == sorted(seeds)
+        for length in results["eval_lens"]:
+            cell = results["summary"][label][str(length)]
+            ok = [r["eval"][str(length)] for r in runs if "error" not in r["eval"][str(length)]]
+            assert cell["seeds"] == len(ok)
+            if not ok:
+                assert isinstance(cell["error"], str)
+                continue
+            metric = results["metric"]
+            values = [c[metric] for c in ok]
+            stats = cell[metric]
+            assert stats["min"] == min(values) and stats["max"] == max(values)
+            assert math.isclose(stats["mean"], sum(values) / len(values), rel_tol=1e-12)

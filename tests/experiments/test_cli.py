@@ -82,6 +82,24 @@ def test_a_tiny_run_writes_results_and_figure(tmp_path: Path, capsys) -> None:
     assert (tmp_path / "lengthgen.png").stat().st_size > 1000
 
 
+def test_seeds_and_jobs_summarise_mean_and_spread(tmp_path: Path, capsys) -> None:
+    loud = [a for a in TINY if a != "--quiet"]
+    argv = ["lengthgen", "--task", "copy", "--encodings", "alibi,learned", "--train-len", "9"]
+    argv += ["--eval-lens", "L,2L", "--out", str(tmp_path), "--seeds", "0,1,2", "--jobs", "2"]
+    code, out, err = _run([*argv, *loud], capsys)
+    assert code == 0, err
+    assert "alibi s2" in err  # a progress bar per (encoding, seed)
+    flat = " ".join(out.split())  # rich wraps the title and cells to the terminal's width
+    assert "mean (min-max) over seeds 0, 1, 2" in flat
+    results = json.loads((tmp_path / "results.json").read_text())
+    labels = ["alibi"] * 3 + ["learned"] * 3
+    check_results(results, task="copy", train_len=9, eval_lens=[9, 18], encodings=labels)
+    assert [r["seed"] for r in results["runs"]] == [0, 1, 2, 0, 1, 2]
+    assert results["environment"]["jobs"] == 2
+    cell = results["summary"]["alibi"]["9"]["accuracy"]
+    assert f"{cell['mean']:.2f} ({cell['min']:.2f}-{cell['max']:.2f})" in flat
+
+
 def _one_line_error(code: int, err: str, pattern: str) -> None:
     import re
 
@@ -104,6 +122,11 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--device", "gpu"], "device must be one of 'cpu', 'cuda', got 'gpu'"),
         (["--extend", "pi", "--encodings", "alibi"], "extend needs 'rope' among the encodings"),
         (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+        (["--seeds", "0,0"], "--seeds must be distinct, got '0,0'"),
+        (["--seeds", "0,x"], "--seeds entries must be integers, got 'x'"),
+        (["--seeds", ","], "--seeds must list at least one seed, got ','"),
+        (["--seeds", "1", "--seed", "2"], "give --seed or --seeds, not both"),
         (["--preset", "huge"], "--preset must be one of 'default', 'quick', got 'huge'"),
         (
             ["--dim", "4096", "--layers", "512", "--heads", "8"],

@@ -86,33 +86,76 @@ def _lengths(text: str, train_len: int | None) -> list[int]:
     return [check_int("--eval-lens entry", n, min=1) for n in out]
 
 
+def _seeds(value: str | None) -> str | None:
+    """``0,1,2``: distinct integers (the study checks them again, with the rest)."""
+    if value is None:
+        return None
+    text("--seeds")(value)
+    items = [t.strip() for t in value.split(",") if t.strip()]
+    for item in items:
+        try:
+            integer("--seeds entry", min=-(2**63), max=2**63 - 1)(int(item))
+        except ValueError as e:
+            if isinstance(e, PosEncError):
+                raise
+            raise PosEncError(f"--seeds entries must be integers, got {item!r}") from None
+    if not items:
+        raise PosEncError(f"--seeds must list at least one seed, got {value!r}")
+    if len({int(i) for i in items}) != len(items):
+        raise PosEncError(f"--seeds must be distinct, got {value!r}")
+    return value
+
+
+def _jobs(jobs: int | None) -> int:
+    """``--jobs`` as given; unset: the cores this process may use (1 under torchrun)."""
+    if jobs is not None:
+        return jobs
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return 1
+    from posenc.experiments.lengthgen import default_jobs
+
+    return default_jobs()
+
+
+def _value(value: float, metric: str) -> str:
+    return f"{value:.3g}" if metric == "ppl" else f"{value:.2f}"
+
+
 def _summary(results: dict) -> None:
+    """One row per encoding: the mean over the seeds, with min-max when there are several."""
     from rich.console import Console
     from rich.table import Table
 
-    metric = results["metric"]
+    metric, seeds = results["metric"], results.get("seeds", [0])
+    over = f", mean (min-max) over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
     table = Table(
-        title=f"{results['task']}: {metric} at each eval length (trained at {results['train_len']})"
+        title=f"{results['task']}: {metric} at each eval length "
+        f"(trained at {results['train_len']}{over})"
     )
     table.add_column("encoding")
     for length in results["eval_lens"]:
         table.add_column(str(length), justify="right")
     table.add_column("train s", justify="right")
+    seconds: dict[str, float] = {}
     for run in results["runs"]:
-        cells = []
+        seconds[run["encoding"]] = seconds.get(run["encoding"], 0.0) + run["train"]["seconds"]
+    for label, cells in results["summary"].items():
+        row = []
         for length in results["eval_lens"]:
-            cell = run["eval"][str(length)]
-            value = cell.get(metric)
-            cells.append(
-                "error"
-                if "error" in cell
-                else "-"
-                if value is None
-                else f"{value:.3g}"
-                if metric == "ppl"
-                else f"{value:.2f}"
-            )
-        table.add_row(run["encoding"], *cells, f"{run['train']['seconds']:.1f}")
+            cell = cells[str(length)]
+            stats = cell.get(metric)
+            if "error" in cell:
+                row.append("error")
+            elif stats is None:
+                row.append("-")
+            elif len(seeds) > 1:
+                row.append(
+                    f"{_value(stats['mean'], metric)} "
+                    f"({_value(stats['min'], metric)}-{_value(stats['max'], metric)})"
+                )
+            else:
+                row.append(_value(stats["mean"], metric))
+        table.add_row(label, *row, f"{seconds.get(label, 0.0):.1f}")
     Console().print(table)
 
 
@@ -142,12 +185,26 @@ def lengthgen(
     ] = None,
     device: Annotated[str, typer.Option(help="cpu or cuda.", callback=_device)] = "cpu",
     seed: Annotated[
-        int,
+        int | None,
         typer.Option(
-            help="Seed of initialisation, data and eval sets.",
+            help="Seed of initialisation, data and eval sets [0].",
             callback=_int("--seed", -(2**63), 2**63 - 1),
         ),
-    ] = 0,
+    ] = None,
+    seeds: Annotated[
+        str | None,
+        typer.Option(
+            help="Several seeds, e.g. 0,1,2: every encoding trains once per seed.",
+            callback=_seeds,
+        ),
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Worker processes for the (seed, encoding) runs [the CPU cores; 1 under torchrun].",
+            callback=_int("--jobs", 1, 1024),
+        ),
+    ] = None,
     resume: Annotated[bool, typer.Option(help="Continue from the checkpoints in --out.")] = False,
     preset: Annotated[str, typer.Option(help="default or quick.", callback=text("--preset"))] = (
         "default"
@@ -250,6 +307,8 @@ def lengthgen(
         from posenc.experiments.settings import PRESETS
 
         check_choice("--preset", preset, tuple(PRESETS))
+        if seed is not None and seeds is not None:
+            raise PosEncError(f"give --seed or --seeds, not both: got {seed} and {seeds!r}")
         base_len = train_len if train_len is not None else PRESETS[preset]["train_len"]
         lens = None if eval_lens is None else _lengths(eval_lens, base_len)
         methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
@@ -263,6 +322,8 @@ def lengthgen(
             out_dir=path,
             device=device,
             seed=seed,
+            seeds=seeds,
+            jobs=_jobs(jobs),
             preset=preset,
             batch_size=batch_size,
             dim=dim,

@@ -1,4 +1,5 @@
-"""The figure of a length-generalization study: metric vs eval length, one line per run.
+"""The figure of a length-generalization study: metric vs eval length, one line per
+encoding (the mean over the seeds; a band from the min to the max when there are several).
 
 Panels: the trained encodings (``lm``: perplexity over the whole window and over the
 positions past the training length; synthetic tasks: exact-match accuracy), then, when
@@ -15,6 +16,7 @@ from typing import Any
 
 from posenc._errors import PosEncError
 from posenc.experiments.checkpoint import atomic_write
+from posenc.experiments.results import summarize
 
 __all__ = ["plot_study"]
 
@@ -35,25 +37,31 @@ def _style(label: str, base_colors: Mapping[str, Any], extension_panel: bool) ->
 def _panel(
     ax: Any,
     results: Mapping[str, Any],
-    runs: Sequence[Mapping[str, Any]],
+    labels: Sequence[str],
     key: str,
     ylabel: str,
     base_colors: Mapping[str, Any],
     extension_panel: bool,
 ) -> None:
+    """One line per label: the mean over the seeds, the min-max band when several."""
     lengths = [int(e) for e in results["eval_lens"]]
+    summary = results["summary"]
     values = []
-    for run in runs:
-        xs, ys = [], []
+    for label in labels:
+        xs, mean, low, high = [], [], [], []
         for length in lengths:
-            cell = run["eval"].get(str(length), {})
-            if cell.get(key) is not None:
+            stats = summary[label].get(str(length), {}).get(key)
+            if stats is not None:
                 xs.append(length)
-                ys.append(cell[key])
+                mean.append(stats["mean"])
+                low.append(stats["min"])
+                high.append(stats["max"])
         if xs:
-            style = _style(run["encoding"], base_colors, extension_panel)
-            ax.plot(xs, ys, label=run["encoding"], **style)
-            values.extend(ys)
+            style = _style(label, base_colors, extension_panel)
+            ax.plot(xs, mean, label=label, **style)
+            if low != high:
+                ax.fill_between(xs, low, high, color=style["color"], alpha=0.18, linewidth=0)
+            values.extend(low + high)
     ax.axvline(results["train_len"], color="0.6", linewidth=1, linestyle="-.")
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths)
@@ -85,13 +93,15 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
     if not isinstance(results, Mapping) or "runs" not in results or "eval_lens" not in results:
         raise PosEncError("results must be a run_study result (with 'runs' and 'eval_lens')")
     lm = results["metric"] == "ppl"
-    runs = list(results["runs"])
-    base = [r for r in runs if "+" not in r["encoding"]]
-    extended = [r for r in runs if r["encoding"] == "rope" or "+" in r["encoding"]]
+    if "summary" not in results:  # a results.json of 0.1.0: one seed, no summary
+        results = {**results, "summary": summarize(results["runs"], results["eval_lens"])}
+    labels = list(results["summary"])
+    base = [label for label in labels if "+" not in label]
+    extended = [label for label in labels if label == "rope" or "+" in label]
     if len(extended) <= 1:
         extended = []
     cmap = plt.get_cmap("tab10")
-    base_colors: dict[str, Any] = {r["encoding"]: cmap(i % 10) for i, r in enumerate(base)}
+    base_colors: dict[str, Any] = {label: cmap(i % 10) for i, label in enumerate(base)}
     base_colors.setdefault("rope", "black")
     metric = ("ppl", "perplexity") if lm else ("accuracy", "exact-match accuracy")
     panels = [(base, metric[0], f"{metric[1]} (whole window)" if lm else metric[1])]
@@ -104,7 +114,9 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
         _panel(ax, results, subset, key, ylabel, base_colors, subset is extended)
         if not lm:
             ax.set_ylim(-0.02, 1.02)
-    fig.suptitle(f"{results['task']}: trained at {results['train_len']} tokens")
+    seeds = results.get("seeds", [0])
+    spread = f"; mean of {len(seeds)} seeds, band: min-max" if len(seeds) > 1 else ""
+    fig.suptitle(f"{results['task']}: trained at {results['train_len']} tokens{spread}")
     fig.tight_layout()
     path = Path(path)
     buffer = io.BytesIO()

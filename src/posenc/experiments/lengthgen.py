@@ -8,59 +8,58 @@ short fine-tune at the longest eval length, and returns (and writes) the results
 
 .. code-block:: text
 
-    {"task", "train_len", "eval_lens", "metric", "settings", "environment",
-     "runs": [{"encoding", "config", "train": {"steps", "final_loss", "seconds", ...},
+    {"task", "train_len", "eval_lens", "metric", "seeds", "settings", "environment",
+     "runs": [{"encoding", "seed", "config",
+               "train": {"steps", "final_loss", "seconds", ...},
                "eval": {"<len>": {"loss", "ppl" | "accuracy", ...} | {"error"}}}],
+     "summary": {"<encoding>": {"<len>": {"seeds", "<metric>": {"mean", "min", "max"}, ...}}},
      "seconds"}
 
-Every model of a study starts from the same seed and sees the same batches in the
-same order; only the encoding differs.
+With each seed, every model of a study starts from the same initialisation seed and sees
+the same batches in the same order; only the encoding differs. Several seeds repeat the
+whole comparison; ``summary`` (:func:`.results.summarize`) holds the spread. The
+``(seed, encoding)`` units run in this process or in ``jobs`` worker processes
+(:mod:`.parallel`) with the same numbers either way.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
-import platform
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from posenc._errors import PosEncError, check_int
-from posenc.experiments.checkpoint import atomic_write
-from posenc.experiments.distributed import Dist, setup
-from posenc.experiments.evaluate import evaluate
-from posenc.experiments.extension import extended_config
-from posenc.experiments.models import build_model
+from posenc.experiments.distributed import setup
 from posenc.experiments.outdir import lock_out_dir
-from posenc.experiments.seeding import derive_seed
-from posenc.experiments.settings import DEFAULT_ENCODINGS, PRESETS, Study, resolve, study_bytes
-from posenc.experiments.tasks import LMTask, Task, make_task
-from posenc.experiments.train import (
-    TrainResult,
-    TrainSettings,
-    load_resumable,
-    run_config,
-    train,
-)
+from posenc.experiments.parallel import Unit, UnitContext, run_units
+from posenc.experiments.results import results_record, write_results
+from posenc.experiments.runner import EVAL_MAX_TOKENS
+from posenc.experiments.settings import DEFAULT_ENCODINGS, PRESETS, resolve, study_bytes
+from posenc.experiments.tasks import make_task
 
-if TYPE_CHECKING:
-    from posenc.models import TinyTransformer
+__all__ = [
+    "DEFAULT_ENCODINGS",
+    "MAX_JOBS",
+    "PRESETS",
+    "Event",
+    "default_jobs",
+    "run_study",
+    "write_results",
+]
 
-__all__ = ["DEFAULT_ENCODINGS", "PRESETS", "Event", "run_study", "write_results"]
-
-#: A progress callback receives ``(kind, fields)``: ``("run", {"label", "steps"})`` before a
-#: model trains, ``("step", {"label", "info": StepInfo})`` after each step, ``("eval",
-#: {"label"})`` before it is evaluated and ``("done", {"label"})`` after.
+#: A progress callback receives ``(kind, fields)``; every ``fields`` has the run's
+#: ``label`` and ``seed``: ``("run", {"steps"})`` before a model trains, ``("step",
+#: {"info": StepInfo})`` after each step (fewer from worker processes, a few a second),
+#: ``("eval", {})`` before it is evaluated and ``("done", {})`` after.
 Event = Callable[[str, dict[str, Any]], None]
 
-_EVAL_MAX_TOKENS = 8192  # tokens per eval forward pass (fewer for long windows, see evaluate)
+MAX_JOBS = 1024  # worker processes of one study
 
 
 def _check_out_dir(out_dir: Path) -> None:
@@ -79,14 +78,6 @@ def _check_out_dir(out_dir: Path) -> None:
         pass
 
 
-def write_results(results: Mapping[str, Any], out_dir: str | os.PathLike[str]) -> Path:
-    """Write ``results`` to ``out_dir/results.json`` atomically; returns the path."""
-    path = Path(out_dir) / "results.json"
-    text = json.dumps(results, indent=2, allow_nan=False) + "\n"
-    atomic_write(path, text.encode("utf-8"))
-    return path
-
-
 def _gb(n: float) -> str:
     """``803 GB``, ``2.76 TB``: decimal units, three digits."""
     for unit in ("B", "kB", "MB", "GB", "TB"):
@@ -96,175 +87,12 @@ def _gb(n: float) -> str:
     return f"{n:.3g} PB"
 
 
-def _train_record(result: TrainResult, **extra: Any) -> dict[str, Any]:
-    return {**result.to_dict(), **extra}
-
-
-class _Runner:
-    """Trains, extends and evaluates the runs of one study."""
-
-    def __init__(
-        self,
-        study: Study,
-        task: Task,
-        dist: Dist,
-        ckpt_dir: Path | None,
-        resume: bool,
-        on_event: Event | None,
-    ) -> None:
-        self.s, self.task, self.dist = study, task, dist
-        self.ckpt_dir, self.resume, self.on_event = ckpt_dir, resume, on_event
-        # The longest position any training step sees (sizes learned tables).
-        self.max_len = max(study.train_len, study.train.random_positions or 0)
-
-    def _emit(self, kind: str, **fields: Any) -> None:
-        if self.on_event is not None and self.dist.is_main:
-            self.on_event(kind, fields)
-
-    def _ckpt(self, label: str) -> Path | None:
-        return None if self.ckpt_dir is None else self.ckpt_dir / f"{label}.pt"
-
-    def _config(self, label: str, model: TinyTransformer, **extra: Any) -> dict[str, Any]:
-        return {
-            "task": self.s.task,
-            "label": label,
-            "model": model.to_config(),
-            "eval_tokens": self.s.eval_tokens,
-            **extra,
-        }
-
-    def build(self, spec: Mapping[str, Any]) -> TinyTransformer:
-        return build_model(
-            self.task.vocab_size,
-            spec,
-            self.s.model,
-            max_len=self.max_len,
-            seed=derive_seed(self.s.train.seed, "init"),
-        )
-
-    def check_resumable(
-        self, label: str, model: TinyTransformer, settings: TrainSettings, **extra: Any
-    ) -> None:
-        path = self._ckpt(label)
-        if self.resume and path is not None and path.exists():
-            config = run_config(self._config(label, model, **extra), settings, self.dist.world_size)
-            load_resumable(path, model, None, config)
-
-    def fit(
-        self, label: str, model: TinyTransformer, settings: TrainSettings, **extra: Any
-    ) -> TrainResult:
-        self._emit("run", label=label, steps=settings.steps)
-        result = train(
-            model,
-            self.task,
-            settings,
-            dist=self.dist,
-            checkpoint=self._ckpt(label),
-            config=self._config(label, model, **extra),
-            resume=self.resume,
-            on_step=lambda info: self._emit("step", label=label, info=info),
-        )
-        return result
-
-    def evaluate(self, label: str, model: TinyTransformer) -> dict[str, Any]:
-        self._emit("eval", label=label)
-        out = evaluate(
-            model,
-            self.task,
-            self.s.eval_lens,
-            train_len=self.s.train_len,
-            seed=self.s.train.seed,
-            dist=self.dist,
-            random_positions=self.s.train.random_positions,
-            max_tokens=_EVAL_MAX_TOKENS,
-        )
-        self._emit("done", label=label)
-        return out
-
-    def finetune_settings(self) -> TrainSettings:
-        length = max(self.s.eval_lens)
-        base = self.s.train
-        return dataclasses.replace(
-            base,
-            steps=self.s.finetune_steps,
-            batch_size=max(
-                self.dist.world_size,
-                base.batch_size
-                * base.seq_len
-                // length
-                // self.dist.world_size
-                * self.dist.world_size,
-            ),
-            seq_len=length,
-            lr=base.lr / 3,
-            warmup=max(1, self.s.finetune_steps // 10),
-            random_positions=None,
-            seed=derive_seed(base.seed, "finetune"),
-        )
-
-
-def _dry_run(label: str, model: TinyTransformer, study: Study) -> None:
-    """One forward pass on 2 tokens, positioned as in training: an encoding that cannot
-    take 1-D sequences (N-D RoPE) fails here, before any model trains."""
-    length = min(2, study.train_len)
-    tokens = torch.zeros(1, length, dtype=torch.long)
-    positions = None
-    if study.train.random_positions is not None:
-        positions = torch.arange(length)[None, :]  # [1, s], the shape training passes
+def default_jobs() -> int:
+    """The CPU cores this process may run on (``posenc lengthgen --jobs``' default)."""
     try:
-        with torch.no_grad():
-            model(tokens, positions)
-    except PosEncError as e:
-        raise PosEncError(f"encoding {label!r} cannot run on token sequences here: {e}") from e
-
-
-def _extension_runs(
-    runner: _Runner, base: TinyTransformer, base_train: dict[str, Any], validate_only: bool = False
-) -> list[dict[str, Any]]:
-    s = runner.s
-    runs = []
-    state = base.state_dict()
-    for method in s.extend:
-        config = extended_config(base.to_config(), method, s.extend_factor, s.train_len)
-        from posenc.models import TinyTransformer
-
-        extended = TinyTransformer.from_config(config)
-        extended.load_state_dict(state)
-        label = f"rope+{method}"
-        ft_label = f"{label}+ft"
-        ft_settings = runner.finetune_settings() if s.finetune_steps else None
-        if validate_only:
-            if ft_settings is not None:
-                runner.check_resumable(ft_label, extended, ft_settings, base="rope")
-            continue
-        extended.to(runner.dist.device)
-        runs.append(
-            {
-                "encoding": label,
-                "config": extended.encoding.to_config(),
-                "train": {
-                    "steps": 0,
-                    "final_loss": None,
-                    "seconds": 0.0,
-                    "from": "rope",
-                    "base_final_loss": base_train.get("final_loss"),
-                },
-                "eval": runner.evaluate(label, extended),
-            }
-        )
-        if ft_settings is not None:
-            result = runner.fit(ft_label, extended, ft_settings, base="rope")
-            runs.append(
-                {
-                    "encoding": ft_label,
-                    "config": extended.encoding.to_config(),
-                    "train": _train_record(
-                        result, **{"from": "rope", "seq_len": ft_settings.seq_len}
-                    ),
-                    "eval": runner.evaluate(ft_label, extended),
-                }
-            )
-    return runs
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def run_study(
@@ -276,7 +104,9 @@ def run_study(
     steps: int | None = None,
     out_dir: str | os.PathLike[str] | None = None,
     device: str = "cpu",
-    seed: int = 0,
+    seed: int | None = None,
+    seeds: Sequence[int] | str | None = None,
+    jobs: int = 1,
     preset: str = "default",
     batch_size: int | None = None,
     dim: int | None = None,
@@ -310,7 +140,12 @@ def run_study(
         out_dir: where ``results.json``, ``lengthgen.png`` and ``checkpoints/`` go;
             None keeps everything in memory (no checkpoints).
         device: ``"cpu"`` or ``"cuda"``.
-        seed: seeds initialisation, data, eval sets and randomized positions.
+        seed: seeds initialisation, data, eval sets and randomized positions (default 0).
+        seeds: several seeds (``[0, 1, 2]`` or ``"0,1,2"``), each training every encoding;
+            excludes ``seed``. Each run records its ``seed``; ``summary`` the spread.
+        jobs: worker processes the ``(seed, encoding)`` units are spread over (1: all in
+            this process; ``posenc lengthgen`` uses :func:`default_jobs`). The numbers do not
+            depend on it. Not with ``torchrun`` (its ranks already share every step).
         preset: ``"default"`` or ``"quick"``.
         batch_size, dim, num_layers, num_heads, lr: model and optimizer sizes.
         warmup: warmup steps of the learning rate (default: a tenth of ``steps``).
@@ -325,14 +160,16 @@ def run_study(
         eval_tokens: validation bytes scored per eval length (``lm``).
         eval_examples: examples per eval length (synthetic tasks).
         resume: continue from the checkpoints in ``out_dir`` (same configuration only).
-        threads: torch intra-op threads while the study runs (restored after); None keeps
-            the current setting. Models this small gain little from a second thread, and one
-            thread per process stays fast on a busy CPU (``posenc lengthgen`` uses 1).
+        threads: torch intra-op threads per process while the study runs (restored after);
+            None keeps the current setting (in workers: the cores shared out among them).
+            Models this small gain little from a second thread, and one thread per process
+            stays fast on a busy CPU (``posenc lengthgen`` uses 1).
         plot: write ``lengthgen.png`` (needs matplotlib, ``pip install 'posenc[plot]'``).
         on_event: progress callback, see :data:`Event`.
-        max_bytes: refuse a study whose estimated peak memory per process
-            (:func:`~posenc.experiments.settings.study_bytes`) is above this many bytes,
-            before anything is allocated (``posenc lengthgen`` passes its limit); None: no limit.
+        max_bytes: refuse a study whose estimated peak memory
+            (:func:`~posenc.experiments.settings.study_bytes`, times the worker processes) is
+            above this many bytes, before anything is allocated (``posenc lengthgen`` passes
+            its limit); None: no limit.
 
     Returns:
         The results dict (see the module docstring); also written to
@@ -349,11 +186,17 @@ def run_study(
     """
     started = time.perf_counter()
     if threads is not None:
-        threads = check_int("threads", threads, min=1)
+        threads = check_int("threads", threads, min=1, max=MAX_JOBS)
+    jobs = check_int("jobs", jobs, min=1, max=MAX_JOBS)
     dist = setup(device)
     threads_before = torch.get_num_threads()
     held = contextlib.ExitStack()  # the lock of out_dir, held by rank 0 until the end
     try:
+        if jobs > 1 and dist.world_size > 1:
+            raise PosEncError(
+                f"jobs must be 1 under torchrun (its {dist.world_size} processes already share "
+                f"every step), got {jobs}"
+            )
         if threads is not None:
             torch.set_num_threads(threads)
         study = resolve(
@@ -378,17 +221,26 @@ def run_study(
                 "eval_tokens": eval_tokens,
                 "eval_examples": eval_examples,
                 "seed": seed,
+                "seeds": seeds,
             },
             dist.world_size,
         )
+        units = [
+            Unit(s, label, spec)
+            for label, spec in zip(study.labels, study.specs)
+            for s in study.seeds
+        ]
+        workers = min(jobs, len(units))
         if max_bytes is not None:
-            need = study_bytes(study, eval_max_tokens=_EVAL_MAX_TOKENS, world_size=dist.world_size)
-            if need > max_bytes:
+            need = study_bytes(study, eval_max_tokens=EVAL_MAX_TOKENS, world_size=dist.world_size)
+            if need * workers > max_bytes:
+                total = f", {_gb(need * workers)} for its {workers} workers" if workers > 1 else ""
                 raise PosEncError(
-                    f"this study needs about {_gb(need)} of memory per process (dim {study.model.dim}, "
-                    f"{study.model.num_layers} layers, batch_size {study.train.batch_size}, "
-                    f"lengths up to {max(study.train_len, *study.eval_lens)}), over the limit of "
-                    f"{_gb(max_bytes)}"
+                    f"this study needs about {_gb(need)} of memory per process{total} (dim "
+                    f"{study.model.dim}, {study.model.num_layers} layers, batch_size "
+                    f"{study.train.batch_size}, lengths up to "
+                    f"{max(study.train_len, *study.eval_lens)}), over the limit of "
+                    f"{_gb(max_bytes)}" + ("; use fewer jobs" if workers > 1 else "")
                 )
         if resume and out_dir is None:
             raise PosEncError("resume needs out_dir (where the checkpoints are), got None")
@@ -406,33 +258,31 @@ def run_study(
             task_obj.check_length("eval_lens entry", length)
         if study.finetune_steps:
             task_obj.check_length("eval_lens entry", max(study.eval_lens))
-        runner = _Runner(
-            study, task_obj, dist, None if out is None else out / "checkpoints", resume, on_event
+        worker_threads = threads
+        if worker_threads is None and workers > 1:  # the cores shared out, not each taking all
+            worker_threads = max(1, default_jobs() // workers)
+        context = UnitContext(
+            study,
+            dist.device,
+            None if out is None else out / "checkpoints",
+            resume,
+            worker_threads,
         )
+        # Build and try every model (and check every checkpoint) before anything trains.
         with torch.random.fork_rng(devices=[]):
-            # Build and try every model (and check every checkpoint) before anything trains.
-            for label, spec in zip(study.labels, study.specs):
-                model = runner.build(spec)
-                _dry_run(label, model, study)
-                runner.check_resumable(label, model, study.train)
-                if label == "rope" and study.extend:
-                    _extension_runs(runner, model, {}, validate_only=True)
-            runs = []
-            for label, spec in zip(study.labels, study.specs):
-                model = runner.build(spec)
-                result = runner.fit(label, model, study.train)
-                record = _train_record(result)
-                runs.append(
-                    {
-                        "encoding": label,
-                        "config": model.encoding.to_config(),
-                        "train": record,
-                        "eval": runner.evaluate(label, model),
-                    }
-                )
-                if label == "rope" and study.extend:
-                    runs.extend(_extension_runs(runner, model, record))
-        results = _results(study, task_obj, runs, dist, device, time.perf_counter() - started)
+            for unit in units:
+                context.runner(task_obj, dist, unit.seed, None).validate(unit.label, unit.spec)
+        runs = run_units(units, context, task=task_obj, dist=dist, jobs=workers, on_event=on_event)
+        results = results_record(
+            study,
+            task_obj,
+            runs,
+            dist,
+            device,
+            time.perf_counter() - started,
+            jobs=workers,
+            threads=worker_threads if workers > 1 else None,
+        )
         if out is not None and dist.is_main:
             write_results(results, out)
             if plot:
@@ -445,41 +295,3 @@ def run_study(
         held.close()
         torch.set_num_threads(threads_before)
         dist.close()
-
-
-def _results(
-    study: Study, task: Task, runs: list[dict[str, Any]], dist: Dist, device: str, seconds: float
-) -> dict[str, Any]:
-    settings = {
-        "model": study.model.to_dict(),
-        "train": study.train.to_dict(),
-        "extend": list(study.extend),
-        "extend_factor": study.extend_factor if study.extend else None,
-        "finetune_steps": study.finetune_steps,
-        "eval_tokens": study.eval_tokens if isinstance(task, LMTask) else None,
-        "eval_examples": None if isinstance(task, LMTask) else study.eval_examples,
-    }
-    environment = {
-        "device": device,
-        "world_size": dist.world_size,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
-    if isinstance(task, LMTask):
-        environment["corpus"] = {
-            "root": task.corpus.root,
-            "train_bytes": int(task.corpus.train.numel()),
-            "validation_bytes": int(task.corpus.validation.numel()),
-            "files": list(task.corpus.num_files),
-        }
-    return {
-        "task": study.task,
-        "train_len": study.train_len,
-        "eval_lens": list(study.eval_lens),
-        "metric": task.metric,
-        "settings": settings,
-        "environment": environment,
-        "runs": runs,
-        "seconds": seconds,
-    }

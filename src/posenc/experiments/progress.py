@@ -8,7 +8,8 @@ __all__ = ["StudyProgress"]
 
 
 class StudyProgress:
-    """A :data:`~posenc.experiments.lengthgen.Event` callback drawing rich progress bars.
+    """A :data:`~posenc.experiments.lengthgen.Event` callback drawing rich progress bars,
+    one per ``(label, seed)``, named ``"<label> s<seed>"``.
 
     Use as a context manager around :func:`~posenc.experiments.lengthgen.run_study`::
 
@@ -38,7 +39,7 @@ class StudyProgress:
             console=Console(stderr=True),
             transient=transient,
         )
-        self._tasks: dict[str, Any] = {}
+        self._tasks: dict[tuple[str, Any], Any] = {}
 
     def __enter__(self) -> StudyProgress:
         self._progress.start()
@@ -48,27 +49,27 @@ class StudyProgress:
         self._progress.stop()
 
     def __call__(self, kind: str, fields: dict[str, Any]) -> None:
-        label = fields["label"]
+        seed = fields.get("seed")
+        key = (fields["label"], seed)
+        label = fields["label"] if seed is None else f"{fields['label']} s{seed}"
         if kind == "run":
-            self._tasks[label] = self._progress.add_task(
+            self._tasks[key] = self._progress.add_task(
                 label, total=fields["steps"], loss="  -  ", speed="-"
             )
-        elif kind == "step" and label in self._tasks:
+        elif kind == "step" and key in self._tasks:
             info = fields["info"]
             self._progress.update(
-                self._tasks[label],
+                self._tasks[key],
                 completed=info.step,
                 loss=f"{info.loss:.3f}",
                 speed=f"{info.tokens_per_second:,.0f}",
             )
         elif kind == "eval":
-            if label not in self._tasks:
-                self._tasks[label] = self._progress.add_task(
-                    label, total=1, loss="  -  ", speed="-"
-                )
-            self._progress.update(self._tasks[label], description=f"{label} (eval)")
-        elif kind == "done" and label in self._tasks:
-            task = self._tasks[label]
+            if key not in self._tasks:
+                self._tasks[key] = self._progress.add_task(label, total=1, loss="  -  ", speed="-")
+            self._progress.update(self._tasks[key], description=f"{label} (eval)")
+        elif kind == "done" and key in self._tasks:
+            task = self._tasks[key]
             self._progress.update(task, description=label)
             total = self._progress.tasks[self._progress.task_ids.index(task)].total
             self._progress.update(task, completed=total)

@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_ENCODINGS",
     "MAX_COUNT",
     "MAX_LENGTH",
+    "MAX_SEEDS",
     "PRESETS",
     "Study",
     "resolve",
@@ -31,6 +32,7 @@ __all__ = [
 MAX_COUNT = 10**7
 MAX_LENGTH = 2**20
 _MAX_EVAL_TOKENS = 10**9
+MAX_SEEDS = 1000  # seeds of one study: each trains every encoding once more
 _VOCAB = 256  # the largest vocabulary of the built-in tasks (bytes)
 
 DEFAULT_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
@@ -88,6 +90,8 @@ class Study:
     finetune_steps: int
     eval_tokens: int
     eval_examples: int
+    #: every seed the study trains each encoding with; ``train.seed`` is the first.
+    seeds: tuple[int, ...] = (0,)
 
 
 def _pick(name: str, given: Any, preset: Mapping[str, Any]) -> Any:
@@ -103,10 +107,43 @@ def _int_list(name: str, values: Any) -> tuple[int, ...]:
     return out
 
 
+_SEED_RANGE = {"min": -(2**63), "max": 2**63 - 1}
+
+
+def _seeds(seed: Any, seeds: Any) -> tuple[int, ...]:
+    """The study's seeds from ``seed`` (one) or ``seeds`` (a list or ``"0,1,2"``)."""
+    if seeds is None:
+        return (check_int("seed", 0 if seed is None else seed, **_SEED_RANGE),)
+    if seed is not None:
+        raise PosEncError(f"give seed or seeds, not both: got seed={seed!r} and seeds={seeds!r}")
+    if isinstance(seeds, str):
+        items: list[Any] = [t.strip() for t in seeds.split(",") if t.strip()]
+        for i, t in enumerate(items):
+            try:
+                items[i] = int(t)
+            except ValueError:
+                raise PosEncError(f"seeds entries must be integers, got {t!r}") from None
+    elif isinstance(seeds, bytes) or not hasattr(seeds, "__iter__"):
+        raise PosEncError(f"seeds must be a list of integers, got {seeds!r}")
+    else:
+        items = list(seeds)
+    out = tuple(check_int("seeds entry", v, **_SEED_RANGE) for v in items)
+    if not out:
+        raise PosEncError(f"seeds must hold at least one seed, got {seeds!r}")
+    if len(out) > MAX_SEEDS:
+        raise PosEncError(f"seeds must hold at most {MAX_SEEDS} seeds, got {len(out)}")
+    repeated = sorted({v for v in out if out.count(v) > 1})
+    if repeated:
+        raise PosEncError(f"seeds must be distinct, got {list(out)} (repeated: {repeated})")
+    return out
+
+
 def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int) -> Study:
     """Validate a study's settings; ``options`` left as None come from the preset named
-    by ``options["preset"]``."""
+    by ``options["preset"]``. ``options["seed"]`` (one seed) and ``options["seeds"]``
+    (several) exclude each other; neither means seed 0."""
     check_choice("task", task, tuple(TASKS))
+    seeds = _seeds(options.pop("seed", None), options.pop("seeds", None))
     preset = PRESETS[check_choice("preset", options.pop("preset"), tuple(PRESETS))]
     o = {k: _pick(k, v, preset) for k, v in options.items()}
     if isinstance(encodings, str):
@@ -181,7 +218,7 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
             lr=check_float("lr", o["lr"], min=0.0, min_exclusive=True),
             warmup=warmup,
             random_positions=random_positions,
-            seed=check_int("seed", o["seed"], min=-(2**63), max=2**63 - 1),
+            seed=seeds[0],
             checkpoint_every=check_int(
                 "checkpoint_every", o["checkpoint_every"], min=0, max=MAX_COUNT
             ),
@@ -191,6 +228,7 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         finetune_steps=finetune_steps,
         eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1, max=_MAX_EVAL_TOKENS),
         eval_examples=check_int("eval_examples", o["eval_examples"], min=1, max=MAX_COUNT),
+        seeds=seeds,
     )
 
 
