@@ -79,9 +79,38 @@ def test_report_runs_the_length_generalization_study(quick):
     assert lg["status"] == "ok", lg["reason"]
     settings = LENGTHGEN_SETTINGS[True]
     names = [n for n in settings["encodings"] if n in registry.names()]
-    assert [run["encoding"] for run in lg["results"]["runs"]] == names
+    seeds = list(settings["seeds"])
+    runs = lg["results"]["runs"]
+    assert [(r["encoding"], r["seed"]) for r in runs] == [(n, s) for n in names for s in seeds]
     assert lg["results"]["eval_lens"] == list(settings["eval_lens"])
-    assert lg["figure"] == "lengthgen.png"
+    assert lg["figure"] == "lengthgen.png" and lg["headline"] == "headline.png"
+    assert list(lg["results"]["summary"]) == names
+
+
+def test_quick_study_shows_alibi_flat_and_sinusoidal_and_rope_rising(quick):
+    """The promise of --quick, measured: two seeds, every check of the study holds (ALiBi
+    within 10% of its perplexity at L up to 8L for each seed, sinusoidal and RoPE >= 1.15x
+    on average)."""
+    _, data = quick
+    lg = data["lengthgen"]
+    assert [c["holds"] for c in lg["checks"]] == [True] * 3, lg["checks"]
+    longest = str(max(lg["results"]["eval_lens"]))
+    assert lg["ratios"]["alibi"][longest]["max"] <= 1.1
+    for label in ("sinusoidal", "rope"):
+        assert lg["ratios"][label][longest]["mean"] >= 1.15
+    comp = lg["comparison"]
+    assert comp["sentence"].startswith("Agrees with Press et al.:")
+    assert [r["encoding"] for r in comp["rows"]] == ["sinusoidal", "rope", "alibi"]
+
+
+def test_page_leads_with_the_answer(quick):
+    out, _ = quick
+    page = (out / "index.html").read_text()
+    answer, properties = page.index('<section id="answer">'), page.index('id="properties"')
+    assert answer < properties < page.index('<section id="lengthgen">')
+    head = page[answer:properties]
+    assert 'data-file="headline.png"' in head and 'id="ratio-table"' in head
+    assert 'id="comparison-sentence"' in head and head.count('<li class="yes">') == 3
 
 
 def test_page_has_a_row_per_encoding_and_embeds_every_figure(quick):

@@ -1,7 +1,7 @@
 """``posenc report``: measure every encoding and write one self-contained HTML report.
 
-posenc report                  # ./report/index.html, report.json, *.png (a few minutes)
-posenc report --out /tmp/r --quick     # smaller ranges, a tiny study (under a minute)
+posenc report                  # ./report/index.html, report.json, *.png (about 6 minutes)
+posenc report --out /tmp/r --quick     # smaller ranges, a short study (under a minute)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import typer
 
 from posenc._errors import PosEncError
 from posenc.cli import app, fail
-from posenc.cli._checks import check_out_dir, text
+from posenc.cli._checks import check_out_dir, integer, text
 
 __all__ = ["report"]
 
@@ -23,12 +23,19 @@ def report(
         str, typer.Option("--out", "-o", help="Output folder.", callback=text("--out"))
     ] = "report",
     quick: Annotated[
-        bool, typer.Option("--quick", help="Smaller ranges and a tiny study: under a minute.")
+        bool, typer.Option("--quick", help="Smaller ranges and a short study: under a minute.")
     ] = False,
     lengthgen: Annotated[
         bool,
         typer.Option("--lengthgen/--no-lengthgen", help="Run the length-generalization study."),
     ] = True,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Worker processes of the study [the CPU cores].",
+            callback=integer("--jobs", min=1, max=1024),
+        ),
+    ] = None,
 ) -> None:
     """Write DIR/index.html (figures embedded), DIR/report.json and DIR/*.png.
 
@@ -66,7 +73,9 @@ def report(
             bar.update(tasks[stage], completed=done, total=total, description=description)
 
         try:
-            data = build_report(path, quick=quick, lengthgen=lengthgen, on_progress=on_progress)
+            data = build_report(
+                path, quick=quick, lengthgen=lengthgen, jobs=jobs, on_progress=on_progress
+            )
         except (PosEncError, ImportError) as e:
             bar.stop()
             fail(str(e))

@@ -37,7 +37,7 @@ import torch
 from posenc._errors import PosEncError, check_int
 from posenc.experiments.distributed import setup
 from posenc.experiments.outdir import lock_out_dir
-from posenc.experiments.parallel import Unit, UnitContext, run_units
+from posenc.experiments.parallel import Unit, UnitContext, default_jobs, run_units
 from posenc.experiments.results import results_record, write_results
 from posenc.experiments.runner import EVAL_MAX_TOKENS
 from posenc.experiments.settings import DEFAULT_ENCODINGS, PRESETS, resolve, study_bytes
@@ -85,14 +85,6 @@ def _gb(n: float) -> str:
             return f"{n:.3g} {unit}"
         n /= 1000
     return f"{n:.3g} PB"
-
-
-def default_jobs() -> int:
-    """The CPU cores this process may run on (``posenc lengthgen --jobs``' default)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def run_study(

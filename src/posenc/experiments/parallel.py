@@ -16,6 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import multiprocessing
+import os
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from posenc.experiments.runner import Runner, run_unit, seed_study
 from posenc.experiments.settings import Study
 from posenc.experiments.tasks import Task, make_task
 
-__all__ = ["Unit", "UnitContext", "run_units"]
+__all__ = ["Unit", "UnitContext", "default_jobs", "run_units"]
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -67,6 +68,14 @@ class UnitContext:
             on_event,
             suffix=self.suffix(seed),
         )
+
+
+def default_jobs() -> int:
+    """The CPU cores this process may run on (``posenc lengthgen --jobs``' default)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _make_task(study: Study) -> Task:

@@ -15,38 +15,18 @@ import torch
 
 import posenc
 from posenc import registry
-from posenc._errors import PosEncError
+from posenc._errors import PosEncError, check_int
 from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve_encoding
 from posenc.analysis._encodings import size
-from posenc.analysis._results import jsonable
 from posenc.experiments.checkpoint import atomic_write  # temp file + rename: all or nothing
 from posenc.report.schema import SCHEMA_VERSION, validate_report
+from posenc.report.study import LENGTHGEN_SETTINGS, run_report_study
 
 __all__ = ["LENGTHGEN_SETTINGS", "Settings", "build_report", "check_plot_extra", "settings_for"]
 
 #: ``on_progress(stage, done, total, description)``: ``stage`` is ``"analysis"`` (encodings,
 #: figures, demonstrations, page) or ``"lengthgen"`` (training steps of the study).
 Progress = Callable[[str, int, int, str], None]
-
-#: How the report runs the length-generalization study (posenc.experiments.lengthgen):
-#: its "quick" preset, shortened further for ``--quick``. Tiny on purpose: the report
-#: shows the pipeline and the shape of the comparison; ``posenc lengthgen`` runs real ones.
-LENGTHGEN_SETTINGS: dict[bool, dict[str, Any]] = {
-    False: {
-        "task": "lm",
-        "encodings": ("none", "sinusoidal", "learned", "rope", "alibi", "t5"),
-        "preset": "quick",
-        "steps": 40,
-        "eval_lens": (32, 64, 128),
-    },
-    True: {
-        "task": "lm",
-        "encodings": ("none", "sinusoidal", "rope", "alibi"),
-        "preset": "quick",
-        "steps": 6,
-        "eval_lens": (32, 64),
-    },
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,60 +160,26 @@ def _encoding_entry(name: str, s: Settings, figs: _Figures) -> dict[str, Any]:
     return entry
 
 
-def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> dict[str, Any]:
-    settings = dict(LENGTHGEN_SETTINGS[quick])
-    record: dict[str, Any] = {
-        "status": "absent",
-        "reason": None,
-        "settings": None,
-        "results": None,
-        "figure": None,
-    }
-    try:
-        from posenc.experiments.lengthgen import run_study
-    except ImportError as e:
-        record["reason"] = f"posenc.experiments.lengthgen is not available here ({e})"
+def _lengthgen(
+    out: Path, quick: bool, figs: _Figures, progress: Progress, jobs: int
+) -> dict[str, Any]:
+    """The study (:mod:`posenc.report.study`) and its two figures: the headline one the
+    page leads with and the per-run one with the RoPE extensions."""
+    record = run_report_study(out, quick, progress, jobs=jobs)
+    if record["status"] != "ok":
         return record
-    names = set(registry.names())
-    settings["encodings"] = tuple(n for n in settings["encodings"] if n in names)
-    record["settings"] = {
-        **settings,
-        "encodings": list(settings["encodings"]),
-        "eval_lens": list(settings["eval_lens"]),
-    }
-    total = settings["steps"] * len(settings["encodings"])
-    done: dict[str, int] = {}
-
-    def on_event(kind: str, fields: dict[str, Any]) -> None:
-        if kind == "step":
-            done[fields["label"]] = int(fields["info"].step)
-            progress(
-                "lengthgen", min(sum(done.values()), total), total, f"training {fields['label']}"
-            )
-        elif kind == "eval":
-            progress(
-                "lengthgen", min(sum(done.values()), total), total, f"evaluating {fields['label']}"
-            )
-
-    progress("lengthgen", 0, total, "length generalization")
+    results = record["results"]
     try:
-        results = run_study(
-            settings["task"],
-            list(settings["encodings"]),
-            preset=settings["preset"],
-            steps=settings["steps"],
-            eval_lens=list(settings["eval_lens"]),
-            plot=False,
-            threads=1,  # tiny models: one thread beats two (as `posenc lengthgen` defaults)
-            on_event=on_event,
+        from posenc.report.study_figure import draw_headline
+
+        record["headline"] = figs.add(
+            "headline.png",
+            "perplexity against length (mean, min-max over seeds) and its growth beside "
+            "Press et al. (2022)",
+            "answer",
+            None,
+            lambda dpi: draw_headline(results, record["ratios"], dpi=dpi),
         )
-    except Exception as e:  # the analysis half of the report is still worth writing
-        record["status"] = "error"
-        record["reason"] = f"{type(e).__name__}: {e}"
-        return record
-    progress("lengthgen", total, total, "length generalization done")
-    record["status"], record["results"] = "ok", jsonable(results)  # inf / NaN -> null
-    try:
         from posenc.experiments.figure import plot_study
 
         start = time.perf_counter()
@@ -245,7 +191,7 @@ def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> di
         figs.records.append(
             {
                 "file": "lengthgen.png",
-                "title": "length generalization",
+                "title": "length generalization: every encoding and the RoPE extensions",
                 "section": "lengthgen",
                 "encoding": None,
                 "width": width,
@@ -254,9 +200,20 @@ def _lengthgen(out: Path, quick: bool, figs: _Figures, progress: Progress) -> di
         )
         figs.seconds += time.perf_counter() - start
         record["figure"] = "lengthgen.png"
-    except Exception as e:  # no figure; the table of numbers stays
+    except Exception as e:  # no figure; the tables of numbers stay
         record["reason"] = f"figure failed: {type(e).__name__}: {e}"
     return record
+
+
+def _jobs(jobs: int | None) -> int:
+    """``jobs`` checked; None: every core (1 where the experiments are absent: no study)."""
+    if jobs is not None:
+        return check_int("jobs", jobs, min=1, max=1024)
+    try:
+        from posenc.experiments.parallel import default_jobs
+    except ImportError:
+        return 1
+    return default_jobs()
 
 
 def check_plot_extra() -> None:
@@ -277,6 +234,7 @@ def build_report(
     quick: bool = False,
     encodings: Sequence[str] | None = None,
     lengthgen: bool = True,
+    jobs: int | None = None,
     on_progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Measure every registered encoding and write the report to ``out_dir``.
@@ -289,6 +247,8 @@ def build_report(
         quick: smaller ranges and a shorter study (under a minute on a laptop).
         encodings: registry names to include (default: all, in registry order).
         lengthgen: run the length-generalization study (when the experiments are present).
+        jobs: worker processes of the study (default: the CPU cores; the numbers do not
+            depend on it).
         on_progress: ``(stage, done, total, description)`` callback.
 
     Returns:
@@ -359,7 +319,7 @@ def build_report(
 
     t0 = time.perf_counter()
     if lengthgen:
-        study = _lengthgen(out, bool(quick), figs, progress)
+        study = _lengthgen(out, bool(quick), figs, progress, _jobs(jobs))
     else:
         study = {
             "status": "skipped",
@@ -367,6 +327,10 @@ def build_report(
             "settings": None,
             "results": None,
             "figure": None,
+            "headline": None,
+            "ratios": None,
+            "checks": None,
+            "comparison": None,
         }
     lengthgen_seconds = time.perf_counter() - t0  # with its figure
 

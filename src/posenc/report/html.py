@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 from pathlib import Path
 from typing import Any
 
 from posenc.analysis.summary import SUMMARY_COLUMNS
+from posenc.report._html_util import _e, _img, _num
+from posenc.report.study_html import headline_section, lengthgen_section
 
 __all__ = ["render_html"]
 
@@ -53,35 +53,11 @@ figcaption { font-size: 12px; color: var(--muted); }
 .verdict { font-weight: 600; }
 .absent { background: #fff6e5; border: 1px solid #f0c36d; border-radius: 8px; padding: 12px 16px; }
 footer { color: var(--muted); font-size: 13px; margin-top: 40px; }
+.range { color: var(--muted); font-size: 12px; }
+th.theirs, td.theirs { background: #f3f0fa; }
+ul.checks { padding-left: 18px; } ul.checks li.yes b { color: var(--yes); }
+ul.checks li.no b { color: var(--no); }
 """
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _num(value: Any, digits: int = 3) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if value == 0:
-            return "0"
-        return f"{value:.{digits}g}"
-    return _e(value)
-
-
-def _img(out: Path, record: dict[str, Any], css: str = "") -> str:
-    data = base64.b64encode((out / record["file"]).read_bytes()).decode("ascii")
-    return (
-        f'<figure class="{css}"><img src="data:image/png;base64,{data}" '
-        f'alt="{_e(record["title"])}" width="{record["width"]}" height="{record["height"]}" '
-        f'data-file="{_e(record["file"])}"><figcaption>{_e(record["title"])} '
-        f"(<code>{_e(record['file'])}</code>)</figcaption></figure>"
-    )
 
 
 def _cell(key: str, value: Any) -> str:
@@ -215,61 +191,6 @@ tell a sentence from its reverse: every distance |i&nbsp;&minus;&nbsp;j| is kept
 </section>"""
 
 
-def _lengthgen_section(data: dict[str, Any], out: Path) -> str:
-    lg = data["lengthgen"]
-    if lg["status"] != "ok":
-        what = {
-            "absent": "The length-generalization experiments are not part of this build",
-            "error": "The length-generalization study failed",
-            "skipped": "The length-generalization study was not run",
-        }[lg["status"]]
-        return f"""
-<section id="lengthgen">
-<h2>Length generalization</h2>
-<p class="absent" id="lengthgen-absent"><b>{what}.</b> {_e(lg["reason"] or "")}
-The rest of the report is complete. Run <code>posenc lengthgen</code> for a study of its own.</p>
-</section>"""
-    r = lg["results"]
-    lengths = [str(n) for n in r["eval_lens"]]
-    metric = r["metric"]
-    past = metric == "ppl"
-    rows = []
-    for run in r["runs"]:
-        cells = []
-        for n in lengths:
-            cell = run["eval"].get(n, {})
-            if "error" in cell:
-                cells.append(f'<td class="no" title="{_e(cell["error"])}">error</td>')
-            elif past and cell.get("ppl_past") is not None:
-                cells.append(f"<td>{_num(cell.get(metric))} ({_num(cell['ppl_past'])})</td>")
-            else:
-                cells.append(f"<td>{_num(cell.get(metric))}</td>")
-        loss = run["train"].get("final_loss")
-        rows.append(
-            f'<tr><td class="text">{_e(run["encoding"])}</td><td>{_num(loss)}</td>{"".join(cells)}</tr>'
-        )
-    heads = "".join(
-        f"<th>{n}{' (train)' if int(n) == r['train_len'] else ''}</th>" for n in lengths
-    )
-    fig = ""
-    if lg["figure"]:
-        record = next(f for f in data["figures"] if f["file"] == lg["figure"])
-        fig = _img(out, record, "wide")
-    unit = "perplexity (perplexity past the training length)" if past else metric
-    settings = lg["settings"]
-    return f"""
-<section id="lengthgen">
-<h2>Length generalization</h2>
-<p class="lead">TinyTransformers with each encoding, trained on <code>{_e(r["task"])}</code> at
-{r["train_len"]} tokens for {settings["steps"]} steps (the report's deliberately tiny study:
-read the shape, not the values; <code>posenc lengthgen</code> runs full ones), then evaluated at
-longer lengths. Cells: {_e(unit)}.</p>
-<div class="scroll"><table id="lengthgen-table"><thead><tr><th class="text">encoding</th>
-<th>final train loss</th>{heads}</tr></thead><tbody>{"".join(rows)}</tbody></table></div>
-{fig}
-</section>"""
-
-
 def render_html(data: dict[str, Any], out: Path) -> str:
     """The report page for ``data`` (as written to ``report.json``); figures are read from
     ``out`` and embedded."""
@@ -284,15 +205,16 @@ def render_html(data: dict[str, Any], out: Path) -> str:
 <header><h1>posenc report</h1>
 <p class="meta">posenc {_e(data["posenc_version"])} &middot; {_e(data["created"])} &middot; {mode}
 &middot; {n} encodings &middot; every number in <a href="report.json" style="color:#fff">report.json</a></p>
-<nav><a href="#properties">Properties</a><a href="#encodings">Pictures</a><a href="#decay">Decay</a>
+<nav><a href="#answer">The answer</a><a href="#properties">Properties</a><a href="#encodings">Pictures</a><a href="#decay">Decay</a>
 <a href="#demonstrations">Demonstrations</a><a href="#lengthgen">Length generalization</a></nav>
 </header>
 <main>
+{headline_section(data, out)}
 {_property_table(data)}
 {_encoding_cards(data, out)}
 {_decay_section(data, out)}
 {_demo_section(data)}
-{_lengthgen_section(data, out)}
+{lengthgen_section(data, out)}
 <footer>Made by <code>posenc report{" --quick" if s["quick"] else ""}</code>. Figures are also in
 this folder as PNG files.</footer>
 </main>

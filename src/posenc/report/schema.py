@@ -3,7 +3,7 @@
 ``report.json`` holds every number of the report (version :data:`SCHEMA_VERSION`)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "posenc_version": "0.1.0",
       "created": "2026-01-01T12:00:00+00:00",          # UTC, ISO 8601
       "settings": {"quick", "positions", "shift_positions", "max_distance", "dtype",
@@ -19,8 +19,13 @@
          "error": null}                                 #   or the message if it failed
       ],
       "demonstrations": {...},                          # posenc.analysis.OrderSensitivity
-      "lengthgen": {"status": "ok" | "absent" | "error", "reason", "settings",
-                    "results", "figure"},               # results: run_study's dict
+      "lengthgen": {"status": "ok" | "absent" | "error" | "skipped", "reason",
+                    "settings",                         # the study's (with seeds, jobs)
+                    "results",                          # run_study's dict (runs, summary)
+                    "figure", "headline",               # lengthgen.png, headline.png
+                    "ratios": {enc: {len: {mean, min, max}}},   # ppl(n) / ppl(L) per seed
+                    "checks": [{"claim", "holds", "detail"}],   # the literature, tested
+                    "comparison": {"source", "url", "columns", "rows", "sentence"}},
       "figures": [{"file", "title", "section", "encoding", "width", "height"}],
       "seconds": {"analysis", "figures", "demonstrations", "lengthgen", "total"}
     }
@@ -43,7 +48,7 @@ from posenc.analysis.summary import SUMMARY_COLUMNS, Properties
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION", "validate_report"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the study has seeds, a summary, ratios, checks and the comparison
 
 _STR = {"type": "string"}
 _NUM = {"type": "number"}
@@ -131,11 +136,18 @@ _FIGURE = {
     "properties": {
         "file": _STR,
         "title": _STR,
-        "section": {"enum": ["encodings", "decay", "lengthgen"]},
+        "section": {"enum": ["answer", "encodings", "decay", "lengthgen"]},
         "encoding": {"type": ["string", "null"]},
         "width": {"type": "integer", "minimum": 1},
         "height": {"type": "integer", "minimum": 1},
     },
+}
+
+_CHECK = {
+    "type": "object",
+    "required": ["claim", "holds", "detail"],
+    "additionalProperties": False,
+    "properties": {"claim": _STR, "holds": _BOOL, "detail": _STR},
 }
 
 REPORT_SCHEMA: dict[str, Any] = {
@@ -181,13 +193,28 @@ REPORT_SCHEMA: dict[str, Any] = {
         "demonstrations": _fields(OrderSensitivity, sentences={"type": "array", "items": _STR}),
         "lengthgen": {
             "type": "object",
-            "required": ["status", "reason", "settings", "results", "figure"],
+            "required": [
+                "status",
+                "reason",
+                "settings",
+                "results",
+                "figure",
+                "headline",
+                "ratios",
+                "checks",
+                "comparison",
+            ],
+            "additionalProperties": False,
             "properties": {
                 "status": {"enum": ["ok", "absent", "error", "skipped"]},
                 "reason": {"type": ["string", "null"]},
                 "settings": {"type": ["object", "null"]},
                 "results": {"type": ["object", "null"]},
                 "figure": {"type": ["string", "null"]},
+                "headline": {"type": ["string", "null"]},
+                "ratios": {"type": ["object", "null"]},
+                "checks": {"type": ["array", "null"], "items": _CHECK},
+                "comparison": {"type": ["object", "null"]},
             },
         },
         "figures": {"type": "array", "items": _FIGURE},
