@@ -560,6 +560,12 @@ fn(
     lambda: {"config": _hf_config(), "layout": "half"},
 )
 
+fn(
+    "integrations.rope_layer_types",
+    hf.rope_layer_types,
+    lambda: {"config": _hf_config()},  # an object: a dict may hold any other keys
+)
+
 # --- models -------------------------------------------------------------------------------
 fn(
     "models.TinyTransformer",

@@ -171,15 +171,15 @@ BAD_SCALINGS = [
     ),
     ("llama3-missing", {"type": "llama3", "factor": 8}, "missing required key.*'low_freq_factor'"),
     (
-        "llama3-high-le-low",
+        "llama3-high-lt-low",
         {
             "type": "llama3",
             "factor": 8,
             "low_freq_factor": 4,
-            "high_freq_factor": 4,
+            "high_freq_factor": 3,
             "original_max_position": 8192,
         },
-        "high_freq_factor must be > low_freq_factor",
+        "high_freq_factor must be >= low_freq_factor",
     ),
     (
         "llama3-low-zero",

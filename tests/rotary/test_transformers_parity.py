@@ -380,7 +380,11 @@ BAD_CONFIGS = [
         "missing required key.*'max_position'",
     ),
     ("no-head-dim", {"hidden_size": None}, "head_dim, or hidden_size and num_attention_heads"),
-    ("odd-rotary-dim", {"partial_rotary_factor": 0.3}, r"int\(32 \* 0.3\) must be even"),
+    (
+        "odd-rotary-dim-scaled",  # odd with rope type 'default' is transformers' dim + 1
+        {"partial_rotary_factor": 0.3, "rope_parameters": {"rope_type": "linear", "factor": 2.0}},
+        r"int\(32 \* 0.3\) must be even",
+    ),
     ("partial-zero", {"partial_rotary_factor": 0.0}, "partial_rotary_factor must be > 0.0"),
     ("partial-above-1", {"rotary_pct": 1.5}, "partial_rotary_factor must be <= 1.0"),
     ("theta-one", {"rope_theta": 1.0}, "rope_theta must be > 1.0"),

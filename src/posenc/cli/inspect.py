@@ -3,6 +3,7 @@
 posenc inspect rope
 posenc inspect sinusoidal --param dim=128 --length 1024
 posenc inspect alibi --json
+posenc inspect --hf-config path/to/config.json
 """
 
 from __future__ import annotations
@@ -94,11 +95,62 @@ def property_rows(props: Any) -> list[tuple[str, str, str]]:
     return rows
 
 
+def _print_hf(summary: dict[str, Any]) -> None:
+    """The ``--hf-config`` summary as plain lines."""
+    typer.echo(f"model_type: {summary['model_type']}")
+    for layer_type, enc in summary["layers"].items():
+        typer.echo(f"layer type {layer_type}:")
+        typer.echo(f"  type: {enc['type']}, layout: {enc['layout']}, base: {enc['base']:g}")
+        typer.echo(
+            f"  rotary_dim: {enc['rotary_dim']} of head_dim {enc['head_dim']} ({enc['partial']})"
+        )
+        if enc["sections"] is not None:
+            typer.echo(f"  sections: {enc['sections']}")
+        typer.echo(
+            f"  inverse frequencies: first {enc['inv_freq_first']:.6g}, last "
+            f"{enc['inv_freq_last']:.6g}; wavelengths {enc['wavelength_min']:.4g} .. "
+            f"{enc['wavelength_max']:.4g} positions"
+        )
+        typer.echo(f"  scaling: {enc['scaling'] or 'none'}")
+        typer.echo(f"  attention scale: {enc['attention_scale']:.6g}")
+    tf = summary["transformers"]
+    if tf["status"] != "compared":
+        typer.echo(f"transformers: {tf['status']}")
+        return
+    where = ", ".join(f"{p:g}" for p in tf["positions"])
+    for layer_type, err in tf["max_error"].items():
+        typer.echo(
+            f"transformers: max |cos/sin error| vs the family's rotary module at positions "
+            f"{where} ({layer_type}): {err:.3g}"
+        )
+    typer.echo(
+        "  (transformers forms position * inv_freq in float32, off by up to position * 3.1e-7 "
+        "rad; posenc's angles are exact to float32 rounding)"
+    )
+
+
+def _inspect_hf(path: str, as_json: bool, param: list[str] | None) -> None:
+    from posenc.cli._hf_inspect import hf_summary
+
+    try:
+        if param:
+            raise PosEncError("--param does not apply to --hf-config (the config sets it all)")
+        summary = hf_summary(path)
+    except PosEncError as e:
+        fail(str(e))
+        return
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+    else:
+        _print_hf(summary)
+
+
 @app.command("inspect")
 def inspect(
     encoding: Annotated[
-        str, typer.Argument(help="Registry name, e.g. rope.", callback=text("ENCODING"))
-    ],
+        str | None,
+        typer.Argument(help="Registry name, e.g. rope.", callback=text("ENCODING")),
+    ] = None,
     param: Annotated[
         list[str] | None, typer.Option("--param", help=PARAM_HELP, callback=text("--param"))
     ] = None,
@@ -117,8 +169,27 @@ def inspect(
         ),
     ] = 128,
     as_json: Annotated[bool, typer.Option("--json", help="Print every number as JSON.")] = False,
+    hf_config: Annotated[
+        str | None,
+        typer.Option(
+            "--hf-config",
+            help="A transformers config.json (read as JSON, nothing run or downloaded): the "
+            "encoding posenc builds for it, and its error against the family's rotary.",
+            callback=text("--hf-config"),
+        ),
+    ] = None,
 ) -> None:
-    """Measure an encoding: boundedness, uniqueness, shift structure and decay."""
+    """Measure an encoding: boundedness, uniqueness, shift structure and decay; or, with
+    --hf-config, the encoding posenc reads from a transformers config."""
+    if hf_config is not None:
+        if encoding is not None:
+            fail("give ENCODING or --hf-config, not both")
+            return
+        _inspect_hf(hf_config, as_json, param)
+        return
+    if encoding is None:
+        fail("missing ENCODING (a registry name, e.g. rope) or --hf-config PATH")
+        return
     from posenc.analysis import properties
 
     try:

@@ -23,28 +23,29 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc.integrations import _hf_families as _families
 from posenc.rotary.frequencies import SCALINGS, Scaling, parse_scaling
 from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
 
-__all__ = ["rotary_from_config", "scaling_from_transformers"]
+__all__ = ["rope_layer_types", "rotary_from_config", "scaling_from_transformers"]
 
 # Keys of rope_parameters that are not scaling parameters.
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section")
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn", "longrope")  # transformers fills the original context
 _DEFAULT_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
-# Defaults of model classes that a plain dict cannot reveal (the config object knows them).
-_MODEL_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gpt_neox": {"partial_rotary_factor": 0.25},
-    "qwen2_vl": {"rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-    "qwen2_vl_text": {"rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-}
+_REQUIRED = {"yarn": ("factor",)}  # keys transformers' rope functions index (a KeyError there)
 
 
 class _Reader:
     """Uniform access to a config object's attributes or a config dict's keys."""
 
     def __init__(self, config: Any) -> None:
+        if not isinstance(config, Mapping) and not hasattr(config, "to_dict"):
+            raise PosEncError(
+                f"config must be a transformers config (PretrainedConfig) or its dict, got "
+                f"{type(config).__name__}"
+            )
         if not isinstance(config, Mapping):
             if hasattr(config, "get_text_config"):  # multimodal configs keep RoPE in the text part
                 config = config.get_text_config()
@@ -55,11 +56,28 @@ class _Reader:
             rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size")
             if isinstance(text, Mapping) and not any(k in config for k in rope_keys):
                 config = {**text, "model_type": text.get("model_type", config.get("model_type"))}
-            self._get = config.get
+            legacy = _families.legacy_per_layer(str(config.get("model_type")), config.get)
+            if legacy is not None:
+                config = {**config, "rope_parameters": legacy, "rope_scaling": None}
+            self._get = _dict_getter(config)
             self.is_dict = True
 
     def get(self, key: str) -> Any:
         return self._get(key)
+
+
+def _dict_getter(config: Mapping[str, Any]) -> Any:
+    """``config.get`` that also answers a key by its GPT-2-style alias (``n_embd``, ...)."""
+
+    def get(key: str) -> Any:
+        value = config.get(key)
+        for alias in _families.DICT_ALIASES.get(key, ()) if value is None else ():
+            value = config.get(alias)
+            if value is not None:
+                break
+        return value
+
+    return get
 
 
 def _rope_parameters(cfg: _Reader, layer_type: str | None) -> dict[str, Any]:
@@ -83,6 +101,28 @@ def _rope_parameters(cfg: _Reader, layer_type: str | None) -> dict[str, Any]:
             f"parameters, got {layer_type!r}"
         )
     return dict(rope)
+
+
+def rope_layer_types(config: Any) -> list[str | None]:
+    """The ``layer_type=`` values :func:`rotary_from_config` takes for ``config``: the layer
+    types with RoPE parameters of their own (Gemma 3: ``"sliding_attention"``,
+    ``"full_attention"``), or ``[None]`` for one set of parameters.
+
+    Examples:
+        >>> from posenc.integrations.transformers import rope_layer_types
+        >>> rope_layer_types({"rope_parameters": {"full_attention": {"rope_theta": 1e6},
+        ...                   "sliding_attention": {"rope_theta": 1e4}}})
+        ['full_attention', 'sliding_attention']
+        >>> rope_layer_types({"rope_theta": 1e4})
+        [None]
+    """
+    rope = _Reader(config).get("rope_parameters") or _Reader(config).get("rope_scaling") or {}
+    if not isinstance(rope, Mapping):
+        return [None]
+    nested = [k for k, v in rope.items() if isinstance(v, Mapping) or v is None]
+    if nested and len(nested) == len(rope):
+        return [k for k in nested if rope[k] is not None]
+    return [None]
 
 
 def _first(*values: Any) -> Any:
@@ -174,28 +214,40 @@ def scaling_from_transformers(rope_scaling: Mapping[str, Any] | None) -> Scaling
 
 
 def rotary_from_config(
-    config: Any, *, layout: Layout = "half", layer_type: str | None = None
+    config: Any, *, layer_type: str | None = None, layout: Layout | None = None
 ) -> RotaryEmbedding:
     """The :class:`posenc.RotaryEmbedding` equal to a transformers model's rotary embedding.
 
-    Reads, in transformers' order of priority: ``rope_parameters`` (or legacy
+    Everything is read from the config (an object or its dict; multimodal configs: the text
+    config), in transformers' order of priority: ``rope_parameters`` (or legacy
     ``rope_scaling``) with its ``rope_type`` (or ``type``), ``rope_theta`` and
     ``partial_rotary_factor``; then the attributes ``rope_theta`` / ``rotary_emb_base``,
     ``partial_rotary_factor`` / ``rotary_pct``; ``head_dim`` (or ``hidden_size //
     num_attention_heads``), ``max_position_embeddings`` (dynamic NTK's length; YaRN's and
-    LongRoPE's factor when it is absent; the original context of llama3 / yarn / longrope
+    LongRoPE's factor when it is ``None``; the original context of llama3 / yarn / longrope
     when that is absent), a top-level ``original_max_position_embeddings`` (Phi-3: it takes
-    priority, as in transformers) and ``mrope_section`` (Qwen2-VL's M-RoPE; positions are
-    then ``[..., s, 3]``, i.e. transformers' ``position_ids[3, b, s]`` moved last).
+    priority, as in transformers) and ``mrope_section`` (Qwen2-VL's M-RoPE, with the
+    family's default sections; positions are then ``[..., s, 3]``, i.e. transformers'
+    ``position_ids[3, b, s]`` moved last). Per family (``model_type``):
+
+    - the pairing layout: ``"interleaved"`` for the families whose attention pairs
+      ``(2i, 2i + 1)`` (Cohere, GLM, GLM-4, ERNIE 4.5, Helium, GPT-J, CodeGen, Llama 4,
+      DeepSeek-V2, Moonshine, ...) and for DeepSeek-V3-style MLA with ``rope_interleave``
+      (its class default when a dict omits it); ``"half"`` otherwise;
+    - the rotary channels: GPT-J / CodeGen's ``rotary_dim`` (the first ``rotary_dim``
+      channels rotate, the rest pass through), MLA's ``qk_rope_head_dim`` (the module's
+      ``head_dim`` is then the rope part of each head, which is what transformers'
+      attention rotates), else ``int(head_dim * partial_rotary_factor)`` (first channels);
+      an odd value (GLM-4-MoE: 21) rotates ``dim + 1`` channels with exponents ``2i / dim``
+      as transformers does, i.e. ``base ** ((dim + 1) / dim)`` over ``dim + 1`` channels.
 
     Args:
-        config: a ``transformers.PretrainedConfig`` or its dict (multimodal configs: the
-            text config is used).
-        layout: ``"half"`` (what transformers' Llama / GPT-NeoX / Qwen modules do) or
-            ``"interleaved"`` for q/k projections permuted to the Meta layout (see
-            :mod:`posenc.rotary.porting`).
+        config: a ``transformers.PretrainedConfig`` or its dict.
         layer_type: for configs with RoPE parameters per layer type (Gemma 3's
             ``"full_attention"`` / ``"sliding_attention"``), which one.
+        layout: ``None`` (read from the family, above) or ``"half"`` / ``"interleaved"`` to
+            override it (q/k projections permuted to the other layout, see
+            :mod:`posenc.rotary.porting`; DeepSeek-V3.2's indexer rotates ``"half"``).
 
     One difference is deliberate: transformers' ``dynamic`` module keeps the largest
     frequencies it has computed until a call is shorter than ``max_position_embeddings``,
@@ -203,8 +255,11 @@ def rotary_from_config(
     position. The two agree on a fresh module and whenever lengths only grow.
 
     Raises:
-        PosEncError: unknown rope type (``proportional`` and ``axial`` included: not
-            supported), missing or unknown keys, invalid values, an odd rotary dim.
+        PosEncError: (naming the ``model_type`` where the config has one) a family posenc
+            cannot express (nanochat's -theta, interleaved M-RoPE, DeepSeek-V4's trailing
+            rotary channels, ...; checked before anything is built), an unknown rope type
+            (``proportional``, ``axial``), missing keys (yarn's ``factor``) or unknown
+            keys, invalid values.
 
     Examples:
         >>> from posenc.integrations.transformers import rotary_from_config
@@ -212,17 +267,47 @@ def rotary_from_config(
         ...     "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 4096,
         ...     "rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 5e5},
         ... })
-        >>> rope.head_dim, rope.base, rope.scaling
-        (64, 500000.0, LinearScaling(factor=2.0, type='linear'))
+        >>> rope.head_dim, rope.base, rope.scaling, rope.layout
+        (64, 500000.0, LinearScaling(factor=2.0, type='linear'), 'half')
+        >>> rotary_from_config({"model_type": "cohere", "hidden_size": 256,
+        ...                     "num_attention_heads": 2}).layout
+        'interleaved'
     """
-    check_choice("layout", layout, LAYOUTS)
+    if layout is not None:
+        check_choice("layout", layout, LAYOUTS)
     cfg = _Reader(config)
+    model_type = cfg.get("model_type")
+    try:
+        return _from_config(cfg, str(model_type), layer_type, layout)
+    except PosEncError as error:
+        if model_type is None:
+            raise
+        raise PosEncError(f"model_type {model_type!r}: {error}") from None
+
+
+def _from_config(
+    cfg: _Reader, model_type: str, layer_type: str | None, layout: Layout | None
+) -> RotaryEmbedding:
+    reason = _families.unsupported(model_type)
+    if reason is not None:
+        raise PosEncError(f"posenc cannot express this family's RoPE: {reason}")
     rope = _rope_parameters(cfg, layer_type)
-    defaults = _MODEL_DEFAULTS.get(str(cfg.get("model_type")), {})
+    defaults = _families.MODEL_DEFAULTS.get(model_type, {})
+    pairing: Layout = (
+        layout
+        if layout is not None
+        else _families.layout_of(model_type, cfg.get("rope_interleave"))  # type: ignore[assignment]
+    )
 
     kind = _first(rope.get("rope_type"), rope.get("type"), "default")  # rope_type wins
     if kind == "mrope":  # Qwen2-VL's legacy spelling of default RoPE with sections
         kind = "default"
+    missing = [k for k in _REQUIRED.get(kind, ()) if k not in rope]
+    if missing:
+        raise PosEncError(
+            f"rope type {kind!r} requires the key(s) {missing} in rope_parameters "
+            f"(transformers raises KeyError), got keys {sorted(rope)}"
+        )
     base = check_float(
         "rope_theta",
         _first(
@@ -250,7 +335,7 @@ def rotary_from_config(
         min_exclusive=True,
     )
 
-    head_dim = cfg.get("head_dim")
+    head_dim = _first(cfg.get("qk_rope_head_dim"), cfg.get("head_dim"))  # MLA: the rope part
     if head_dim is None:
         hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
         if hidden is None or heads is None:
@@ -259,16 +344,26 @@ def rotary_from_config(
             "num_attention_heads", heads, min=1
         )
     head_dim = check_int("head_dim", head_dim, min=2)
-    rotary_dim = int(head_dim * partial)
+    if model_type in _families.ROTARY_DIM_ATTRIBUTE and cfg.get("rotary_dim") is not None:
+        rotary_dim = check_int("rotary_dim", cfg.get("rotary_dim"), min=2, max=head_dim)
+    else:
+        rotary_dim = int(head_dim * partial)
+    if rotary_dim % 2 and kind == "default" and rotary_dim + 1 <= head_dim:
+        # transformers: inv_freq = base ** -(arange(0, dim, 2) / dim), (dim + 1) / 2 of them,
+        # rotating dim + 1 channels; the same numbers as base ** ((dim + 1) / dim) over dim + 1
+        base, rotary_dim = base ** ((rotary_dim + 1) / rotary_dim), rotary_dim + 1
     if rotary_dim < 2 or rotary_dim % 2:
         raise PosEncError(
             f"the rotary dim int(head_dim * partial_rotary_factor) = int({head_dim} * {partial}) "
-            f"must be even and >= 2, got {rotary_dim}"
+            f"must be even and >= 2 (odd: only for rope type 'default' with a spare channel), "
+            f"got {rotary_dim}"
         )
 
-    sections = _first(rope.get("mrope_section"), cfg.get("mrope_section"))
-    if sections is None and "mrope_section" in defaults:
-        sections = defaults["mrope_section"]
+    sections = _first(
+        rope.get("mrope_section"),
+        cfg.get("mrope_section"),
+        _families.MROPE_DEFAULT_SECTIONS.get(model_type),
+    )
 
     scaling: Scaling | None = None
     if kind != "default":
@@ -300,7 +395,7 @@ def rotary_from_config(
         head_dim,
         base=base,
         rotary_dim=rotary_dim,
-        layout=layout,
+        layout=pairing,
         scaling=scaling,
         sections=None if sections is None else list(sections),
     )

@@ -112,6 +112,8 @@ def rope_frequencies(dim: int, *, base: float = 10000.0, scaling=None, seq_len=N
                 inv_freq[i] = plain
             elif wavelength > original / low_ff:  # low frequency: interpolated
                 inv_freq[i] = plain / factor
+            elif high_ff == low_ff:  # no band to blend over (Llama 4): the boundary is untouched
+                inv_freq[i] = plain
             else:  # in between: blend by how many wavelengths fit in the original context
                 smooth = (original / wavelength - low_ff) / (high_ff - low_ff)
                 inv_freq[i] = (1 - smooth) * plain / factor + smooth * plain

@@ -31,7 +31,7 @@ class Llama3Scaling(ScalingParams):
     Args:
         factor: ``>= 1`` (8 for Llama 3.1).
         low_freq_factor: ``> 0`` (1 for Llama 3.1).
-        high_freq_factor: ``> low_freq_factor`` (4 for Llama 3.1).
+        high_freq_factor: ``>= low_freq_factor`` (4 for Llama 3.1; equal, no blend: Llama 4).
         original_max_position: the context length trained on (8192 for Llama 3.1).
     """
 
@@ -47,9 +47,9 @@ class Llama3Scaling(ScalingParams):
         low = check_positive(kind, "low_freq_factor", self.low_freq_factor)
         set_field(self, "low_freq_factor", low)
         high = check_positive(kind, "high_freq_factor", self.high_freq_factor)
-        if high <= self.low_freq_factor:
+        if high < self.low_freq_factor:  # equal: no blend (Llama 4's published config)
             raise PosEncError(
-                f"llama3 scaling high_freq_factor must be > low_freq_factor "
+                f"llama3 scaling high_freq_factor must be >= low_freq_factor "
                 f"({self.low_freq_factor}), got {high}"
             )
         set_field(self, "high_freq_factor", high)
@@ -71,4 +71,6 @@ def _llama3(
     )
     smoothed = (1 - smooth) * scaled / p.factor + smooth * scaled
     medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    if p.high_freq_factor == p.low_freq_factor:  # no band to blend over (0 / 0 there)
+        medium = torch.zeros_like(medium)
     return torch.where(medium, smoothed, scaled), 1.0

@@ -1,0 +1,259 @@
+"""Every transformers family with a text rotary embedding, found in the installed
+transformers (``_hf_families.discover``, not a hand list): its default config, every layer
+type, q/k rotated by ``rotary_from_config(config)`` (no layout given) against the family's
+own rotary module and apply function, at positions 0..4095 and 64 scattered up to 1e6, in
+float32 and bfloat16. Families posenc cannot express are listed in ``REFUSED`` with the
+reason, and must raise ``PosEncError`` naming their ``model_type``.
+
+Tolerances, per element, from transformers' own float32 error against a float64 evaluation
+(``posenc.reference``): transformers forms the angle ``p * inv_freq`` in float32, off by up
+to ``p * 3.1e-7`` rad (``TF_ANGLE_ERROR_PER_POSITION``, measured in
+``tests/rotary/test_transformers_parity.py``), so its rotated value is off by that times the
+norm of the element's channel pair times the attention scale. The test asserts transformers
+stays within that bound of float64 (the measurement, per family), posenc within float32
+rounding of float64 (``REF_ATOL``), and the two within the bound of each other. bfloat16:
+both round the output to bfloat16 (relative 2^-8) and transformers also rounds cos/sin and
+each product to bfloat16, so the bound gains ``3 * 2^-8`` times the pair norm; posenc is held
+to one bfloat16 rounding of float64. The pair norm is taken over both pairings
+(``(i, i + r/2)`` and ``(2i, 2i + 1)``) so the bound does not depend on posenc's layout; a
+wrong layout is off by O(1) at small positions, where the bound is ~1e-3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from tests.integrations import _hf_families as hf
+from tests.rotary.test_transformers_parity import (
+    REF_ATOL,
+    TF_ANGLE_ERROR_PER_POSITION,
+    _reference_qk,
+)
+
+from posenc import PosEncError
+from posenc.integrations.transformers import rotary_from_config
+
+pytest.importorskip("transformers")
+
+_MROPE_INTERLEAVED = "M-RoPE with sections interleaved"
+_MROPE_OTHER = "M-RoPE whose sections are applied by its own apply function"
+_PER_LAYER = "a head_dim that varies per layer"
+
+# The one list of families posenc refuses, each with what is missing (matched in the error).
+REFUSED: dict[str, str] = {
+    "blt": "config must give head_dim",  # head dims live in per-component configs
+    "nemotron3_diarization": "config must give head_dim",
+    "nanochat": "rotation by -theta",
+    "deepseek_v4": "rotary on the last qk_rope_head_dim channels",
+    "dots3_note_text": "per-layer-type MLA rope dims",
+    "lfm3": "got 'proportional'",  # p-RoPE: issue 11 part 2
+    "ministral3": "unknown key 'llama_4_scaling_beta'",  # a query scale: part 2
+    "mistral4": "unknown key 'llama_4_scaling_beta'",
+    "cohere_compass_text": _MROPE_INTERLEAVED,
+    "cosmos3_edge_text": _MROPE_INTERLEAVED,
+    "hy_v4_vl_text": _MROPE_INTERLEAVED,
+    "qwen3_5_text": _MROPE_INTERLEAVED,
+    "qwen3_5_moe_text": _MROPE_INTERLEAVED,
+    "qwen3_omni_moe": _MROPE_INTERLEAVED,
+    "qwen3_omni_moe_text-Qwen3OmniMoeThinkerTextRotaryEmbedding": _MROPE_INTERLEAVED,
+    "qwen3_omni_moe_text-Qwen3OmniMoeTalkerRotaryEmbedding": _MROPE_INTERLEAVED,
+    "qwen3_vl_text": _MROPE_INTERLEAVED,
+    "qwen3_vl_moe_text": _MROPE_INTERLEAVED,
+    "qwen4_exp_text": _MROPE_INTERLEAVED,
+    "ernie4_5_vl_moe_text": _MROPE_OTHER,
+    "glm4v_text": _MROPE_OTHER,
+    "glm4v_moe_text": _MROPE_OTHER,
+    "glm_image_text": _MROPE_OTHER,
+    "glm_ocr_text": _MROPE_OTHER,
+    "hunyuan_vl_text": _MROPE_OTHER,
+    "paddleocr_vl": _MROPE_OTHER,
+    "diffusion_gemma_text": _PER_LAYER,
+    "embedding_gemma2_text": _PER_LAYER,
+    "gemma4_text": _PER_LAYER,
+    "gemma4_unified_text": _PER_LAYER,
+}
+
+FAMILIES = {f.case: f for f in hf.discover()}
+BF16_ROUNDING = 3 * 2.0**-8
+
+
+def test_discovery_finds_the_families() -> None:
+    """The walk finds the families (not a hand list) and every refusal names a real one."""
+    assert len(FAMILIES) > 150
+    for name in ("llama", "gpt_neox", "cohere", "gptj", "deepseek_v3", "qwen2_vl"):
+        assert any(f.model_type == name for f in FAMILIES.values()), name
+    assert set(REFUSED) <= set(FAMILIES)
+
+
+def _pair_norm(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    """Per element: the larger norm of its channel pair under either pairing (the rest: 0)."""
+    rot = x[..., :rotary_dim].double()
+    sq = rot * rot
+    half = sq + sq.roll(rotary_dim // 2, dims=-1)
+    inter = sq + sq.view(*sq.shape[:-1], -1, 2).flip(-1).reshape(sq.shape)
+    pair = torch.maximum(half, inter).sqrt_()
+    return torch.cat([pair, torch.zeros_like(x[..., rotary_dim:], dtype=torch.float64)], dim=-1)
+
+
+@dataclasses.dataclass
+class _Expected:
+    """One family's float64 expectation and bounds for q and k (each a pair of tensors)."""
+
+    values: tuple[torch.Tensor, ...]  # posenc.reference's rotated q, k
+    angle: tuple[torch.Tensor, ...]  # transformers' float32 angle error (no REF_ATOL)
+    bf16: tuple[torch.Tensor, ...]  # the angle bound plus the bfloat16 roundings
+    relative: tuple[torch.Tensor, ...]  # one bfloat16 rounding of the expected values
+
+
+# Small caches (the order of the cases makes neighbours share inputs): inputs per shape,
+# pair norms per shape and rotary dim, expectations per everything the reference reads.
+_INPUTS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_PAIRS: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_EXPECTED: dict[tuple, _Expected] = {}
+
+
+def _bounded(cache: dict, key: tuple, make, size: int = 4):
+    if key not in cache:
+        if len(cache) >= size:
+            cache.pop(next(iter(cache)))
+        cache[key] = make()
+    return cache[key]
+
+
+def _inputs(head_dim: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit-normal q, k ``[1, 1, n, head_dim]`` with values exact in bfloat16 (one float64
+    expectation serves both dtypes)."""
+
+    def make():
+        g = torch.Generator().manual_seed(0)
+        shape = (1, 1, n, head_dim)
+        q, k = (torch.randn(shape, generator=g).bfloat16().float() for _ in range(2))
+        return q, k
+
+    return _bounded(_INPUTS, (head_dim, n), make)
+
+
+def _expected(rope, positions: torch.Tensor, key: tuple) -> _Expected:
+    q, k = _inputs(rope.head_dim, positions.shape[1])
+
+    def pairs():
+        return tuple(_pair_norm(x, rope.rotary_dim) for x in (q, k))
+
+    def make() -> _Expected:
+        axes = positions if positions.ndim == 3 else None
+        values = _reference_qk(rope, q.double(), k.double(), positions, axes_last=axes)
+        pair = _bounded(_PAIRS, (rope.head_dim, positions.shape[1], rope.rotary_dim), pairs)
+        p = (positions if positions.ndim == 2 else positions.amax(-1)).double()  # [b, s]
+        per_position = TF_ANGLE_ERROR_PER_POSITION * rope.attention_scale * p[:, None, :, None]
+        angle = tuple(x * per_position for x in pair)
+        relative = tuple(2.0**-8 * e.abs() for e in values)
+        bf16 = tuple(
+            a + (BF16_ROUNDING * rope.attention_scale) * x + r
+            for a, x, r in zip(angle, pair, relative)
+        )
+        return _Expected(values, angle, bf16, relative)
+
+    return _bounded(_EXPECTED, key, make)
+
+
+def _reference_key(rope, positions_key: tuple) -> tuple:
+    """Everything ``_reference_qk`` and the bounds read of ``rope``."""
+    scaling = None if rope.scaling is None else repr(rope.scaling)
+    sections = None if rope.sections is None else tuple(rope.sections)
+    return (
+        rope.head_dim,
+        rope.rotary_dim,
+        float(rope.base),
+        scaling,
+        rope.layout,
+        sections,
+        float(rope.attention_scale),
+        positions_key,
+    )
+
+
+def _check(ours, theirs, exp: _Expected, dtype) -> None:
+    """posenc within float32 (bfloat16) rounding of float64, transformers within its own
+    bound of float64, and the two within that bound of each other; differences in float64
+    (a float32 or bfloat16 value minus a float64 one is exact to 1e-16)."""
+    bounds = exp.angle if dtype == torch.float32 else exp.bf16
+    for a, b, e, bound, rel in zip(ours, theirs, exp.values, bounds, exp.relative):
+        assert a.dtype == dtype and a.shape == b.shape
+        # (CodeGen returns float32 for bfloat16 inputs: compared as it is)
+        ours_err, theirs_err = a - e, b - e  # float64
+        worst = (ours_err - theirs_err).abs_().sub_(bound).max()
+        ours_err.abs_()
+        if dtype != torch.float32:
+            ours_err.sub_(rel)
+        assert bool(ours_err.max() <= REF_ATOL), "posenc outside float32 rounding"
+        assert bool(theirs_err.abs_().sub_(bound).max() <= REF_ATOL), (
+            "transformers outside its own bound"
+        )
+        assert bool(worst <= REF_ATOL), (
+            f"posenc vs transformers beyond the bound by {float(worst - REF_ATOL):.3g}"
+        )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One intra-op thread: the tensors are small (one head, 4160 positions), and two
+    threads on a busy machine made this module five to ten times slower (conftest gives
+    ``-n 0`` runs two)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("case", sorted(set(FAMILIES) - set(REFUSED)))
+def test_family_matches_transformers(case: str) -> None:
+    family = FAMILIES[case]
+    config = family.config()
+    module = hf.rotary_module(family, config)  # built once: both dtypes, every layer type
+    layer_types = hf.layer_types(config)
+    assert layer_types, "no layer type to compare"
+    for layer_type in layer_types:
+        rope = rotary_from_config(config, layer_type=layer_type)
+        positions_key = (rope.position_coords, hf.position_limit(module))
+        positions = hf.positions(*positions_key)
+        exp = _expected(rope, positions, _reference_key(rope, positions_key))
+        q, k = _inputs(rope.head_dim, positions.shape[1])
+        for dtype in (torch.float32, torch.bfloat16):
+            qd, kd = q.to(dtype), k.to(dtype)
+            theirs = hf.transformers_qk(family, config, layer_type, qd, kd, positions, module)
+            ours = rope(qd, kd, positions)
+            _check(ours, theirs, exp, dtype)
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_family_refused_with_its_model_type(case: str) -> None:
+    family = FAMILIES[case]
+    config = family.config()
+    errors = []
+    for layer_type in hf.layer_types(config):  # lfm3: only its full-attention layers
+        try:
+            rotary_from_config(config, layer_type=layer_type)
+        except PosEncError as error:
+            errors.append(str(error))
+    assert errors, "no layer type refused"
+    for message in errors:
+        assert f"model_type '{config.model_type}'" in message and REFUSED[case] in message
+
+
+def test_deepseek_v4_rotates_its_last_channels() -> None:
+    """Why ``deepseek_v4`` is refused: its apply function rotates the trailing
+    ``qk_rope_head_dim`` channels of each head and passes the leading ones through (``[nope |
+    rope]``), where posenc's ``rotary_dim`` rotates the first channels."""
+    family = FAMILIES["deepseek_v4"]
+    config = family.config()
+    module = hf.rotary_module(family, config)
+    x = torch.randn(1, 1, 8, config.head_dim, generator=torch.Generator().manual_seed(0))
+    r = config.qk_rope_head_dim
+    assert 0 < r < config.head_dim
+    for layer_type in hf.layer_types(config):
+        cos, sin = module(x, torch.arange(1, 9)[None], layer_type=layer_type)
+        out = family.module.apply_rotary_pos_emb(x, cos, sin)
+        assert torch.equal(out[..., :-r], x[..., :-r])
+        assert (out[..., -r:] - x[..., -r:]).abs().amax(-1).min() > 1e-3
