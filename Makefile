@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/rope.py
 	$(BIN)/python benchmarks/attention_bias.py
 	$(BIN)/python benchmarks/rope_decode.py
+	$(BIN)/python benchmarks/train_throughput.py
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken example,
 # link or API reference. The docs extra goes into the same .venv, once per pyproject.toml.

@@ -422,3 +422,39 @@ PE = posenc.SinusoidalEmbedding(8)
 def test_module_bad_input(x, positions, match):
     with pytest.raises(posenc.PosEncError, match=match):
         PE(x, positions)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("learnable_scale", [False, True])
+def test_forward_and_backward_equal_plain_autograd_of_the_float64_sum(dtype, learnable_scale):
+    """The module's rounded float64 sum has a hand-written backward (the gradient passes
+    through without its two exact casts); it must equal plain autograd of
+    ``(x.double() + scale * PE).to(dtype)`` bit for bit, the scale's gradient included."""
+    from posenc import positions as _positions
+    from posenc.sinusoidal import _table
+
+    torch.manual_seed(0)
+    pe = posenc.SinusoidalEmbedding(64, scale=0.7, learnable_scale=learnable_scale)
+    x = torch.randn(3, 17, 64, dtype=dtype, requires_grad=True)
+    pos = torch.randint(0, 10**6, (3, 17))
+    out = pe(x, pos)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+
+    x_ref = x.detach().clone().requires_grad_(True)
+    scale_ref = pe.scale.detach().clone().requires_grad_(True) if learnable_scale else 0.7
+    table = _table(
+        _positions.resolve(pos, 17, batch=3, device=x.device),
+        64,
+        pe.base,
+        pe.layout,
+        pe.order,
+        torch.float64,
+    )
+    scale64 = scale_ref.double() if learnable_scale else scale_ref
+    ref = (x_ref.double() + scale64 * table).to(dtype)
+    ref.backward(grad)
+    assert torch.equal(out, ref)
+    assert torch.equal(x.grad, x_ref.grad)
+    if learnable_scale:
+        assert torch.equal(pe.scale.grad, scale_ref.grad)

@@ -9,7 +9,7 @@ the module takes embeddings ``x: [b, s, dim]`` and positions ``[s]`` or ``[b, s]
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
@@ -156,6 +156,25 @@ def sinusoidal_table_nd(
     return torch.cat(blocks, dim=-1)
 
 
+class _RoundedAdd(torch.autograd.Function):
+    """``(x + addend)`` formed in float64 (``addend`` is float64) and rounded once to ``x``'s
+    dtype, with the gradient autograd would give: the casts of the gradient are exact, so it
+    passes through as it is. Saves a float64 copy of ``x`` forward and two full-size
+    conversions backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, addend: torch.Tensor) -> torch.Tensor:
+        ctx.addend_shape = addend.shape
+        return torch.add(x, addend).to(x.dtype)  # promoted to float64 as it is read
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        grad_addend = None
+        if ctx.needs_input_grad[1]:  # a learnable scale: summed to the table's shape
+            grad_addend = grad.double().sum_to_size(ctx.addend_shape)
+        return grad if ctx.needs_input_grad[0] else None, grad_addend
+
+
 class SinusoidalEmbedding(AdditiveEncoding):
     """Adds the sinusoidal table to token embeddings: ``dropout(x + scale * PE)``.
 
@@ -239,5 +258,4 @@ class SinusoidalEmbedding(AdditiveEncoding):
         scale = self.scale.double() if isinstance(self.scale, torch.Tensor) else self.scale
         # the sum is formed in float64 and rounded once, to x's dtype: a bf16 model gets
         # exactly (x + PE) rounded, never a bf16 table
-        out = (x.double() + scale * pe).to(x.dtype)
-        return self.dropout(out)
+        return self.dropout(_RoundedAdd.apply(x, scale * pe))

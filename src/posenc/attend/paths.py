@@ -74,7 +74,22 @@ def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask):
         mask, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
     else:  # the merged float mask: once per forward pass when the bias depends on no q
         mask, empty = prep.sdpa_mask(q, scale, keep=keep, causal=causal, mask_id=attn_mask)
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
-    )
+    if (
+        mask is not None
+        and mask.requires_grad
+        and q.device.type == "cpu"
+        and q.dtype in (torch.float32, torch.float64)
+        and not dropout_p
+    ):
+        # A learned bias (T5, FIRE, Kerple) on CPU: SDPA's fused kernel cannot give the
+        # mask's gradient, and its math path (a safe softmax over every row) is about 1.5x
+        # slower than the same three operations written out.
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        out = torch.softmax((q * scale) @ k.transpose(-1, -2) + mask, dim=-1) @ v
+    else:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, enable_gqa=gqa
+        )
     return out if empty is None else out.masked_fill(empty, 0.0)

@@ -230,6 +230,8 @@ class PreparedEncoding:
         mask = self.bias(q, scale).to(q.dtype)
         if allowed is not None:
             mask = mask.masked_fill(~allowed, float("-inf"))
+        if mask.ndim == 3:  # [h, q, k] -> [1, h, q, k]: SDPA's fused CPU kernel takes a 4-D
+            mask = mask[None]  # mask (a 3-D one sends it to the math path, 2x slower)
         if cacheable:
             self._masks[key] = (mask_id, mask, empty)
         return mask, empty

@@ -101,8 +101,8 @@ class _Attention(nn.Module):
         """``encoding``: the forward pass's PreparedEncoding (rotary: the new tokens' positions;
         bias: the queries' and all keys'), or None."""
         b, s, dim = x.shape
-        qkv = self.qkv(x).view(b, s, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [b, h, s, d]
+        qkv = self.qkv(x).split(dim, dim=-1)  # views; unbind's backward would copy twice
+        q, k, v = (t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2) for t in qkv)
         bias = None
         if encoding is not None and encoding.encoding.kind == "rotary":
             q, k = encoding.rotate(q, k)  # keys cached after rotation
@@ -302,7 +302,7 @@ class TinyTransformer(nn.Module):
             in_range = (tokens >= 0) & (tokens < self.vocab_size)
             check_traced(in_range, f"tokens must lie in [0, vocab_size={self.vocab_size})")
             return tokens
-        lo, hi = int(tokens.min()), int(tokens.max())
+        lo, hi = (int(t) for t in torch.aminmax(tokens))  # one reduction
         if lo < 0 or hi >= self.vocab_size:
             raise PosEncError(
                 f"tokens must lie in [0, vocab_size={self.vocab_size}), got values in [{lo}, {hi}]"
