@@ -52,7 +52,10 @@ def executed(markdown: str, session: str) -> str:
         info = opener["info"].strip() if opener else ""
         python = _PYTHON.match(info)
         if opener and python and "exec=" not in info:
-            shows = ' result="text"' if any("print(" in b for b in block[1:-1]) else ""
+            # output is shown as text (never read as Markdown) when the block prints, itself
+            # or through cli.md's posenc_cli helper
+            prints = any("print(" in b or "posenc_cli(" in b for b in block[1:-1])
+            shows = ' result="text"' if prints else ""
             block[0] = (
                 f'{opener["indent"]}{opener["fence"]}python exec="on" session="{session}" '
                 f'source="above"{shows}{python["rest"]}'

@@ -137,6 +137,7 @@ def test_the_sentence_says_when_the_order_differs() -> None:
     sentence = comparison(results, ratios(results))["sentence"]
     assert "Differs: the order at 8L (theirs 8.8L): ours alibi < t5 < sinusoidal < rope" in sentence
     assert "theirs alibi < t5 < rope < sinusoidal" in sentence
+    assert "T5's bias lies between ALiBi and sinusoidal and rope" in sentence  # still agrees
     assert "mixed in size" in sentence  # rope's rise is larger here, the others' smaller
 
 

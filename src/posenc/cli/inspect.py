@@ -149,7 +149,9 @@ def _inspect_hf(path: str, as_json: bool, param: list[str] | None) -> None:
 def inspect(
     encoding: Annotated[
         str | None,
-        typer.Argument(help="Registry name, e.g. rope.", callback=text("ENCODING")),
+        typer.Argument(
+            metavar="ENCODING", help="Registry name, e.g. rope.", callback=text("ENCODING")
+        ),
     ] = None,
     param: Annotated[
         list[str] | None, typer.Option("--param", help=PARAM_HELP, callback=text("--param"))

@@ -49,7 +49,7 @@ LENGTHGEN_SETTINGS: dict[bool, dict[str, Any]] = {
         "batch_size": 32,
         "steps": 1100,
         "eval_lens": (64, 128, 256, 512),
-        "eval_tokens": 16384,
+        "eval_tokens": 32768,
         "extend": ("pi", "ntk", "yarn"),
         "finetune_steps": 0,
     },
@@ -227,6 +227,17 @@ def _sentence(rows: list[dict[str, Any]], columns: list[dict[str, Any]], train_l
             f"ALiBi {'stays flat' if flat else 'does not stay flat'} "
             f"({last['alibi']['ours']['mean']:.2f}x, theirs {last['alibi']['theirs']:.2f}x)"
         )
+    others = [m for m in ("sinusoidal", "rope") if m in last]
+    if "alibi" in last and "t5" in last and others and ours != theirs:
+
+        def t5_between(side: str) -> bool:
+            value = {
+                m: c["ours"]["mean"] if side == "ours" else c["theirs"] for m, c in last.items()
+            }
+            return bool(value["alibi"] < value["t5"] < min(value[m] for m in others))
+
+        if t5_between("ours") and t5_between("theirs"):
+            agree.append(f"T5's bias lies between ALiBi and {' and '.join(others)}")
     rising = [m for m in ("sinusoidal", "rope", "t5") if m in last]
     if rising:
         pairs = ", ".join(
