@@ -38,7 +38,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -494,22 +493,11 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def machine() -> dict[str, Any]:
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "threads": torch.get_num_threads(),
-    }
-    try:
-        models = [
-            ln.split(":", 1)[1].strip()
-            for ln in open("/proc/cpuinfo")
-            if ln.startswith("model name")
-        ]
-        info["cpu"] = f"{models[0]} x {len(models)}" if models else platform.processor()
-    except OSError:
-        info["cpu"] = platform.processor()
-    return info
+    """The machine, as every benchmark here records it (``rope.machine``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from rope import machine as rope_machine  # the script beside this one
+
+    return rope_machine("cpu")
 
 
 def main(argv: list[str] | None = None) -> None:

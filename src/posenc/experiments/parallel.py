@@ -154,7 +154,11 @@ def run_units(
                     except concurrent.futures.process.BrokenProcessPool as e:
                         raise RuntimeError(_BROKEN) from e
                     done[index] = unit_runs
-        except BaseException:
+        except BaseException:  # a failed unit (or ^C) stops the study now, not after the
+            # units still training: their workers are terminated, the queued ones cancelled
+            processes = getattr(pool, "_processes", None) or {}  # pid -> process
+            for process in list(processes.values()):
+                process.terminate()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     _drain(events, on_event)  # the workers have exited: their last events are all in

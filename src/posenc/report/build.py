@@ -20,7 +20,7 @@ from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve
 from posenc.analysis._encodings import size
 from posenc.experiments.checkpoint import atomic_write  # temp file + rename: all or nothing
 from posenc.report.schema import SCHEMA_VERSION, validate_report
-from posenc.report.study import LENGTHGEN_SETTINGS, run_report_study
+from posenc.report.study import LENGTHGEN_SETTINGS, empty_record, run_report_study
 
 __all__ = ["LENGTHGEN_SETTINGS", "Settings", "build_report", "check_plot_extra", "settings_for"]
 
@@ -321,17 +321,7 @@ def build_report(
     if lengthgen:
         study = _lengthgen(out, bool(quick), figs, progress, _jobs(jobs))
     else:
-        study = {
-            "status": "skipped",
-            "reason": "turned off (lengthgen=False)",
-            "settings": None,
-            "results": None,
-            "figure": None,
-            "headline": None,
-            "ratios": None,
-            "checks": None,
-            "comparison": None,
-        }
+        study = empty_record("skipped", "turned off (lengthgen=False)")
     lengthgen_seconds = time.perf_counter() - t0  # with its figure
 
     progress("analysis", len(names) + 2, total, "writing the page")

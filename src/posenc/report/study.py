@@ -28,6 +28,7 @@ __all__ = [
     "LENGTHGEN_SETTINGS",
     "checks",
     "comparison",
+    "empty_record",
     "ratios",
     "run_report_study",
 ]
@@ -254,21 +255,18 @@ def _sentence(rows: list[dict[str, Any]], columns: list[dict[str, Any]], train_l
     return text + ". Differs: " + ("; ".join(differ) if differ else "nothing") + "."
 
 
+def empty_record(status: str, reason: str | None = None) -> dict[str, Any]:
+    """The report's ``lengthgen`` record with nothing in it yet (``status``: ``"absent"``,
+    ``"skipped"``, ...)."""
+    keys = ("settings", "results", "figure", "headline", "ratios", "checks", "comparison")
+    return {"status": status, "reason": reason, **dict.fromkeys(keys)}
+
+
 def run_report_study(out: Path, quick: bool, progress: Progress, *, jobs: int) -> dict[str, Any]:
     """Run the study and derive ratios, checks and comparison; errors are recorded in
     ``status`` / ``reason``, never raised (the analysis half of the report stands)."""
     settings = dict(LENGTHGEN_SETTINGS[quick])
-    record: dict[str, Any] = {
-        "status": "absent",
-        "reason": None,
-        "settings": None,
-        "results": None,
-        "figure": None,
-        "headline": None,
-        "ratios": None,
-        "checks": None,
-        "comparison": None,
-    }
+    record = empty_record("absent")
     try:
         from posenc.experiments.lengthgen import run_study
     except ImportError as e:
