@@ -201,3 +201,41 @@ def test_a_failing_worker_stops_the_study_with_its_error() -> None:
 def test_bad_seeds_and_jobs_are_refused(options: dict[str, Any], pattern: str) -> None:
     with pytest.raises(PosEncError, match=pattern):
         run_study("lm", ["alibi"], train_len=8, eval_lens=[8], **{**TINY, **options})
+
+
+def _study(encodings: list[str], **given: Any) -> Any:
+    from posenc.experiments.settings import resolve
+
+    keys = (
+        "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup "
+        "random_positions extend extend_factor finetune_steps checkpoint_every eval_tokens "
+        "eval_examples seed seeds"
+    ).split()
+    options = {key: given.get(key) for key in keys}
+    return resolve("lm", encodings, {"preset": "quick", **options}, 1)
+
+
+@pytest.mark.parametrize(
+    ("extend", "finetune_steps", "expected"),
+    [
+        # rope extends: its seeds go first (encoding-major units: none s0, none s1, rope s0, ...)
+        (("pi", "yarn"), 0, [2, 3, 0, 1, 4, 5]),
+        (("pi",), 5, [2, 3, 0, 1, 4, 5]),
+        # nothing extends: every unit is the same work and keeps its place
+        ((), 0, [0, 1, 2, 3, 4, 5]),
+    ],
+)
+def test_workers_take_the_longest_units_first(
+    extend: tuple[str, ...], finetune_steps: int, expected: list[int]
+) -> None:
+    from posenc.experiments.parallel import Unit, dispatch_order
+
+    study = _study(
+        ["none", "rope", "alibi"],
+        steps=3,
+        seeds=[0, 1],
+        extend=list(extend),
+        finetune_steps=finetune_steps,
+    )
+    units = [Unit(s, e, {"name": e}) for e in study.labels for s in study.seeds]
+    assert dispatch_order(units, study) == expected

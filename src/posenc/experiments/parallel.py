@@ -6,6 +6,11 @@ this process, no OpenMP pool forked mid-use). A unit's numbers depend only on th
 settings and its seed (:mod:`.seeding`, :func:`.runner.run_unit`), so both give the same
 runs, in the same order; ``tests/experiments/test_parallel.py`` holds them to it.
 
+Workers take the units longest first (:func:`dispatch_order`: RoPE with its context
+extensions before the rest), so the last one to finish is a short one and no core idles
+while another trains a long unit at the end; the runs still come back in the order of
+the units.
+
 Progress events of the workers come back through a queue and reach ``on_event`` in this
 process, each with its ``seed``. As with every ``spawn`` pool, a script that calls this
 with ``jobs > 1`` must guard its top level with ``if __name__ == "__main__":``.
@@ -30,7 +35,7 @@ from posenc.experiments.runner import Runner, run_unit, seed_study
 from posenc.experiments.settings import Study
 from posenc.experiments.tasks import Task, make_task
 
-__all__ = ["Unit", "UnitContext", "default_jobs", "run_units"]
+__all__ = ["Unit", "UnitContext", "default_jobs", "dispatch_order", "run_units"]
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -76,6 +81,24 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def dispatch_order(units: Sequence[Unit], study: Study) -> list[int]:
+    """The indices of ``units`` in the order the workers take them: longest first.
+
+    A unit's work is its training plus, for ``rope`` in a study that extends it, one
+    evaluation (and ``finetune_steps`` more steps) per extension method; units of equal
+    work keep their order. (Longest-processing-time-first: the study ends at most one
+    short unit after the ideal split of the work, instead of up to one long unit.)
+    """
+    passes = len(study.eval_lens)  # one evaluation: a forward pass per eval length
+
+    def work(unit: Unit) -> float:
+        extensions = len(study.extend) if unit.label == "rope" else 0
+        steps = study.train.steps + extensions * study.finetune_steps
+        return steps + (1 + extensions) * passes
+
+    return sorted(range(len(units)), key=lambda i: -work(units[i]))
 
 
 def _make_task(study: Study) -> Task:
@@ -141,7 +164,7 @@ def run_units(
         initializer=_init_worker,
         initargs=(context, events),
     ) as pool:
-        pending = {pool.submit(_work, i, u) for i, u in enumerate(units)}
+        pending = {pool.submit(_work, i, units[i]) for i in dispatch_order(units, context.study)}
         try:
             while pending:
                 finished, pending = concurrent.futures.wait(

@@ -34,7 +34,7 @@ import importlib.util
 import logging
 import os
 import warnings
-from typing import overload
+from typing import Any, overload
 
 import torch
 
@@ -114,7 +114,16 @@ def _tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
-@torch.compiler.assume_constant_result
+def _assume_constant_result(fn: Any) -> Any:
+    """What ``torch.compiler.assume_constant_result`` does (it marks the function for
+    dynamo), without importing ``torch._dynamo`` as it does: that import costs every
+    ``import posenc`` (the CLI, each study worker) 3-4 seconds. A test checks that the
+    marker is still torch's own."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@_assume_constant_result
 def _cpu_decided() -> bool:
     """The one decision (see :func:`cpu_fast_path_enabled`). Traced code reads it as a
     constant (computed outside the trace), so graphs never guard on the module's state and
