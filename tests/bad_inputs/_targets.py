@@ -566,6 +566,76 @@ fn(
     lambda: {"config": _hf_config()},  # an object: a dict may hold any other keys
 )
 
+
+def _hf_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32,
+            hidden_size=32,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        )
+    )
+
+
+fn(
+    "integrations.patch",
+    hf.patch,
+    lambda: {"model": _hf_model(), "scaling": {"type": "linear", "factor": 2.0}},
+)
+fn("integrations.unpatch", hf.unpatch, lambda: {"model": hf.patch(_hf_model())})
+
+
+def _llama4_config():
+    from transformers import Llama4TextConfig
+
+    return Llama4TextConfig(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=4
+    )
+
+
+def _deepseek_config():
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        rope_scaling={
+            "type": "yarn",
+            "factor": 40.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 4096,
+        },
+        max_position_embeddings=163840,
+    )
+
+
+fn(
+    "integrations.query_scale_from_config",
+    hf.query_scale_from_config,
+    lambda: {"config": _llama4_config(), "layer_idx": 3},
+)
+fn("integrations.rope_layers", hf.rope_layers, lambda: {"config": _llama4_config()})
+fn(
+    "integrations.softmax_scale_factor",
+    hf.softmax_scale_factor,
+    lambda: {"config": _deepseek_config()},
+)
+fn("integrations.QueryScale", hf.QueryScale, lambda: {"beta": 0.1, "length": 8.0, "offset": 1.0})
+fn(
+    "rotary.rotated_frequencies",
+    rotary.rotated_frequencies,
+    lambda: {
+        "head_dim": 16,
+        "rotary_dim": 8,
+        "base": 1e4,
+        "scaling": {"type": "proportional", "factor": 2.0},
+    },
+)
+
 # --- models -------------------------------------------------------------------------------
 fn(
     "models.TinyTransformer",

@@ -22,57 +22,40 @@ wrong layout is off by O(1) at small positions, where the bound is ~1e-3.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
 from tests.integrations import _hf_families as hf
-from tests.rotary.test_transformers_parity import (
-    REF_ATOL,
-    TF_ANGLE_ERROR_PER_POSITION,
-    _reference_qk,
-)
+from tests.rotary._reference import reference_qk
+from tests.rotary.test_transformers_parity import REF_ATOL, TF_ANGLE_ERROR_PER_POSITION
 
 from posenc import PosEncError
 from posenc.integrations.transformers import rotary_from_config
 
 pytest.importorskip("transformers")
 
-_MROPE_INTERLEAVED = "M-RoPE with sections interleaved"
-_MROPE_OTHER = "M-RoPE whose sections are applied by its own apply function"
-_PER_LAYER = "a head_dim that varies per layer"
 
 # The one list of families posenc refuses, each with what is missing (matched in the error).
 REFUSED: dict[str, str] = {
     "blt": "config must give head_dim",  # head dims live in per-component configs
     "nemotron3_diarization": "config must give head_dim",
     "nanochat": "rotation by -theta",
-    "deepseek_v4": "rotary on the last qk_rope_head_dim channels",
-    "dots3_note_text": "per-layer-type MLA rope dims",
-    "lfm3": "got 'proportional'",  # p-RoPE: issue 11 part 2
-    "ministral3": "unknown key 'llama_4_scaling_beta'",  # a query scale: part 2
-    "mistral4": "unknown key 'llama_4_scaling_beta'",
-    "cohere_compass_text": _MROPE_INTERLEAVED,
-    "cosmos3_edge_text": _MROPE_INTERLEAVED,
-    "hy_v4_vl_text": _MROPE_INTERLEAVED,
-    "qwen3_5_text": _MROPE_INTERLEAVED,
-    "qwen3_5_moe_text": _MROPE_INTERLEAVED,
-    "qwen3_omni_moe": _MROPE_INTERLEAVED,
-    "qwen3_omni_moe_text-Qwen3OmniMoeThinkerTextRotaryEmbedding": _MROPE_INTERLEAVED,
-    "qwen3_omni_moe_text-Qwen3OmniMoeTalkerRotaryEmbedding": _MROPE_INTERLEAVED,
-    "qwen3_vl_text": _MROPE_INTERLEAVED,
-    "qwen3_vl_moe_text": _MROPE_INTERLEAVED,
-    "qwen4_exp_text": _MROPE_INTERLEAVED,
-    "ernie4_5_vl_moe_text": _MROPE_OTHER,
-    "glm4v_text": _MROPE_OTHER,
-    "glm4v_moe_text": _MROPE_OTHER,
-    "glm_image_text": _MROPE_OTHER,
-    "glm_ocr_text": _MROPE_OTHER,
-    "hunyuan_vl_text": _MROPE_OTHER,
-    "paddleocr_vl": _MROPE_OTHER,
-    "diffusion_gemma_text": _PER_LAYER,
-    "embedding_gemma2_text": _PER_LAYER,
-    "gemma4_text": _PER_LAYER,
-    "gemma4_unified_text": _PER_LAYER,
+    # default configs with an odd head dim (2048 / 28 = 73) rotated whole: transformers'
+    # cos/sin (74 channels) do not fit q either; valid ones: test_qwen3_omni_with_even_head_dim
+    "qwen3_omni_moe": "must be even and >= 2",
+    "qwen3_omni_moe_text-Qwen3OmniMoeThinkerTextRotaryEmbedding": "must be even and >= 2",
+    "qwen3_omni_moe_text-Qwen3OmniMoeTalkerRotaryEmbedding": "must be even and >= 2",
+    # its default config has no RoPE parameters per layer type, which its rotary module
+    # indexes (a KeyError in transformers too); a valid one: test_cohere_compass_per_layer_type
+    "cohere_compass_text": "for every layer type in layer_types",
+    "ernie4_5_vl_moe_text": "take the axes in the order H, W, T",
+    # default configs whose default sections (8, 12, 12) do not sum to rotary_dim / 2 (64, 11):
+    # transformers' torch.split fails on them too; valid ones: test_glm_vision_text_families
+    "glm4v_text": "sections must sum to rotary_dim / 2",
+    "glm4v_moe_text": "sections must sum to rotary_dim / 2",
+    "glm_image_text": "sections must sum to rotary_dim / 2",
+    "hunyuan_vl_text": "over the doubled (cos, cos) channels",
 }
 
 FAMILIES = {f.case: f for f in hf.discover()}
@@ -85,6 +68,11 @@ def test_discovery_finds_the_families() -> None:
     for name in ("llama", "gpt_neox", "cohere", "gptj", "deepseek_v3", "qwen2_vl"):
         assert any(f.model_type == name for f in FAMILIES.values()), name
     assert set(REFUSED) <= set(FAMILIES)
+
+
+def _reference_qk(rope, q, k, positions, axes_last=None):
+    """float64 expected output of ``rope`` (M-RoPE: at the per-axis ``axes_last``)."""
+    return reference_qk(rope, q, k, positions if axes_last is None else axes_last)
 
 
 def _pair_norm(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
@@ -138,13 +126,15 @@ def _inputs(head_dim: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def _expected(rope, positions: torch.Tensor, key: tuple) -> _Expected:
     q, k = _inputs(rope.head_dim, positions.shape[1])
 
+    width = 2 * rope.inv_freq.shape[0]  # the channels cos/sin span (whole head: head_dim)
+
     def pairs():
-        return tuple(_pair_norm(x, rope.rotary_dim) for x in (q, k))
+        return tuple(_pair_norm(x, width) for x in (q, k))
 
     def make() -> _Expected:
         axes = positions if positions.ndim == 3 else None
         values = _reference_qk(rope, q.double(), k.double(), positions, axes_last=axes)
-        pair = _bounded(_PAIRS, (rope.head_dim, positions.shape[1], rope.rotary_dim), pairs)
+        pair = _bounded(_PAIRS, (rope.head_dim, positions.shape[1], width), pairs)
         p = (positions if positions.ndim == 2 else positions.amax(-1)).double()  # [b, s]
         per_position = TF_ANGLE_ERROR_PER_POSITION * rope.attention_scale * p[:, None, :, None]
         angle = tuple(x * per_position for x in pair)
@@ -168,6 +158,8 @@ def _reference_key(rope, positions_key: tuple) -> tuple:
         float(rope.base),
         scaling,
         rope.layout,
+        rope.partial,
+        rope.section_layout,
         sections,
         float(rope.attention_scale),
         positions_key,
@@ -210,7 +202,12 @@ def _one_thread():
 @pytest.mark.parametrize("case", sorted(set(FAMILIES) - set(REFUSED)))
 def test_family_matches_transformers(case: str) -> None:
     family = FAMILIES[case]
-    config = family.config()
+    _compare(family, family.config())
+
+
+def _compare(family, config) -> None:
+    """posenc against the family's own rotary module and apply function for ``config``:
+    every layer type, float32 and bfloat16."""
     module = hf.rotary_module(family, config)  # built once: both dtypes, every layer type
     layer_types = hf.layer_types(config)
     assert layer_types, "no layer type to compare"
@@ -243,9 +240,10 @@ def test_family_refused_with_its_model_type(case: str) -> None:
 
 
 def test_deepseek_v4_rotates_its_last_channels() -> None:
-    """Why ``deepseek_v4`` is refused: its apply function rotates the trailing
-    ``qk_rope_head_dim`` channels of each head and passes the leading ones through (``[nope |
-    rope]``), where posenc's ``rotary_dim`` rotates the first channels."""
+    """``deepseek_v4``'s apply function rotates the trailing ``qk_rope_head_dim`` channels of
+    each head and passes the leading ones through (``[nope | rope]``): posenc's
+    ``partial="trailing"`` (interleaved pairs), which ``test_family_matches_transformers``
+    compares number for number."""
     family = FAMILIES["deepseek_v4"]
     config = family.config()
     module = hf.rotary_module(family, config)
@@ -257,3 +255,53 @@ def test_deepseek_v4_rotates_its_last_channels() -> None:
         out = family.module.apply_rotary_pos_emb(x, cos, sin)
         assert torch.equal(out[..., :-r], x[..., :-r])
         assert (out[..., -r:] - x[..., -r:]).abs().amax(-1).min() > 1e-3
+        rope = rotary_from_config(config, layer_type=layer_type)
+        assert (rope.head_dim, rope.rotary_dim) == (config.head_dim, r)
+        assert (rope.partial, rope.layout) == ("trailing", "interleaved")
+        ours, _ = rope(x, x, torch.arange(1, 9)[None])
+        assert torch.equal(ours[..., :-r], x[..., :-r])
+
+
+def _built(family, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return family.config_cls(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "qwen3_omni_moe_text-Qwen3OmniMoeThinkerTextRotaryEmbedding",
+        "qwen3_omni_moe_text-Qwen3OmniMoeTalkerRotaryEmbedding",
+    ],
+)
+def test_qwen3_omni_with_even_head_dim(case: str) -> None:
+    """Qwen3-Omni's thinker and talker (interleaved M-RoPE, default sections) once the head
+    dim is even."""
+    family = FAMILIES[case]
+    config = _built(family, head_dim=128)
+    assert rotary_from_config(config).section_layout == "interleaved"
+    _compare(family, config)
+
+
+@pytest.mark.parametrize("sections", [[24, 20, 20], [16, 24, 24]])
+def test_cohere_compass_per_layer_type(sections: list[int]) -> None:
+    """Cohere Compass with RoPE parameters per layer type, as its rotary module needs them
+    (interleaved M-RoPE; [16, 24, 24] overflows the interleaving: axis 1 keeps 21)."""
+    family = FAMILIES["cohere_compass_text"]
+    rope = {"rope_type": "default", "rope_theta": 5e4, "mrope_section": sections}
+    config = _built(family, rope_parameters={"full_attention": rope})
+    _compare(family, config)
+    assert rotary_from_config(config, layer_type="full_attention").section_layout == ("interleaved")
+
+
+@pytest.mark.parametrize("case", ["glm4v_text", "glm4v_moe_text", "glm_image_text"])
+def test_glm_vision_text_families(case: str) -> None:
+    """GLM-4V's text models (contiguous M-RoPE, default sections (8, 12, 12); GLM-4V pairs
+    (2i, 2i + 1)) with a head of 128 and half of it rotating, where the sections fit."""
+    family = FAMILIES[case]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+    config = _built(family, hidden_size=1024, num_attention_heads=8, rope_parameters=rope)
+    ours = rotary_from_config(config)
+    assert ours.sections == (8, 12, 12) and ours.rotary_dim == 64
+    _compare(family, config)

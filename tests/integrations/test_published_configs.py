@@ -25,15 +25,20 @@ from tests.integrations.test_hf_families import (
 )
 
 from posenc import PosEncError
-from posenc.integrations.transformers import rotary_from_config
+from posenc.integrations.transformers import QueryScale, query_scale_from_config, rotary_from_config
 
 pytest.importorskip("transformers")
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "data" / "hf_configs"
-# fixture -> what the one-line refusal says (the rest must match transformers)
-REFUSED = {
-    "ministral3_3b_2512": "unknown key 'llama_4_scaling_beta'",
-}
+# fixture -> what the one-line refusal says (the rest must match transformers); every
+# published fixture is read now (Ministral 3 since its query scale has its own function)
+REFUSED: dict[str, str] = {}
+# (fixture, rope_parameters key removed, what the refusal says): a published config missing a
+# key transformers requires
+MISSING_KEY = [
+    ("ministral3_3b_2512", "factor", "requires the key(s) ['factor']"),
+    ("ministral3_3b_2512", "llama_4_scaling_beta", "must hold ['llama_4_scaling_beta'"),
+]
 FIXTURES = sorted(p.stem for p in CONFIGS.glob("*.json"))
 
 
@@ -78,12 +83,28 @@ def test_published_config_matches_transformers(name: str) -> None:
             _check(rope(qd, kd, positions), theirs, exp, dtype)
 
 
-@pytest.mark.parametrize("name", sorted(REFUSED))
-def test_published_config_refused_in_one_line(name: str) -> None:
+@pytest.mark.parametrize(("name", "key", "says"), MISSING_KEY)
+def test_published_config_missing_a_key_refused_in_one_line(name: str, key: str, says: str):
     data = load(name)
-    model_type = data.get("text_config", data)["model_type"]
+    text = data.get("text_config", data)
+    rope = {k: v for k, v in text["rope_parameters"].items() if k != key}
+    broken = {**data, "text_config": {**text, "rope_parameters": rope}}
+    read = query_scale_from_config if key == "llama_4_scaling_beta" else rotary_from_config
     with pytest.raises(PosEncError) as info:
-        rotary_from_config(data)
+        read(broken)
     message = str(info.value)
-    assert "\n" not in message and f"model_type {model_type!r}" in message
-    assert REFUSED[name] in message
+    assert "\n" not in message and f"model_type {text['model_type']!r}" in message
+    assert says in message
+
+
+def test_ministral3_query_scale_is_published() -> None:
+    """Ministral 3's ``llama_4_scaling_beta`` 0.1 over its original context 16384: the
+    queries are scaled by 1 + 0.1 ln(1 + floor(p / 16384)), as transformers' attention does
+    (``get_llama_4_attn_scale``)."""
+    from transformers.models.ministral3 import modeling_ministral3
+
+    scale = query_scale_from_config(load("ministral3_3b_2512"))
+    assert scale == QueryScale(beta=0.1, length=16384.0)
+    positions = torch.cat([torch.arange(0, 200_000, 97), torch.tensor([16383, 16384, 32768])])
+    theirs = modeling_ministral3.get_llama_4_attn_scale(positions[None], 0.1, 16384)
+    torch.testing.assert_close(scale(positions[None], dtype=torch.float32), theirs[:, 0, :, 0])

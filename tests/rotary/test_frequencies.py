@@ -48,6 +48,8 @@ SEQ_LENS = [None, 300, ORIGINAL, ORIGINAL + 1, 1500, MAX_POS, 5000]  # inside an
 # name -> transformers' rope_parameters (without rope_theta), in transformers' spelling.
 TF_CASES: dict[str, dict] = {
     "linear": {"rope_type": "linear", "factor": 3.0},
+    # the whole head rotating (partial 1): tests/rotary/test_proportional.py has the rest
+    "proportional": {"rope_type": "proportional", "factor": 2.0},
     "dynamic": {"rope_type": "dynamic", "factor": 3.0},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL},
     "yarn-untruncated": {
@@ -363,7 +365,15 @@ def test_yarn_keeps_high_and_interpolates_low_frequencies() -> None:
 
 
 def test_registry_pairs_each_type_with_its_dataclass() -> None:
-    assert set(SCALINGS) == {"linear", "dynamic", "ntk", "yarn", "longrope", "llama3"}
+    assert set(SCALINGS) == {
+        "linear",
+        "dynamic",
+        "ntk",
+        "yarn",
+        "longrope",
+        "llama3",
+        "proportional",
+    }
     for name, (cls, fn) in SCALINGS.items():
         assert cls.type == name
         assert callable(fn)

@@ -346,7 +346,7 @@ GOOD = {"hidden_size": 128, "num_attention_heads": 4, "max_position_embeddings":
 BAD_CONFIGS = [
     (
         "unknown-type",
-        {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}},
+        {"rope_parameters": {"rope_type": "no_such_type", "rope_theta": 1e4}},
         "scaling type must be one of 'default', 'linear'",
     ),
     (

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from posenc._errors import PosEncError
+
 # Families whose attention pairs channels (2i, 2i + 1): an interleaved ``rotate_half``
 # (Cohere, GLM, ERNIE 4.5, Helium, Moonshine, GPT-J's ``rotate_every_two``), a complex
 # rotation of adjacent pairs (Llama 4, DeepSeek-V2, PE), or DeepSeek's
@@ -27,13 +29,18 @@ INTERLEAVED = frozenset(
         "cohere2_moe",
         "deepseek_v2",
         "deepseek_v32",
+        "deepseek_v4",
+        "dots3_note_text",
         "ernie4_5",
         "ernie4_5_moe",
         "glm",
         "glm4",
+        "glm4v_text",
+        "glm_ocr_text",
         "glm_moe_dsa",
         "gptj",
         "helium",
+        "hy_v4_vl_text",
         "llama4",
         "llama4_text",
         "longcat_flash",
@@ -58,6 +65,18 @@ ROPE_INTERLEAVE_DEFAULT = {
     "youtu": True,
 }
 
+# MLA families whose ``partial_rotary_factor`` is a fraction of more than the rope part: the
+# rotary dim is ``int(H * partial_rotary_factor)`` of the ``qk_rope_head_dim`` channels, with
+# H = ``qk_nope_head_dim + qk_rope_head_dim`` (Mistral 4 sets ``head_dim`` to it, whatever a
+# dict says; default factor ``qk_rope_head_dim / H``) or the config's ``head_dim`` (dots.3).
+# Every other MLA family sets ``head_dim = qk_rope_head_dim``.
+MLA_PARTIAL_OF: dict[str, str] = {"mistral4": "qk_nope+qk_rope", "dots3_note_text": "head_dim"}
+
+# Families whose attention rotates the *last* rotary channels of each head ([nope | rope]:
+# DeepSeek-V4, interleaved), ``int(head_dim * partial_rotary_factor)`` of the full head_dim
+# (its ``qk_rope_head_dim`` is that count, not the module's head dim).
+TRAILING_ROTARY = frozenset({"deepseek_v4"})
+
 # Families whose rotary channels are the config's ``rotary_dim`` (a count of the first
 # channels; GPT-J, CodeGen), not ``partial_rotary_factor`` (MiniMax-M3 has a ``rotary_dim``
 # attribute its rotary module does not read).
@@ -73,46 +92,106 @@ MROPE_DEFAULT_SECTIONS: dict[str, tuple[int, ...]] = {
     "qwen2_5_omni": (16, 24, 24),
     "qwen2_5_omni_thinker": (16, 24, 24),
     "qwen2_5_omni_text": (16, 24, 24),
+    **dict.fromkeys(
+        (
+            "cohere_compass_text",
+            "cosmos3_edge_text",
+            "hy_v4_vl_text",
+            "qwen3_omni_moe_text",
+            "qwen3_vl_text",
+            "qwen3_vl_moe_text",
+        ),
+        (24, 20, 20),
+    ),
+    **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen4_exp_text"), (11, 11, 10)),
+    **dict.fromkeys(
+        ("glm4v_text", "glm4v_moe_text", "glm_image_text", "glm_ocr_text"), (8, 12, 12)
+    ),
+    **dict.fromkeys(("paddleocr_vl", "paddleocr_vl_text"), (16, 24, 24)),
 }
 
-_MROPE_INTERLEAVED = (
-    "M-RoPE with sections interleaved across frequencies (Qwen3-VL's apply_interleaved_mrope "
-    "or a recomposition of the frequencies), which posenc's contiguous sections= cannot express"
+# Interleaved M-RoPE (Qwen3-VL's ``apply_interleaved_mrope`` / ``recomposition_frequencies``:
+# frequency j takes axis j % 3 below 3 * sections[axis], else the temporal axis), whatever
+# the config's ``mrope_interleaved`` / ``interleaved`` keys say (their configs ignore them
+# and their rotary modules interleave unconditionally).
+MROPE_INTERLEAVED = frozenset(
+    {
+        "cohere_compass_text",
+        "cosmos3_edge_text",
+        "hy_v4_vl_text",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "qwen3_omni_moe",
+        "qwen3_omni_moe_text",
+        "qwen3_vl_text",
+        "qwen3_vl_moe_text",
+        "qwen4_exp_text",
+    }
 )
-_MROPE_OTHER = "M-RoPE whose sections are applied by its own apply function (not read yet)"
-_PER_LAYER_HEAD_DIM = (
-    "a head_dim that varies per layer (config.per_layer_config) and 'proportional' RoPE "
-    "(pairs across the whole head): not read yet"
+# rope_parameters keys these families' configs accept and ignore (the flag above)
+MROPE_IGNORED_KEYS = ("mrope_interleaved", "interleaved")
+
+_ERNIE_AXES = (
+    "M-RoPE whose sections take the axes in the order H, W, T (frequency j below sections[0] + "
+    "sections[1] takes H for even j and W for odd j, the rest T), which neither of posenc's "
+    "section layouts (contiguous, interleaved) expresses"
+)
+_HUNYUAN_DOUBLED = (
+    "M-RoPE sections over the doubled (cos, cos) channels: the two channels of a pair can take "
+    "different axes (not a rotation posenc can express)"
 )
 
 # Families posenc cannot express yet: model_type -> what is missing. rotary_from_config
 # raises PosEncError naming both before it builds anything.
 UNSUPPORTED: dict[str, str] = {
     "nanochat": "rotation by -theta (its rotate_half is cat(x2, -x1)); posenc rotates by +theta",
-    "deepseek_v4": "rotary on the last qk_rope_head_dim channels of each head ([nope | rope])",
-    "cosmos3_edge_text": _MROPE_INTERLEAVED,
-    "hy_v4_vl_text": _MROPE_INTERLEAVED,
-    "cohere_compass_text": _MROPE_INTERLEAVED,
-    "qwen3_vl_text": _MROPE_INTERLEAVED,
-    "qwen3_vl_moe_text": _MROPE_INTERLEAVED,
-    "qwen3_5_text": _MROPE_INTERLEAVED,
-    "qwen3_5_moe_text": _MROPE_INTERLEAVED,
-    "qwen3_omni_moe_text": _MROPE_INTERLEAVED,
-    "qwen3_omni_moe": _MROPE_INTERLEAVED,
-    "qwen4_exp_text": _MROPE_INTERLEAVED,
-    "ernie4_5_vl_moe_text": _MROPE_OTHER,
-    "glm4v_text": _MROPE_OTHER,
-    "glm4v_moe_text": _MROPE_OTHER,
-    "glm_image_text": _MROPE_OTHER,
-    "glm_ocr_text": _MROPE_OTHER,
-    "paddleocr_vl": _MROPE_OTHER,
-    "paddleocr_vl_text": _MROPE_OTHER,
-    "hunyuan_vl_text": _MROPE_OTHER,
-    "dots3_note_text": "per-layer-type MLA rope dims (indexed / sliding attention): not read yet",
-    "gemma4_text": _PER_LAYER_HEAD_DIM,
-    "gemma4_unified_text": _PER_LAYER_HEAD_DIM,
-    "diffusion_gemma_text": _PER_LAYER_HEAD_DIM,
-    "embedding_gemma2_text": _PER_LAYER_HEAD_DIM,
+    "ernie4_5_vl_moe_text": _ERNIE_AXES,
+    "hunyuan_vl_text": _HUNYUAN_DOUBLED,
+}
+
+# Families whose attention multiplies the queries by 1 + beta * ln(1 + floor(p / L)), with
+# rope_parameters["llama_4_scaling_beta"] and its "original_max_position_embeddings" (a key
+# their configs accept beside the scaling; see posenc.integrations._hf_query_scale).
+LLAMA4_SCALING_BETA = frozenset({"ministral3", "mistral4"})
+
+# Families whose attention multiplies its softmax scale by YaRN's mscale(factor,
+# mscale_all_dim) ** 2 (``yarn_apply_mscale``: DeepSeek-V2 / V3's MLA and descendants).
+MLA_SOFTMAX_MSCALE = frozenset(
+    {
+        "axk1",
+        "axk2",
+        "bailing_hybrid",
+        "deepseek_v2",
+        "deepseek_v3",
+        "deepseek_v32",
+        "glm4_moe_lite",
+        "glm_moe_dsa",
+        "hy_v4",
+        "hy_v4_vl",
+        "hy_v4_vl_text",
+        "longcat_flash",
+        "minicpm3",
+        "mistral4",
+        "mistral_large4",
+        "mistral_large4_text",
+        "youtu",
+    }
+)
+
+# Llama 4's NoPE-layer temperature: its config class defaults.
+_LLAMA4_TEMPERATURE = {"attn_temperature_tuning": True, "attn_scale": 0.1, "floor_scale": 8192}
+NOPE_TEMPERATURE: dict[str, dict[str, Any]] = {
+    "llama4": _LLAMA4_TEMPERATURE,
+    "llama4_text": _LLAMA4_TEMPERATURE,
+}
+
+# Families with ``no_rope_layers`` (1 = RoPE, 0 = NoPE): the default NoPE interval.
+NO_ROPE_LAYERS: dict[str, int] = {
+    "llama4": 4,
+    "llama4_text": 4,
+    "smollm3": 4,
+    "mistral_large4": 4,
+    "mistral_large4_text": 4,
 }
 
 # Defaults of model classes that a plain dict cannot reveal (the config object knows them).
@@ -156,6 +235,71 @@ def legacy_per_layer(model_type: str, get: Any) -> dict[str, Any] | None:
         "sliding_attention": {"rope_type": "default", "rope_theta": local},
         "full_attention": full,
     }
+
+
+# Families whose config class gives the full-attention layers their own head dim
+# (``global_head_dim``, popped in ``__post_init__`` with this default, into
+# ``per_layer_config``) unless the dict holds ``per_layer_config`` itself.
+GLOBAL_HEAD_DIM_DEFAULT: dict[str, int] = {
+    "gemma4_text": 512,
+    "gemma4_unified_text": 512,
+    "diffusion_gemma_text": 512,
+    "embedding_gemma2_text": 512,
+}
+
+
+# Per-layer attributes (``per_layer_config``) a rotary module reads.
+PER_LAYER_ROPE_KEYS = ("head_dim",)
+
+
+def layer_overrides(model_type: str, get: Any, layer_type: str) -> dict[str, Any]:
+    """The RoPE attributes (:data:`PER_LAYER_ROPE_KEYS`) one layer type of a dict config
+    overrides (``get``: its ``dict.get``): from ``per_layer_config`` (layer index ->
+    overrides, alike across the layers of the type), or the family's ``global_head_dim`` for
+    ``"full_attention"``; ``{}`` where none."""
+    per_layer = get("per_layer_config")
+    if per_layer is None:
+        default = GLOBAL_HEAD_DIM_DEFAULT.get(model_type)
+        if default is None or layer_type != "full_attention":
+            return {}
+        return {"head_dim": _or(get("global_head_dim"), default)}
+    kinds = get("layer_types")
+    if not isinstance(per_layer, dict) or not isinstance(kinds, list):
+        raise PosEncError(
+            "config per_layer_config must be a dict of layer index -> overrides, with "
+            f"layer_types a list, got {type(per_layer).__name__} and {type(kinds).__name__}"
+        )
+    by_index = {int(k): v for k, v in per_layer.items()}
+    found = [
+        {k: v for k, v in by_index.get(i, {}).items() if k in PER_LAYER_ROPE_KEYS}
+        for i, kind in enumerate(kinds)
+        if kind == layer_type
+    ]
+    if any(f != found[0] for f in found):
+        raise PosEncError(
+            f"per_layer_config must override the layers of type {layer_type!r} alike, got {found}"
+        )
+    return dict(found[0]) if found else {}
+
+
+# Families whose rotary module reads ``rope_parameters[layer_type]`` for every type in
+# ``layer_types`` (no flat form; the config drops dangling top-level ``rope_theta`` /
+# ``rope_type`` beside per-layer-type entries).
+PER_LAYER_TYPE_ONLY = frozenset({"cohere_compass_text"})
+
+
+def per_layer_type_rope(rope: dict[str, Any], layer_types: Any) -> dict[str, Any]:
+    """``rope_parameters`` of a :data:`PER_LAYER_TYPE_ONLY` family, as its config keeps them."""
+    kinds = sorted(set(layer_types or ()))
+    if set(rope) & set(kinds):
+        rope = {k: v for k, v in rope.items() if k not in ("rope_theta", "rope_type")}
+    missing = [k for k in kinds if k not in rope]
+    if missing:
+        raise PosEncError(
+            f"rope_parameters must hold an entry (a dict, or None for no RoPE) for every layer "
+            f"type in layer_types (transformers raises KeyError), missing {missing}"
+        )
+    return rope
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -35,19 +35,25 @@ def rotary_angles(positions, inv_freq) -> np.ndarray:
     return out
 
 
-def sectioned_angles(positions, inv_freq, sections) -> np.ndarray:
-    """M-RoPE: frequency ``j`` rotates by the coordinate of the axis whose section holds ``j``.
+def sectioned_angles(positions, inv_freq, sections, layout: str = "contiguous") -> np.ndarray:
+    """M-RoPE: frequency ``j`` rotates by the coordinate of the axis whose section holds ``j``
+    (``layout="contiguous"``, Qwen2-VL); ``"interleaved"`` (Qwen3-VL): of axis ``j % n`` when
+    that is not 0 and ``j < n * sections[j % n]``, else of axis 0.
 
     Shape: positions ``[*P, n_axes]``, inv_freq ``[r/2]`` -> ``[*P, r/2]``.
     """
     p = np.asarray(positions, dtype=np.float64)
     w = np.asarray(inv_freq, dtype=np.float64)
+    n = len(sections)
     out = np.empty((*p.shape[:-1], len(w)), dtype=np.float64)
     for j in range(len(w)):
-        axis, end = 0, sections[0]
-        while j >= end:  # find the section holding frequency j
-            axis += 1
-            end += sections[axis]
+        if layout == "interleaved":
+            axis = j % n if j % n and j < n * sections[j % n] else 0
+        else:
+            axis, end = 0, sections[0]
+            while j >= end:  # find the section holding frequency j
+                axis += 1
+                end += sections[axis]
         out[..., j] = p[..., axis] * w[j]
     return out
 
@@ -78,12 +84,17 @@ def xpos_scale(positions, rotary_dim: int, scale_base: float) -> np.ndarray:
     return out
 
 
-def apply_rotary(x, angles, *, layout: str = "half", scale=None) -> np.ndarray:
-    """Rotate each channel pair ``(a, b)`` of ``x`` by its angle; channels past ``r`` pass.
+def apply_rotary(
+    x, angles, *, layout: str = "half", scale=None, partial: str = "leading"
+) -> np.ndarray:
+    """Rotate each channel pair ``(a, b)`` of ``x`` by its angle; the other channels pass.
 
     ``layout="half"`` pairs ``(i, i + r/2)``, ``"interleaved"`` pairs ``(2i, 2i + 1)``, where
-    ``r = 2 * angles.shape[-1]``. ``scale`` (same shape as ``angles``), when given,
-    multiplies both channels of each pair (the attention scale and xPos).
+    ``r = 2 * angles.shape[-1]``; ``partial="whole_head"`` with ``"half"`` pairs ``(i, i +
+    d/2)`` over the whole head ``d`` instead (transformers' p-RoPE); ``partial="trailing"``
+    rotates the last ``r`` channels of ``d`` instead (DeepSeek-V4). ``scale`` (same shape as
+    ``angles``), when given, multiplies both channels of each pair (the attention scale and
+    xPos).
 
     Shape: ``x: [b, h, s, d]``, angles ``[s, r/2]`` or ``[b, s, r/2]`` -> ``[b, h, s, d]``.
     """
@@ -94,9 +105,12 @@ def apply_rotary(x, angles, *, layout: str = "half", scale=None) -> np.ndarray:
         theta, m = theta[None], np.broadcast_to(m, theta.shape)[None]
     theta, m = theta[:, None], m[:, None]  # [b, 1, s, r/2]: the same angles for every head
     half = theta.shape[-1]
+    offset = x.shape[-1] // 2 if partial == "whole_head" else half
+    start = x.shape[-1] - 2 * half if partial == "trailing" else 0
     out = x.copy()
     for i in range(half):
-        a, b = (i, i + half) if layout == "half" else (2 * i, 2 * i + 1)
+        a, b = (i, i + offset) if layout == "half" else (2 * i, 2 * i + 1)
+        a, b = a + start, b + start
         c, s = np.cos(theta[..., i]), np.sin(theta[..., i])
         out[..., a] = (x[..., a] * c - x[..., b] * s) * m[..., i]
         out[..., b] = (x[..., b] * c + x[..., a] * s) * m[..., i]
@@ -114,8 +128,11 @@ def rotary_qk(
     attention_scale: float = 1.0,
     sections=None,
     xpos_scale_base: float | None = None,
+    partial: str = "leading",
+    section_layout: str = "contiguous",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """What ``RotaryEmbedding.forward`` computes: rotated ``(q, k)``.
+    """What ``RotaryEmbedding.forward`` computes: rotated ``(q, k)`` (``partial``: see
+    :func:`apply_rotary`; ``section_layout``: :func:`sectioned_angles`' ``layout``).
 
     Positions are ``[s]`` / ``[b, s]`` (with ``sections``: ``[..., s, n_axes]``). cos and sin
     are multiplied by ``attention_scale``; with xPos, queries by ``zeta^(n / base)`` and keys
@@ -126,9 +143,9 @@ def rotary_qk(
         if sections is None:
             theta = rotary_angles(pos, inv_freq)
         else:
-            theta = sectioned_angles(pos, inv_freq, sections)
+            theta = sectioned_angles(pos, inv_freq, sections, section_layout)
         scale = np.full(theta.shape, float(attention_scale))
         if xpos_scale_base is not None:
             scale = scale * xpos_scale(pos, 2 * len(inv_freq), sign * xpos_scale_base)
-        out.append(apply_rotary(x, theta, layout=layout, scale=scale))
+        out.append(apply_rotary(x, theta, layout=layout, scale=scale, partial=partial))
     return out[0], out[1]

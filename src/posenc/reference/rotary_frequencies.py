@@ -3,7 +3,7 @@
 Straight from the papers and the formulas transformers uses for the same names:
 RoFormer (Su et al., 2021), position interpolation (Chen et al., 2023), NTK-aware and
 dynamic NTK (/u/bloc97, /u/emozilla), YaRN (Peng et al., 2023), LongRoPE (Ding et al.,
-2024) and Llama 3.1. ``scaling`` is a plain dict in posenc's spelling:
+2024), Llama 3.1 and p-RoPE (Barbero et al., 2024). ``scaling`` is a plain dict in posenc's spelling:
 ``{"type": ..., **parameters}``, ``None`` values meaning "not given".
 """
 
@@ -45,6 +45,10 @@ def rope_frequencies(dim: int, *, base: float = 10000.0, scaling=None, seq_len=N
     elif kind == "linear":  # positions divided by factor == frequencies divided by factor
         for i in range(half):
             inv_freq[i] = _plain(dim, base, i) / s["factor"]
+
+    elif kind == "proportional":  # p-RoPE: ``dim`` is the head dim the exponents span
+        for i in range(half):
+            inv_freq[i] = _plain(dim, base, i) / s.get("factor", 1.0)
 
     elif kind == "ntk":  # base raised so the lowest frequency is interpolated by ~factor
         new_base = base * s["factor"] ** (dim / (dim - 2))

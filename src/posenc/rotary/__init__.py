@@ -15,9 +15,11 @@ from posenc.rotary.frequencies import (
     Llama3Scaling,
     LongRopeScaling,
     NTKScaling,
+    ProportionalScaling,
     YarnScaling,
     parse_scaling,
     rope_frequencies,
+    rotated_frequencies,
 )
 from posenc.rotary.module import RotaryEmbedding
 from posenc.rotary.nd import AxialRotaryEmbedding, MultimodalRotaryEmbedding
@@ -33,6 +35,7 @@ __all__ = [
     "LongRopeScaling",
     "MultimodalRotaryEmbedding",
     "NTKScaling",
+    "ProportionalScaling",
     "RotaryEmbedding",
     "XPosEmbedding",
     "YarnScaling",
@@ -42,4 +45,5 @@ __all__ = [
     "permute_qk_weight",
     "rope_frequencies",
     "rotary_cos_sin",
+    "rotated_frequencies",
 ]

@@ -29,9 +29,10 @@ dispatches. ``LAYOUTS``, ``SEQ_DIMS`` and ``Layout`` are those of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -43,21 +44,39 @@ from posenc._errors import (
     check_finite,
     check_float,
     check_int,
+    check_last_dim,
     check_positions,
     check_tensor,
+    tracing,
 )
 from posenc.rotary.kernels import dispatch_rotary
 from posenc.rotary.kernels.plain import check_cos_sin
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout
+from posenc.rotary.rotation import Rotation
 
 __all__ = [
     "LAYOUTS",
+    "PARTIALS",
+    "SECTION_LAYOUTS",
     "SEQ_DIMS",
     "Layout",
+    "Partial",
+    "SectionLayout",
+    "SectionMap",
     "apply_rotary",
+    "check_placement",
+    "check_qk",
+    "check_rotation",
     "check_sections",
+    "place_frequencies",
     "rotary_cos_sin",
+    "section_map",
 ]
+
+SectionLayout = Literal["contiguous", "interleaved"]
+SECTION_LAYOUTS: tuple[SectionLayout, ...] = ("contiguous", "interleaved")
+Partial = Literal["leading", "whole_head", "trailing"]
+PARTIALS: tuple[Partial, ...] = ("leading", "whole_head", "trailing")
 
 
 def rotary_cos_sin(
@@ -130,11 +149,21 @@ def rotary_cos_sin(
     return _cos_sin(positions, inv_freq, attention_scale, sections, dtype)
 
 
-def check_sections(sections: Any, half: int) -> tuple[int, ...]:
-    """Validate M-RoPE ``sections``: positive integers summing to ``half`` (= rotary_dim / 2)."""
-    if isinstance(sections, (str, bytes, torch.Tensor)) or not hasattr(sections, "__len__"):
+def check_sections(sections: Any, half: int | None) -> tuple[int, ...]:
+    """Validate M-RoPE ``sections``: positive integers summing to ``half`` (= rotary_dim / 2;
+    ``None``: any sum, for the interleaved layout)."""
+    unordered = isinstance(sections, (set, frozenset, dict))
+    if (
+        isinstance(sections, (str, bytes, torch.Tensor))
+        or unordered
+        or not hasattr(sections, "__len__")
+    ):
         raise PosEncError(f"sections must be a sequence of integers, got {sections!r}")
     values = tuple(check_int(f"sections[{i}]", n, min=1) for i, n in enumerate(sections))
+    if half is None and len(values) >= 2:
+        return values
+    if half is None:
+        raise PosEncError(f"sections must hold two or more axes, got {list(values)}")
     if not values or sum(values) != half:
         raise PosEncError(
             f"sections must sum to rotary_dim / 2 = {half}, got {list(values)} (sum {sum(values)})"
@@ -142,21 +171,159 @@ def check_sections(sections: Any, half: int) -> tuple[int, ...]:
     return values
 
 
+def check_placement(
+    head_dim: int,
+    rotary_dim: int,
+    layout: str,
+    partial: Any,
+    sections: Any,
+    section_layout: Any,
+) -> tuple[Partial, int, tuple[int, ...] | None, SectionMap | None]:
+    """A rotary module's channel placement: ``(partial, kernel_dim, sections, section_map)``,
+    where ``kernel_dim`` is the channels cos/sin span: ``head_dim`` for ``partial=
+    "whole_head"`` with ``layout="half"`` and for ``"trailing"``, else ``rotary_dim``."""
+    partial = check_choice("partial", partial, PARTIALS)
+    section_layout = check_choice("section_layout", section_layout, SECTION_LAYOUTS)
+    if partial == "trailing" and layout == "half" and rotary_dim < head_dim:
+        raise PosEncError(
+            "partial 'trailing' needs layout='interleaved' (the last channels' pairs (2i, 2i + 1) "
+            "are pairs of the whole head), got layout 'half'"
+        )
+    spread = (partial == "whole_head" and layout == "half") or partial == "trailing"
+    kernel_dim = head_dim if spread else rotary_dim
+    if sections is None:
+        if section_layout != "contiguous":
+            raise PosEncError(f"section_layout {section_layout!r} needs sections, got None")
+        return partial, kernel_dim, None, None
+    if kernel_dim != rotary_dim:
+        raise PosEncError(
+            f"partial must be 'leading' with sections (M-RoPE) and rotary_dim < head_dim, "
+            f"got {partial!r}"
+        )
+    half = rotary_dim // 2
+    checked = check_sections(sections, half if section_layout == "contiguous" else None)
+    return partial, kernel_dim, checked, section_map(checked, section_layout, half)
+
+
+def place_frequencies(inv_freq: torch.Tensor, kernel_dim: int, partial: str) -> torch.Tensor:
+    """The rotated pairs' frequencies placed among the ``kernel_dim / 2`` the kernel sees: the
+    other pairs take frequency 0 (cos 1, sin 0: they pass through exactly), after the rotated
+    ones (``"whole_head"``) or before them (``"trailing"``)."""
+    pad = kernel_dim // 2 - inv_freq.shape[0]
+    if pad == 0:
+        return inv_freq
+    parts = [inv_freq, inv_freq.new_zeros(pad)]
+    return torch.cat(parts[::-1] if partial == "trailing" else parts)
+
+
+def check_qk(q: Any, k: Any, seq_dim: int, head_dim: int) -> None:
+    """Queries and keys: floating ``[b, h, s, d]`` (``[b, s, h, d]``) with ``d = head_dim``."""
+    for name, x in (("q", q), ("k", k)):
+        check_tensor(name, x, floating=True)
+        if x.ndim != 4:
+            layout = "[b, h, s, d]" if seq_dim == -2 else "[b, s, h, d]"
+            raise PosEncError(
+                f"{name} must be {layout} (seq_dim={seq_dim}), got shape {tuple(x.shape)}"
+            )
+        check_last_dim(name, x, head_dim)
+
+
+def check_rotation(
+    q: torch.Tensor, k: torch.Tensor, rotation: Any, seq_dim: int, half: int
+) -> None:
+    """``RotaryEmbedding.rotate``'s rules for ``rotation``: a :class:`Rotation` whose cos/sin
+    fit ``q`` and ``k`` (on one device) and hold ``half`` frequencies each."""
+    if not isinstance(rotation, Rotation):
+        raise PosEncError(
+            f"rotation must be a Rotation from RotaryEmbedding.rotation, got "
+            f"{type(rotation).__name__}"
+        )
+    if k.device != q.device:
+        raise PosEncError(f"k must be on q's device {q.device}, got {k.device}")
+    check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim, name="q")
+    check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim, name="k")
+    for name, t in (("cos_q", rotation.cos_q), ("cos_k", rotation.cos_k)):
+        if t.shape[-1] != half:
+            raise PosEncError(
+                f"rotation.{name} must have {half} frequencies (len(inv_freq)), got "
+                f"shape {tuple(t.shape)}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class SectionMap:
+    """Which axis each M-RoPE frequency takes its coordinate from: frequencies
+    ``order[j]`` (``None``: ``j``) grouped by axis, ``counts[a]`` of them for axis ``a``."""
+
+    counts: tuple[int, ...]
+    order: tuple[int, ...] | None = None
+
+
+def section_map(sections: tuple[int, ...], layout: SectionLayout, half: int) -> SectionMap:
+    """The :class:`SectionMap` of validated ``sections`` over ``half = r/2`` frequencies.
+
+    ``"contiguous"`` (Qwen2-VL; ``sections`` sum to ``half``): the first ``sections[0]``
+    frequencies take axis 0, the next ``sections[1]`` axis 1, and so on. ``"interleaved"``
+    (Qwen3-VL's ``apply_interleaved_mrope``): with ``n`` axes, frequency ``j`` takes axis
+    ``a = j % n`` when ``a >= 1`` and ``j < n * sections[a]``, else axis 0, which takes all
+    the others (``sections[0]`` is not read, as in transformers; with sections summing to
+    ``half`` and ``n * sections[a] <= half`` it is the count of axis 0).
+
+    Examples:
+        >>> from posenc.rotary.apply import section_map
+        >>> section_map((2, 2, 2), "interleaved", 6)  # axes of frequencies 0..5: T H W T H W
+        SectionMap(counts=(2, 2, 2), order=(0, 3, 1, 4, 2, 5))
+    """
+    check_choice("section_layout", layout, SECTION_LAYOUTS)
+    if layout == "contiguous":
+        return SectionMap(sections)
+    n = len(sections)
+    axis = [0] * half
+    for a in range(1, n):
+        for j in range(a, min(n * sections[a], half), n):
+            axis[j] = a
+    counts = tuple(axis.count(a) for a in range(n))
+    order = tuple(sorted(range(half), key=lambda j: (axis[j], j)))
+    return SectionMap(counts, order)
+
+
+_ORDERS: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}
+
+
+def _order_on(order: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A section map's frequency order as an index tensor on ``device``, built once per
+    device (not while tracing: a graph neither reads nor fills the cache)."""
+    if tracing():
+        return torch.tensor(order, device=device)
+    key = (order, device)
+    if key not in _ORDERS:
+        if len(_ORDERS) >= 16:
+            _ORDERS.clear()
+        _ORDERS[key] = torch.tensor(order, device=device)
+    return _ORDERS[key]
+
+
 def _cos_sin(
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
     attention_scale: float,
-    sections: tuple[int, ...] | None,
+    sections: tuple[int, ...] | SectionMap | None,
     dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rotary_cos_sin` on validated arguments."""
     if sections is None:
         theta = reduced_angles(positions, inv_freq)  # [*P, r/2] float64
-    else:  # section a of the frequencies takes the coordinate of axis a
-        blocks = torch.split(inv_freq, list(sections))
+    else:  # section a of the (reordered) frequencies takes the coordinate of axis a
+        smap = sections if isinstance(sections, SectionMap) else SectionMap(sections)
+        perm = smap.order
+        w_all = inv_freq if perm is None else inv_freq[_order_on(perm, inv_freq.device)]
+        blocks = torch.split(w_all, list(smap.counts))
         theta = torch.cat(
             [reduced_angles(positions[..., a], w) for a, w in enumerate(blocks)], dim=-1
-        )  # [*P, r/2]
+        )  # [*P, r/2], frequencies in the order ``perm``
+        if perm is not None:  # back to frequency order: column i is frequency perm[i]
+            index = _order_on(perm, theta.device)
+            theta = torch.empty_like(theta).index_copy_(-1, index, theta)
     cos, sin = torch.cos(theta), torch.sin(theta)
     if attention_scale != 1.0:
         cos, sin = cos * attention_scale, sin * attention_scale

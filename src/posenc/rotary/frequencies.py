@@ -13,8 +13,8 @@ depend on the positions of a call (``dynamic``, ``longrope``) says how in its da
 ``call_frequencies``, which :class:`posenc.RotaryEmbedding` asks on every call.
 
 The numbers are those of transformers' ``modeling_rope_utils`` for the names it shares
-(``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``), edge rules included, computed
-in float64 instead of float32. ``ntk`` is the static NTK-aware base change. The dicts
+(``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``, ``proportional``), edge rules
+included, computed in float64 instead of float32. ``ntk`` is the static NTK-aware base change. The dicts
 here use posenc's spellings only; transformers' are read by
 :func:`posenc.integrations.transformers.scaling_from_transformers`.
 
@@ -35,6 +35,7 @@ from posenc.rotary.scalings.linear import LinearScaling
 from posenc.rotary.scalings.llama3 import Llama3Scaling
 from posenc.rotary.scalings.longrope import LongRopeScaling
 from posenc.rotary.scalings.ntk import DynamicScaling, NTKScaling
+from posenc.rotary.scalings.proportional import ProportionalScaling
 from posenc.rotary.scalings.yarn import YarnScaling
 
 __all__ = [
@@ -44,15 +45,23 @@ __all__ = [
     "Llama3Scaling",
     "LongRopeScaling",
     "NTKScaling",
+    "ProportionalScaling",
     "Scaling",
     "ScalingParams",
     "YarnScaling",
     "parse_scaling",
     "rope_frequencies",
+    "rotated_frequencies",
 ]
 
 Scaling = (
-    LinearScaling | DynamicScaling | NTKScaling | YarnScaling | LongRopeScaling | Llama3Scaling
+    LinearScaling
+    | DynamicScaling
+    | NTKScaling
+    | YarnScaling
+    | LongRopeScaling
+    | Llama3Scaling
+    | ProportionalScaling
 )
 
 # Where a dict in another library's spelling is read (named in the errors below).
@@ -138,11 +147,13 @@ def rope_frequencies(
     """RoPE inverse frequencies and the cos/sin scale, for any registered scaling.
 
     Args:
-        dim: the rotary dim (number of rotated channels), even and ``>= 2``.
+        dim: the rotary dim (number of rotated channels), even and ``>= 2``; for
+            ``proportional`` the head dim, which its exponents span (a rotary module keeps
+            the first ``rotary_dim / 2`` of the ``dim / 2`` frequencies).
         base: the wavelength base, ``> 1``.
         scaling: ``None``, a dict such as ``{"type": "linear", "factor": 2.0}`` or a
             dataclass (see :func:`parse_scaling`); types: ``linear``, ``dynamic``, ``ntk``,
-            ``yarn``, ``longrope``, ``llama3``.
+            ``yarn``, ``longrope``, ``llama3``, ``proportional``.
         seq_len: the largest position of the call plus one; read only by the
             position-dependent scalings (``dynamic``, ``longrope``). ``None`` gives the state
             before any call, as transformers' rotary modules hold it at construction:
@@ -184,3 +195,34 @@ def rope_frequencies(
     _, fn = SCALINGS[params.type]
     inv_freq, scale = fn(params, dim, base, seq_len)
     return inv_freq, float(scale)
+
+
+def rotated_frequencies(
+    head_dim: int,
+    rotary_dim: int,
+    *,
+    base: float = 10000.0,
+    scaling: Scaling | Mapping[str, Any] | None = None,
+    seq_len: float | None = None,
+) -> tuple[torch.Tensor, float]:
+    """The frequencies of the ``rotary_dim / 2`` rotated pairs of a ``head_dim`` head:
+    :func:`rope_frequencies` over ``rotary_dim`` channels, or for a scaling whose exponents
+    span the whole head (``proportional``) over ``head_dim``, of which the first
+    ``rotary_dim / 2`` (the highest) are kept.
+
+    Shape: ``inv_freq`` ``[rotary_dim // 2]``.
+
+    Examples:
+        >>> from posenc.rotary.frequencies import rotated_frequencies
+        >>> rotated_frequencies(8, 4, base=10000.0, scaling={"type": "proportional"})[0]
+        tensor([1.0000, 0.1000], dtype=torch.float64)
+        >>> rotated_frequencies(8, 4, base=10000.0)[0]  # GPT-NeoX's partial rotary
+        tensor([1.0000, 0.0100], dtype=torch.float64)
+    """
+    head_dim = check_int("head_dim", head_dim, min=2)
+    check_alloc("head_dim", head_dim, (4, head_dim), torch.float64)
+    params = parse_scaling(scaling)
+    span = "rotary_dim" if params is None else params.frequency_span
+    dim = head_dim if span == "head_dim" else rotary_dim
+    inv_freq, scale = rope_frequencies(dim, base=base, scaling=params, seq_len=seq_len)
+    return inv_freq[: check_int("rotary_dim", rotary_dim, min=2, max=dim) // 2], scale

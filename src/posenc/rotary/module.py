@@ -30,21 +30,27 @@ from posenc._errors import (
     check_dtype,
     check_float,
     check_int,
-    check_last_dim,
     check_positions,
-    check_tensor,
     tracing,
 )
-from posenc.rotary.apply import _cos_sin, check_sections
+from posenc.rotary.apply import (
+    PARTIALS,
+    Partial,
+    SectionLayout,
+    _cos_sin,
+    check_placement,
+    check_qk,
+    check_rotation,
+    place_frequencies,
+)
 from posenc.rotary.cache import CosSinTable
 from posenc.rotary.fast import fast_forward
-from posenc.rotary.frequencies import Scaling, parse_scaling, rope_frequencies
+from posenc.rotary.frequencies import Scaling, parse_scaling, rotated_frequencies
 from posenc.rotary.kernels import dispatch_rotary
-from posenc.rotary.kernels.plain import check_cos_sin
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout, check_rotary_dims
 from posenc.rotary.rotation import Rotation, check_cos_sin_dtype, renamed_positions
 
-__all__ = ["RotaryEmbedding", "Rotation"]
+__all__ = ["PARTIALS", "Partial", "RotaryEmbedding", "Rotation"]
 
 
 _CACHE_SIZE = 16  # (device, seq_len) frequency copies kept for dynamic scaling
@@ -71,15 +77,25 @@ class RotaryEmbedding(RotaryEncoding):
             dataclass from :mod:`posenc.rotary.frequencies`.
         sections: M-RoPE (Qwen2-VL): sizes summing to ``rotary_dim / 2``; positions are then
             ``[..., s, len(sections)]`` and frequency ``j`` takes the coordinate of the axis
-            whose section holds ``j`` (see :class:`posenc.MultimodalRotaryEmbedding`).
+            whose section holds ``j`` (see :class:`posenc.MultimodalRotaryEmbedding`);
+            ``section_layout="interleaved"``: Qwen3-VL's interleaving (see
+            :func:`posenc.rotary.apply.section_map`).
+        partial: where a partial rotary's channels sit: ``"leading"``, the first
+            ``rotary_dim`` (GPT-NeoX, Phi, x-transformers, rotary-embedding-torch, flash-attn);
+            ``"whole_head"``, the first ``rotary_dim / 2`` pairs of the whole head: with
+            ``layout="half"`` channel ``i`` pairs with ``i + head_dim / 2`` (transformers'
+            ``proportional``: Gemma 4, LFM3); ``"trailing"`` (``layout="interleaved"``), the
+            last ``rotary_dim`` (DeepSeek-V4's ``[nope | rope]``). The rest pass through.
 
     Attributes:
         inv_freq: the float64 frequencies ``[rotary_dim / 2]`` (on the CPU) as transformers'
             rotary module holds them at construction: for ``dynamic`` the unscaled ones, for
-            ``longrope`` those of the short factors.
+            ``longrope`` those of the short factors; ``[head_dim / 2]`` with zeros for the
+            pairs that do not rotate under ``partial="whole_head"``.
         attention_scale: the factor cos and sin are multiplied by (YaRN, LongRoPE; else 1.0).
             q and k are both multiplied, as transformers does, so logits carry its square.
-        head_dim, rotary_dim, layout, base, scaling, sections: read-only.
+        head_dim, rotary_dim, layout, base, scaling, sections, partial, section_layout:
+            read-only.
 
     Position-dependent scalings read the largest position of each call (of ``q_positions``
     and ``k_positions``): ``dynamic`` recomputes its frequencies from it, which needs one
@@ -140,16 +156,19 @@ class RotaryEmbedding(RotaryEncoding):
         layout: Layout = "half",
         scaling: Scaling | Mapping[str, Any] | None = None,
         sections: Sequence[int] | None = None,
+        partial: Partial = "leading",
+        section_layout: SectionLayout = "contiguous",
     ) -> None:
         super().__init__()
         self._head_dim, self._rotary_dim = check_rotary_dims(head_dim, rotary_dim)
-        check_alloc("head_dim", head_dim, (4, self._rotary_dim), torch.float64)
+        check_alloc("head_dim", head_dim, (4, head_dim), torch.float64)
         self._layout = check_choice("layout", layout, LAYOUTS)
+        self._partial, self._kernel_dim, self._sections, self._section_map = check_placement(
+            self._head_dim, self._rotary_dim, layout, partial, sections, section_layout
+        )  # _kernel_dim: the channels cos/sin span (the whole head for partial="whole_head")
+        self._section_layout = section_layout
         self._base = check_float("base", base, min=1.0, min_exclusive=True)
         self._scaling = parse_scaling(scaling)
-        self._sections = (
-            None if sections is None else check_sections(sections, self._rotary_dim // 2)
-        )
         # Frequencies are computed on the CPU in float64 even under `with torch.device("meta")`.
         with torch.device("cpu"):
             inv_freq, scale = self._frequencies(None)
@@ -172,6 +191,8 @@ class RotaryEmbedding(RotaryEncoding):
             layout=layout,
             scaling=self._scaling,
             sections=self._sections,
+            **({} if partial == "leading" else {"partial": partial}),
+            **({} if section_layout == "contiguous" else {"section_layout": section_layout}),
         )
 
     # --- read-only attributes (the frequency cache depends on them) -------------------------
@@ -196,6 +217,9 @@ class RotaryEmbedding(RotaryEncoding):
     def scaling(self) -> Scaling | None:
         return self._scaling
 
+    partial = property(lambda self: self._partial)  # where partial rotary channels sit
+    section_layout = property(lambda self: self._section_layout)  # M-RoPE's frequency order
+
     @property
     def sections(self) -> tuple[int, ...] | None:
         return self._sections
@@ -207,7 +231,8 @@ class RotaryEmbedding(RotaryEncoding):
 
     @property
     def inv_freq(self) -> torch.Tensor:
-        """The float64 frequencies ``[rotary_dim / 2]`` at construction (CPU)."""
+        """The float64 frequencies at construction (CPU): ``[rotary_dim / 2]``, or
+        ``[head_dim / 2]`` with zeros for ``partial="whole_head"`` (layout ``"half"``)."""
         return self._inv_freq64
 
     @property
@@ -228,9 +253,14 @@ class RotaryEmbedding(RotaryEncoding):
         """``(inv_freq float64 [r/2] on the CPU, attention_scale)`` for a call whose largest
         position is ``seq_len - 1`` (``None``: the state at construction). Subclasses with
         other frequencies (axial RoPE) override this."""
-        return rope_frequencies(
-            self._rotary_dim, base=self._base, scaling=self._scaling, seq_len=seq_len
+        inv_freq, scale = rotated_frequencies(
+            self._head_dim,
+            self._rotary_dim,
+            base=self._base,
+            scaling=self._scaling,
+            seq_len=seq_len,
         )
+        return place_frequencies(inv_freq, self._kernel_dim, self._partial), scale
 
     def _on_device(self, key: Any, device: torch.device, make) -> torch.Tensor:
         """A copy of a float64 CPU tensor on ``device``, kept per ``(key, device)``.
@@ -282,16 +312,6 @@ class RotaryEmbedding(RotaryEncoding):
 
     # --- forward ------------------------------------------------------------------------------
 
-    def _check_qk(self, name: str, x: Any, seq_dim: int) -> torch.Tensor:
-        check_tensor(name, x, floating=True)
-        if x.ndim != 4:
-            layout = "[b, h, s, d]" if seq_dim == -2 else "[b, s, h, d]"
-            raise PosEncError(
-                f"{name} must be {layout} (seq_dim={seq_dim}), got shape {tuple(x.shape)}"
-            )
-        check_last_dim(name, x, self._head_dim)
-        return x
-
     def _resolve(
         self,
         q_positions: Any,
@@ -338,7 +358,7 @@ class RotaryEmbedding(RotaryEncoding):
         if hit is not None:
             return hit
         inv_freq, scale = self._call_frequencies([positions], positions.device)
-        return _cos_sin(positions, inv_freq, scale, self._sections, dtype)
+        return _cos_sin(positions, inv_freq, scale, self._section_map, dtype)
 
     def forward(
         self,
@@ -357,8 +377,7 @@ class RotaryEmbedding(RotaryEncoding):
         # the caller, past nn.Module.__call__ -> _wrapped_call_impl -> _call_impl -> forward
         q_positions = renamed_positions(q_positions, positions, stacklevel=5)
         check_choice("seq_dim", seq_dim, SEQ_DIMS)
-        self._check_qk("q", q, seq_dim)
-        self._check_qk("k", k, seq_dim)
+        check_qk(q, k, seq_dim, self._head_dim)
         if q.shape[0] != k.shape[0]:
             raise PosEncError(
                 f"q and k must have the same batch size, got shapes "
@@ -437,11 +456,13 @@ class RotaryEmbedding(RotaryEncoding):
         inv_freq, scale = self._call_frequencies(
             [q_positions] if shared else [q_positions, k_positions], q_positions.device
         )
-        cos_q, sin_q = _cos_sin(q_positions, inv_freq, scale, self._sections, dtype)  # [.., s, r/2]
+        cos_q, sin_q = _cos_sin(
+            q_positions, inv_freq, scale, self._section_map, dtype
+        )  # [.., s, r/2]
         cos_k, sin_k = (
             (cos_q, sin_q)
             if shared
-            else _cos_sin(k_positions, inv_freq, scale, self._sections, dtype)
+            else _cos_sin(k_positions, inv_freq, scale, self._section_map, dtype)
         )
         return Rotation(cos_q, sin_q, cos_k, sin_k)
 
@@ -454,23 +475,8 @@ class RotaryEmbedding(RotaryEncoding):
         ``seq_dim=-3``) -> ``(q, k)`` rotated, same shapes and dtypes.
         """
         check_choice("seq_dim", seq_dim, SEQ_DIMS)
-        self._check_qk("q", q, seq_dim)
-        self._check_qk("k", k, seq_dim)
-        if not isinstance(rotation, Rotation):
-            raise PosEncError(
-                f"rotation must be a Rotation from RotaryEmbedding.rotation, got "
-                f"{type(rotation).__name__}"
-            )
-        if k.device != q.device:
-            raise PosEncError(f"k must be on q's device {q.device}, got {k.device}")
-        check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim, name="q")
-        check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim, name="k")
-        for name, t in (("cos_q", rotation.cos_q), ("cos_k", rotation.cos_k)):
-            if t.shape[-1] != self._rotary_dim // 2:
-                raise PosEncError(
-                    f"rotation.{name} must have {self._rotary_dim // 2} frequencies "
-                    f"(rotary_dim / 2), got shape {tuple(t.shape)}"
-                )
+        check_qk(q, k, seq_dim, self._head_dim)
+        check_rotation(q, k, rotation, seq_dim, self._inv_freq64.shape[0])
         return self._rotate_qk(q, k, rotation, seq_dim)
 
     def _rotate_qk(

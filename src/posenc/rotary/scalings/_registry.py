@@ -62,9 +62,13 @@ class ScalingParams:
     Attributes:
         position_dependent: whether the frequencies depend on the positions of a call
             (then :meth:`call_frequencies` reads the largest one).
+        frequency_span: the channels the exponents ``2i / dim`` span: ``"rotary_dim"``
+            (the rotated channels; every scaling but one) or ``"head_dim"`` (the whole head,
+            of which a rotary module keeps the first ``rotary_dim / 2``: ``proportional``).
     """
 
     position_dependent: ClassVar[bool] = False
+    frequency_span: ClassVar[str] = "rotary_dim"
 
     def call_frequencies(
         self, largest: torch.Tensor, frequencies: FrequenciesAt, scale: float
