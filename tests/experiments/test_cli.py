@@ -128,6 +128,7 @@ def _one_line_error(code: int, err: str, pattern: str) -> None:
         (["--seeds", ","], "--seeds must list at least one seed, got ','"),
         (["--seeds", "1", "--seed", "2"], "give --seed or --seeds, not both"),
         (["--preset", "huge"], "--preset must be one of 'default', 'quick', got 'huge'"),
+        (["--optimizer", "sgd"], "--optimizer must be one of 'adamw', 'muon', got 'sgd'"),
         (
             ["--dim", "4096", "--layers", "512", "--heads", "8"],
             r"this study needs about [\d.]+ TB of memory per process \(dim 4096, 512 layers",

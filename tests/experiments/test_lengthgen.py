@@ -262,7 +262,7 @@ def _study(world_size: int = 1, **options):
 
     base = dict.fromkeys(
         "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup random_positions "
-        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples".split()
+        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples optimizer".split()
     )
     return resolve(
         "lm",
@@ -293,7 +293,7 @@ def _resolved(encodings, **options):
 
     base = dict.fromkeys(
         "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup random_positions "
-        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples".split()
+        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples optimizer".split()
     )
     return resolve("lm", encodings, {**base, "preset": "default", "seed": 0, **options}, 1)
 

@@ -208,7 +208,7 @@ def _study(encodings: list[str], **given: Any) -> Any:
 
     keys = (
         "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup "
-        "random_positions extend extend_factor finetune_steps checkpoint_every eval_tokens "
+        "random_positions extend extend_factor finetune_steps checkpoint_every eval_tokens optimizer "
         "eval_examples seed seeds"
     ).split()
     options = {key: given.get(key) for key in keys}

@@ -41,13 +41,20 @@ def _assert_state_equal(a: dict, b: dict) -> None:
 
 
 @pytest.mark.parametrize(
-    ("encoding", "random_positions"), [("rope", None), ("learned", 24), ("t5", None)]
+    ("encoding", "random_positions", "optimizer"),
+    [
+        ("rope", None, "adamw"),
+        ("learned", 24, "adamw"),
+        ("t5", None, "adamw"),
+        ("rope", None, "muon"),
+        ("t5", None, "muon"),  # T5's bias table trains with AdamW, the blocks with Muon
+    ],
 )
 def test_resumed_run_equals_uninterrupted_run_bit_for_bit(
-    tmp_path: Path, encoding: str, random_positions: int | None
+    tmp_path: Path, encoding: str, random_positions: int | None, optimizer: str
 ) -> None:
     task = make_task("copy")
-    settings = _settings(random_positions=random_positions)
+    settings = _settings(random_positions=random_positions, optimizer=optimizer)
     config = {"label": encoding}
 
     whole = _model(encoding)
@@ -75,11 +82,15 @@ def test_resumed_run_equals_uninterrupted_run_bit_for_bit(
     _assert_state_equal(whole.state_dict(), resumed_model.state_dict())
     assert resumed.final_loss == done.final_loss
     assert resumed.resumed_from == 3 and done.resumed_from is None
-    saved_whole = torch.load(tmp_path / "whole.pt", weights_only=True)
-    saved_resumed = torch.load(path, weights_only=True)
-    _assert_state_equal(
-        saved_whole["optimizer"]["state"][0], saved_resumed["optimizer"]["state"][0]
-    )
+    saved_whole = torch.load(tmp_path / "whole.pt", weights_only=True)["optimizer"]
+    saved_resumed = torch.load(path, weights_only=True)["optimizer"]
+    parts = ("adamw", "muon") if optimizer == "muon" else (None,)
+    for part in parts:
+        whole_state = saved_whole[part]["state"] if part else saved_whole["state"]
+        resumed_state = saved_resumed[part]["state"] if part else saved_resumed["state"]
+        assert whole_state.keys() == resumed_state.keys() and whole_state
+        for index in whole_state:
+            _assert_state_equal(whole_state[index], resumed_state[index])
 
 
 def test_training_is_deterministic_and_learns() -> None:
@@ -150,6 +161,8 @@ def test_a_diverging_run_stops_with_an_error() -> None:
 
 
 def test_bad_settings() -> None:
+    with pytest.raises(PosEncError, match="optimizer must be one of 'adamw', 'muon', got 'sgd'"):
+        _settings(optimizer="sgd")
     with pytest.raises(PosEncError, match="steps must be >= 1, got 0"):
         _settings(steps=0)
     with pytest.raises(PosEncError, match="random_positions must be >= 12, got 8"):

@@ -42,6 +42,12 @@ def _task(value: str) -> str:
     return str(choice("--task", tuple(TASKS))(value))
 
 
+def _optimizer(value: str | None) -> str | None:
+    from posenc.experiments.optim import OPTIMIZERS
+
+    return None if value is None else str(choice("--optimizer", OPTIMIZERS)(value))
+
+
 def _device(value: str) -> str:
     from posenc.experiments.distributed import DEVICES
 
@@ -234,6 +240,13 @@ def lengthgen(
         int | None,
         typer.Option(help="Warmup steps [preset].", callback=_int("--warmup", 0, _COUNT)),
     ] = None,
+    optimizer: Annotated[
+        str | None,
+        typer.Option(
+            help="adamw, or muon (Muon on the hidden matrices, AdamW on the rest) [preset].",
+            callback=_optimizer,
+        ),
+    ] = None,
     random_positions: Annotated[
         int | None,
         typer.Option(
@@ -331,6 +344,7 @@ def lengthgen(
             num_heads=heads,
             lr=lr,
             warmup=warmup,
+            optimizer=optimizer,
             random_positions=random_positions,
             extend=methods,
             extend_factor=extend_factor,

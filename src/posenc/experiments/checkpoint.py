@@ -250,6 +250,10 @@ def load_checkpoint(
             f"{where} field config must be a JSON object, got {state['config']!r:.80}"
         )
     config = json.loads(json.dumps(config))  # tuples -> lists, as saved
+    train, wanted = saved.get("train"), config.get("train")
+    if isinstance(train, dict) and isinstance(wanted, dict) and "optimizer" not in train:
+        if "optimizer" in wanted:  # written before the setting existed: trained with AdamW
+            saved["train"] = {**train, "optimizer": "adamw"}
     if saved != config:
         raise PosEncError(
             f"{where} was written by a different configuration "

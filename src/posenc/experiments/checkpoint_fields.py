@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
+from posenc.experiments.optim import MuonAdamW
 
 __all__ = ["KEYS", "check_fields", "check_fits"]
 
@@ -124,14 +125,19 @@ def check_fields(where: str, state: Mapping[str, Any], config: Mapping[str, Any]
     ):
         raise _fail(where, "model", "a non-empty dict of parameter names to tensors", model)
     _tensors(where, "model", model)
+    train = config.get("train")
+    muon = isinstance(train, Mapping) and train.get("optimizer") == "muon"
     opt = state["optimizer"]
-    if (
-        not isinstance(opt, Mapping)
-        or not isinstance(opt.get("state"), Mapping)
-        or not isinstance(opt.get("param_groups"), list)
-        or any(not isinstance(g, Mapping) for g in opt["param_groups"])
-    ):
-        raise _fail(where, "optimizer", "an optimizer state_dict (state, param_groups)", opt)
+    if muon and (not isinstance(opt, Mapping) or sorted(opt) != ["adamw", "muon"]):
+        raise _fail(where, "optimizer", "a dict of the 'adamw' and 'muon' states", opt)
+    for field, part in _parts(opt) if muon else [("optimizer", opt)]:
+        if (
+            not isinstance(part, Mapping)
+            or not isinstance(part.get("state"), Mapping)
+            or not isinstance(part.get("param_groups"), list)
+            or any(not isinstance(g, Mapping) for g in part["param_groups"])
+        ):
+            raise _fail(where, field, "an optimizer state_dict (state, param_groups)", part)
     _tensors(where, "optimizer", opt)
     rng = state["rng"]
     world = config.get("world_size", 1)
@@ -161,47 +167,78 @@ def _same_shapes(
             )
 
 
+def _parts(opt: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    return [(f"optimizer[{key!r}]", opt[key]) for key in ("adamw", "muon")]
+
+
+# What each optimizer keeps: numbers in every param group, tensors the shape of the
+# parameter in every parameter's state (besides AdamW's one-element step).
+_GROUP_NUMBERS = {
+    "adamw": ("lr", "weight_decay", "eps"),
+    "muon": ("lr", "weight_decay", "eps", "momentum"),
+}
+_STATE_TENSORS = {"adamw": ("exp_avg", "exp_avg_sq"), "muon": ("momentum_buffer",)}
+
+
 def check_fits(
     where: str,
     state: Mapping[str, Any],
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | MuonAdamW,
 ) -> None:
-    """The saved weights and AdamW state fit ``model`` and ``optimizer`` exactly."""
+    """The saved weights and optimizer state (AdamW's, or Muon's and AdamW's) fit
+    ``model`` and ``optimizer`` exactly."""
     _same_shapes(where, "model", state["model"], model.state_dict())
-    saved, fresh = state["optimizer"], optimizer.state_dict()
+    if isinstance(optimizer, MuonAdamW):
+        saved = state["optimizer"]
+        if not isinstance(saved, Mapping) or sorted(saved) != ["adamw", "muon"]:
+            raise _fail(where, "optimizer", "a dict of the 'adamw' and 'muon' states", saved)
+        _fits(where, "optimizer['adamw']", saved["adamw"], optimizer.adamw, "adamw")
+        _fits(where, "optimizer['muon']", saved["muon"], optimizer.muon, "muon")
+    else:
+        _fits(where, "optimizer", state["optimizer"], optimizer, "adamw")
+
+
+def _fits(
+    where: str, field: str, saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, kind: str
+) -> None:
+    fresh = optimizer.state_dict()
     groups, wanted = saved["param_groups"], fresh["param_groups"]
     ids = [g.get("params") for g in groups]
     if len(groups) != len(wanted) or ids != [g["params"] for g in wanted]:
         raise _fail(
             where,
-            "optimizer['param_groups']",
+            f"{field}['param_groups']",
             f"{len(wanted)} groups of the model's parameters",
             ids,
         )
     for g in groups:
-        for key in ("lr", "weight_decay", "eps"):
+        for key in _GROUP_NUMBERS[kind]:
             value = g.get(key)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise _fail(where, f"optimizer['param_groups'][..][{key!r}]", "a number", value)
-        if not isinstance(g.get("betas"), (list, tuple)) or len(g["betas"]) != 2:
-            raise _fail(where, "optimizer['param_groups'][..]['betas']", "a pair", g.get("betas"))
+                raise _fail(where, f"{field}['param_groups'][..][{key!r}]", "a number", value)
+        if kind == "adamw" and (
+            not isinstance(g.get("betas"), (list, tuple)) or len(g["betas"]) != 2
+        ):
+            raise _fail(where, f"{field}['param_groups'][..]['betas']", "a pair", g.get("betas"))
     params: dict[Any, torch.Tensor] = {}
     for w, live in zip(wanted, optimizer.param_groups):
         params.update(zip(w["params"], live["params"]))
     for index, entry in saved["state"].items():
         if index not in params or not isinstance(entry, Mapping):
-            raise _fail(where, f"optimizer['state'][{index!r}]", "the state of a parameter", entry)
+            raise _fail(where, f"{field}['state'][{index!r}]", "the state of a parameter", entry)
         shape = params[index].shape
-        for key in ("exp_avg", "exp_avg_sq"):
+        for key in _STATE_TENSORS[kind]:
             t = entry.get(key)
             if not isinstance(t, torch.Tensor) or t.shape != shape:
                 raise _fail(
                     where,
-                    f"optimizer['state'][{index}][{key!r}]",
+                    f"{field}['state'][{index}][{key!r}]",
                     f"a tensor of shape {list(shape)}",
                     t,
                 )
+        if kind == "muon":
+            continue
         step = entry.get("step")
         if not isinstance(step, torch.Tensor) or step.numel() != 1:
-            raise _fail(where, f"optimizer['state'][{index}]['step']", "a one-element tensor", step)
+            raise _fail(where, f"{field}['state'][{index}]['step']", "a one-element tensor", step)

@@ -106,6 +106,7 @@ def run_study(
     num_heads: int | None = None,
     lr: float | None = None,
     warmup: int | None = None,
+    optimizer: str | None = None,
     random_positions: int | None = None,
     extend: Sequence[str] | str | None = None,
     extend_factor: float | None = None,
@@ -141,6 +142,8 @@ def run_study(
         preset: ``"default"`` or ``"quick"``.
         batch_size, dim, num_layers, num_heads, lr: model and optimizer sizes.
         warmup: warmup steps of the learning rate (default: a tenth of ``steps``).
+        optimizer: ``"adamw"`` or ``"muon"`` (Muon on the hidden matrices, AdamW on the
+            rest: :mod:`posenc.experiments.optim`).
         random_positions: train on randomized positions drawn from ``[0, L_max)``
             (Ruoss et al., 2023); ``L_max >= train_len``.
         extend: RoPE context extension methods evaluated on the trained ``rope`` model:
@@ -205,6 +208,7 @@ def run_study(
                 "num_heads": num_heads,
                 "lr": lr,
                 "warmup": warmup,
+                "optimizer": optimizer,
                 "random_positions": random_positions,
                 "extend": extend,
                 "extend_factor": extend_factor,

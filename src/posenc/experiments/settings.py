@@ -13,6 +13,7 @@ from typing import Any
 from posenc._errors import PosEncError, check_choice, check_float, check_int
 from posenc.experiments.extension import EXTENSIONS
 from posenc.experiments.models import ModelSettings, check_distinct, encoding_label, encoding_spec
+from posenc.experiments.optim import OPTIMIZERS
 from posenc.experiments.tasks import TASKS
 from posenc.experiments.train import TrainSettings
 
@@ -51,6 +52,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_layers": 2,
         "num_heads": 4,
         "lr": 1e-2,
+        "optimizer": "adamw",
         "eval_tokens": 32768,
         "eval_examples": 256,
         "extend": ("pi", "ntk", "yarn"),
@@ -66,6 +68,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_layers": 1,
         "num_heads": 2,
         "lr": 1e-2,
+        "optimizer": "adamw",
         "eval_tokens": 4096,
         "eval_examples": 64,
         "extend": (),
@@ -218,6 +221,7 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
             seq_len=train_len,
             lr=check_float("lr", o["lr"], min=0.0, min_exclusive=True),
             warmup=warmup,
+            optimizer=check_choice("optimizer", o["optimizer"], OPTIMIZERS),
             random_positions=random_positions,
             seed=seeds[0],
             checkpoint_every=check_int(

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc import positions as _positions
-from posenc._errors import PosEncError, check_float, check_int
+from posenc._errors import PosEncError, check_choice, check_float, check_int
 from posenc.experiments.checkpoint import (
     get_rng_state,
     load_checkpoint,
@@ -36,6 +36,7 @@ from posenc.experiments.checkpoint import (
 )
 from posenc.experiments.checkpoint_fields import check_fits
 from posenc.experiments.distributed import Dist
+from posenc.experiments.optim import OPTIMIZERS, MuonAdamW, make_optimizer
 from posenc.experiments.schedule import warmup_cosine
 from posenc.experiments.seeding import generator
 from posenc.experiments.tasks import IGNORE, Task
@@ -50,6 +51,7 @@ __all__ = [
     "train",
 ]
 
+Optimizer = torch.optim.Optimizer | MuonAdamW
 _LOSS_WINDOW = 10  # final_loss averages the last steps' training losses
 
 
@@ -73,6 +75,8 @@ class TrainSettings:
         random_positions: ``L_max`` for randomized positions (Ruoss et al., 2023), or None.
         seed: data seed (batches are keyed by ``(seed, step)``).
         checkpoint_every: save every this many steps (and at the end); 0 saves only at the end.
+        optimizer: ``"adamw"``, or ``"muon"`` (Muon on the hidden matrices, AdamW on the
+            rest; :mod:`posenc.experiments.optim`).
     """
 
     steps: int
@@ -86,6 +90,7 @@ class TrainSettings:
     random_positions: int | None = None
     seed: int = 0
     checkpoint_every: int = 0
+    optimizer: str = "adamw"
 
     def __post_init__(self) -> None:
         # checked, and stored as plain int / float (a NumPy scalar would reach json.dumps)
@@ -107,6 +112,7 @@ class TrainSettings:
             )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -146,7 +152,7 @@ def run_config(config: dict[str, Any], settings: TrainSettings, world_size: int)
 def load_resumable(
     path: str | Path,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
+    optimizer: Optimizer | None,
     config: dict[str, Any],
 ) -> dict[str, Any]:
     """Load the checkpoint at ``path`` for the run ``config`` (see :func:`run_config`) and
@@ -159,15 +165,10 @@ def load_resumable(
     return state
 
 
-def _optimizer(model: nn.Module, settings: TrainSettings) -> torch.optim.AdamW:
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.ndim >= 2]
-    rest = [p for p in params if p.ndim < 2]
-    groups = [
-        {"params": decay, "weight_decay": settings.weight_decay},
-        {"params": rest, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95), eps=1e-8)
+def _optimizer(model: nn.Module, settings: TrainSettings) -> Optimizer:
+    return make_optimizer(
+        settings.optimizer, model, lr=settings.lr, weight_decay=settings.weight_decay
+    )
 
 
 def _batch_positions(settings: TrainSettings, step: int, rows: torch.Tensor) -> torch.Tensor | None:
@@ -303,7 +304,7 @@ def train(
 def _save(
     path: str | Path,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     config: dict[str, Any],
     done: int,
     seconds: float,

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from posenc.report._html_util import _e, _img, _num
 
 __all__ = ["headline_section", "lengthgen_section"]
+
+
+def _optimizer(settings: Mapping[str, Any]) -> str:
+    """How the study's models were trained, in words."""
+    if settings.get("optimizer", "adamw") == "muon":
+        return "Muon on the hidden matrices, AdamW on the rest"
+    return "AdamW"
 
 
 def _figure(data: dict[str, Any], out: Path, file: str | None) -> str:
@@ -60,7 +68,8 @@ def headline_section(data: dict[str, Any], out: Path) -> str:
 <h2>The answer: which encodings extrapolate</h2>
 <p class="lead">A byte-level TinyTransformer per encoding and seed ({len(seeds)} seeds:
 {", ".join(map(str, seeds))}), trained on <code>{_e(r["task"])}</code> at L = {r["train_len"]}
-tokens for {lg["settings"]["steps"]} steps, evaluated up to {longest} tokens
+tokens for {lg["settings"]["steps"]} steps ({_optimizer(lg["settings"])}), evaluated up to
+{longest} tokens
 ({longest // r["train_len"]}L) without any fine-tune. Lines: the mean over the seeds; bands:
 min to max. Measured in this run; every number is in <code>report.json</code>.</p>
 {_figure(data, out, lg["headline"])}
@@ -125,7 +134,8 @@ The rest of the report is complete. Run <code>posenc lengthgen</code> for a stud
 <section id="lengthgen">
 <h2>Length generalization: every run</h2>
 <p class="lead">The study above in full: TinyTransformers with each encoding, trained on
-<code>{_e(r["task"])}</code> at {r["train_len"]} tokens for {settings["steps"]} steps with seeds
+<code>{_e(r["task"])}</code> at {r["train_len"]} tokens for {settings["steps"]} steps
+({_optimizer(settings)}) with seeds
 {", ".join(map(str, r["seeds"]))} ({settings["jobs"]} worker processes), then evaluated at
 longer lengths; <code>rope+pi</code>, <code>rope+ntk</code> and <code>rope+yarn</code> are the
 trained RoPE models with their context extended at evaluation time, no fine-tune.
