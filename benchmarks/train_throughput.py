@@ -8,7 +8,8 @@ What is timed is whole training runs of ``--steps`` optimizer steps, as ``posenc
 trains each encoding (the "default" preset: dim 64, 2 layers, 4 heads, MLP 4x, tied head,
 batch 32, train length 64, the ``lm`` task, lr 1e-2 with warmup ``steps // 10`` and a cosine
 to 0.1x, AdamW betas (0.9, 0.95), weight decay 0.01 on matrices, grad clip 1.0, float32, one
-thread per process as each study worker uses):
+thread per process as each study worker uses; ``--optimizer muon``: Muon on the blocks'
+matrices and AdamW on the rest, on both sides, as ``posenc report`` trains):
 
 - ``posenc``: ``posenc.experiments.train.train(model, task, settings)`` on the
   ``TinyTransformer`` of ``posenc.experiments.models.build_model`` (checkpoints off). The
@@ -216,11 +217,26 @@ class PlainTrainer:
 
     def __init__(self, model: PlainGPT, cfg: dict[str, Any], steps: int) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
+        hidden: list[torch.Tensor] = []
+        if cfg["optimizer"] == "muon":  # Muon on the blocks' matrices, as in modded-nanoGPT
+            hidden = [p for p in model.blocks.parameters() if p.ndim == 2]
+        rest = [p for p in params if all(p is not h for h in hidden)]
         groups = [
-            {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg["weight_decay"]},
-            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+            {"params": [p for p in rest if p.ndim >= 2], "weight_decay": cfg["weight_decay"]},
+            {"params": [p for p in rest if p.ndim < 2], "weight_decay": 0.0},
         ]
-        self.optimizer = torch.optim.AdamW(groups, lr=cfg["lr"], betas=(0.9, 0.95), eps=1e-8)
+        self.optimizers: list[torch.optim.Optimizer] = [
+            torch.optim.AdamW(groups, lr=cfg["lr"], betas=(0.9, 0.95), eps=1e-8)
+        ]
+        if hidden:
+            self.optimizers.append(
+                torch.optim.Muon(
+                    hidden,
+                    lr=cfg["lr"],
+                    weight_decay=cfg["weight_decay"],
+                    adjust_lr_fn="match_rms_adamw",
+                )
+            )
         self.model, self.cfg, self.steps = model, cfg, steps
         self.losses: list[float] = []
         model.train()
@@ -228,14 +244,17 @@ class PlainTrainer:
     def step(self, step: int, x: torch.Tensor, y: torch.Tensor) -> None:
         cfg = self.cfg
         lr = plain_lr(step, self.steps, cfg["lr"], cfg["warmup"], cfg["min_lr_ratio"])
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
         logits = self.model(x)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
-        self.optimizer.zero_grad(set_to_none=True)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg["grad_clip"])
-        self.optimizer.step()
+        for optimizer in self.optimizers:
+            optimizer.step()
         self.losses.append(loss.item())
 
     def final_loss(self) -> float:
@@ -275,6 +294,7 @@ def train_settings(args):
         seq_len=args.seq_len,
         lr=args.lr,
         warmup=args.steps // 10,  # as a study: steps // 10
+        optimizer=args.optimizer,
     )
 
 
@@ -340,6 +360,7 @@ def run(args) -> dict[str, Any]:
         "min_lr_ratio": settings.min_lr_ratio,
         "weight_decay": settings.weight_decay,
         "grad_clip": settings.grad_clip,
+        "optimizer": settings.optimizer,
     }
     from posenc.experiments.schedule import warmup_cosine  # the plain schedule is the same
 
@@ -521,6 +542,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument(
+        "--optimizer",
+        choices=("adamw", "muon"),
+        default="adamw",
+        help="adamw (the presets), or muon on the hidden matrices (posenc report's study)",
+    )
     parser.add_argument("--quick", action="store_true", help="8 steps, 3 repeats, no file")
     parser.add_argument(
         "--out",
