@@ -48,6 +48,13 @@ def test_inspect_reads_each_family_right(capsys):
     assert gemma["sliding_attention"]["base"] == 1e4 and gemma["full_attention"]["base"] == 1e6
     llama = layers("llama3_1_8b")["all"]
     assert "Llama3Scaling(factor=8.0" in llama["scaling"] and llama["base"] == 5e5
+    scout = layers("llama4_scout_17b_16e_instruct")["all"]  # text_config, complex freqs_cis
+    assert (scout["layout"], scout["rotary_dim"], scout["base"]) == ("interleaved", 128, 5e5)
+    assert "Llama3Scaling(factor=16.0" in scout["scaling"]
+    for name, head_dim in (("phi3_5_mini_instruct", 96), ("phi4_mini_instruct", 128)):
+        phi = layers(name)["all"]  # Phi-4-mini: partial_rotary_factor 0.75
+        assert (phi["layout"], phi["rotary_dim"], phi["head_dim"]) == ("half", 96, head_dim)
+        assert phi["scaling"].startswith("LongRopeScaling(") and "type='longrope'" in phi["scaling"]
 
 
 def test_refused_config_is_one_line(capsys, tmp_path):

@@ -25,7 +25,12 @@ from tests.integrations.test_hf_families import (
 )
 
 from posenc import PosEncError
-from posenc.integrations.transformers import QueryScale, query_scale_from_config, rotary_from_config
+from posenc.integrations.transformers import (
+    QueryScale,
+    query_scale_from_config,
+    rope_layers,
+    rotary_from_config,
+)
 
 pytest.importorskip("transformers")
 
@@ -108,3 +113,65 @@ def test_ministral3_query_scale_is_published() -> None:
     positions = torch.cat([torch.arange(0, 200_000, 97), torch.tensor([16383, 16384, 32768])])
     theirs = modeling_ministral3.get_llama_4_attn_scale(positions[None], 0.1, 16384)
     torch.testing.assert_close(scale(positions[None], dtype=torch.float32), theirs[:, 0, :, 0])
+
+
+def _compare_at(name: str, limit: int) -> None:
+    """The fixture against transformers at the shared positions below ``limit`` only."""
+    data = load(name)
+    family, config = transformers_config(data)
+    module = hf.rotary_module(family, config)
+    rope = rotary_from_config(data)
+    positions = hf.positions(None, limit)
+    exp = _expected(rope, positions, _reference_key(rope, (rope.position_coords, limit)))
+    q, k = _inputs(rope.head_dim, positions.shape[1])
+    for dtype in (torch.float32, torch.bfloat16):
+        qd, kd = q.to(dtype), k.to(dtype)
+        theirs = hf.transformers_qk(family, config, None, qd, kd, positions, module)
+        _check(rope(qd, kd, positions), theirs, exp, dtype)
+
+
+@pytest.mark.parametrize(
+    ("name", "rotary_dim", "head_dim"),
+    [("phi3_5_mini_instruct", 96, 96), ("phi4_mini_instruct", 96, 128)],
+)
+def test_phi_longrope_is_published(name: str, rotary_dim: int, head_dim: int) -> None:
+    """Phi-3.5-mini / Phi-4-mini: ``longrope`` with their 48 short and long factors over the
+    original 4096 positions (131072 now: attention scale sqrt(1 + ln 32 / ln 4096)); within
+    the original context transformers takes the short factors, which posenc matches too."""
+    import math
+
+    data = load(name)
+    rope = rotary_from_config(data)
+    scaling = rope.scaling
+    published = data["rope_scaling"]
+    assert type(scaling).__name__ == "LongRopeScaling"
+    assert scaling.short_factor == tuple(published["short_factor"])
+    assert scaling.long_factor == tuple(published["long_factor"])
+    assert scaling.original_max_position == 4096 and scaling.max_position == 131072
+    assert (rope.rotary_dim, rope.head_dim) == (rotary_dim, head_dim)
+    assert len(published["long_factor"]) == rotary_dim // 2
+    assert rope.attention_scale == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    _compare_at(name, 4096)  # short factors only
+
+
+def test_llama4_scout_rope_layers_and_query_scale() -> None:
+    """Llama 4 Scout (no ``no_rope_layers`` / ``attn_*`` keys in the copy: transformers'
+    defaults): every 4th of its 48 layers is NoPE, and only those scale their queries, by
+    ``1 + 0.1 ln(1 + floor((p + 1) / 8192))`` as transformers' attention does."""
+    data = load("llama4_scout_17b_16e_instruct")
+    _, config = transformers_config(data)
+    layers = rope_layers(data)
+    assert layers == [bool(f) for f in config.no_rope_layers]
+    assert layers == [(i + 1) % 4 != 0 for i in range(48)]
+    positions = torch.cat([torch.arange(0, 200_000, 97), torch.tensor([8190, 8191, 16383])])
+    for i, uses_rope in enumerate(layers):
+        scale = query_scale_from_config(data, layer_idx=i)
+        if uses_rope:
+            assert scale is None, i
+            continue
+        assert scale == QueryScale(beta=config.attn_scale, length=config.floor_scale, offset=1.0)
+        theirs = torch.log1p(torch.floor((positions.float() + 1.0) / config.floor_scale))
+        theirs = theirs * config.attn_scale + 1.0
+        torch.testing.assert_close(scale(positions, dtype=torch.float32), theirs)
+    scaling = rotary_from_config(data).scaling
+    assert (scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor) == (16.0, 1.0, 1.0)
