@@ -28,6 +28,7 @@ from posenc.integrations import _hf_families as _families
 from posenc.rotary.frequencies import SCALINGS, Scaling, parse_scaling
 from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
+from posenc.rotary.nd import AxialRotaryEmbedding
 
 __all__ = ["rope_layer_types", "rotary_from_config", "scaling_from_transformers"]
 
@@ -295,6 +296,13 @@ def rotary_from_config(
     - ``llama_4_scaling_beta`` (Ministral 3, Mistral 4) is a query scale, no rotation: read
       by :func:`posenc.integrations.query_scale.query_scale_from_config`.
 
+    A vision config with rope type ``"axial"`` (its ``rope_parameters`` or, for a dict, the
+    class default of its ``model_type``) gives an :class:`~posenc.AxialRotaryEmbedding`
+    (positions ``[..., s, 2]``: transformers' ``position_ids[s, 2]``, (h, w); MiniMax-M3-VL
+    ``[..., s, 3]``, (t, h, w), ``2 * (head_dim // 6)`` channels per axis, the rest unrotated):
+    ``head_dim / 2`` channels per axis, ``"half"`` pairs (Qwen2-VL ... Qwen3-VL, GLM-4V, PaddleOCR-VL, dots.3,
+    MLCD, ...), ``"interleaved"`` for SAM 2 / SAM 3 (the memory attention's head dim).
+
     Args:
         config: a ``transformers.PretrainedConfig`` or its dict.
         layer_type: for configs with RoPE parameters per layer type (Gemma 3's
@@ -310,9 +318,9 @@ def rotary_from_config(
 
     Raises:
         PosEncError: (naming the ``model_type`` where the config has one) a family posenc
-            cannot express (nanochat's -theta, ERNIE 4.5 VL's H, W, T section order, ...;
-            checked before anything is built), an unknown rope type (``axial``, a vision
-            type), missing keys (yarn's ``factor``, proportional's ``rope_theta``) or
+            cannot express (nanochat's -theta, ERNIE 4.5 VL's H, W, T section order, Pixtral's
+            and Gemma 4's vision RoPE, ...; checked before anything is built), an unknown
+            rope type, missing keys (yarn's ``factor``, proportional's ``rope_theta``) or
             unknown keys, invalid values.
 
     Examples:
@@ -326,6 +334,9 @@ def rotary_from_config(
         >>> rotary_from_config({"model_type": "cohere", "hidden_size": 256,
         ...                     "num_attention_heads": 2}).layout
         'interleaved'
+        >>> rotary_from_config({"model_type": "qwen2_vl_vision", "embed_dim": 1280,
+        ...                     "num_attention_heads": 16}).axis_dims  # Qwen2-VL's vision
+        (40, 40)
     """
     if layout is not None:
         check_choice("layout", layout, LAYOUTS)
@@ -346,6 +357,10 @@ def _from_config(
     if reason is not None:
         raise PosEncError(f"posenc cannot express this family's RoPE: {reason}")
     rope = _rope_parameters(cfg, layer_type, model_type)
+    kind = _first(rope.get("rope_type"), rope.get("type"))
+    if kind == "axial" or (kind is None and model_type in _families.AXIAL_DEFAULT):
+        d, n, dims, pairs, base = _families.axial_layout(model_type, cfg.get, rope)
+        return AxialRotaryEmbedding(d, n, base=base, layout=layout or pairs, axis_dims=dims)
     cfg = cfg.for_layer(layer_type, model_type)
     defaults = _families.MODEL_DEFAULTS.get(model_type, {})
     pairing: Layout = (
