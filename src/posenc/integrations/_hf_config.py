@@ -294,14 +294,15 @@ def rotary_from_config(
       Compass, Qwen4-exp: ``section_layout="interleaved"``, whatever ``mrope_interleaved``
       says, as their modules ignore it), contiguous for Qwen2-VL, GLM-4V, PaddleOCR-VL;
     - ``llama_4_scaling_beta`` (Ministral 3, Mistral 4) is a query scale, no rotation: read
-      by :func:`posenc.integrations.query_scale.query_scale_from_config`.
+      by :func:`posenc.integrations.transformers.query_scale_from_config`.
 
     A vision config with rope type ``"axial"`` (its ``rope_parameters`` or, for a dict, the
     class default of its ``model_type``) gives an :class:`~posenc.AxialRotaryEmbedding`
-    (positions ``[..., s, 2]``: transformers' ``position_ids[s, 2]``, (h, w); MiniMax-M3-VL
-    ``[..., s, 3]``, (t, h, w), ``2 * (head_dim // 6)`` channels per axis, the rest unrotated):
-    ``head_dim / 2`` channels per axis, ``"half"`` pairs (Qwen2-VL ... Qwen3-VL, GLM-4V, PaddleOCR-VL, dots.3,
-    MLCD, ...), ``"interleaved"`` for SAM 2 / SAM 3 (the memory attention's head dim).
+    with ``head_dim / 2`` channels per axis, positions ``[..., s, 2]`` (transformers'
+    ``position_ids[s, 2]``, rows (h, w)), ``"half"`` pairs (Qwen2-VL to Qwen3-VL, GLM-4V,
+    PaddleOCR-VL, dots.3, MLCD, ...) and ``"interleaved"`` ones for SAM 2 / SAM 3 (the memory
+    attention's head dim); MiniMax-M3-VL: ``[..., s, 3]`` (t, h, w), ``2 * (head_dim // 6)``
+    channels per axis, the rest unrotated.
 
     Args:
         config: a ``transformers.PretrainedConfig`` or its dict.
