@@ -205,14 +205,17 @@ def test_family_matches_transformers(case: str) -> None:
     _compare(family, family.config())
 
 
-def _compare(family, config) -> None:
+def _compare(family, config, read=None) -> None:
     """posenc against the family's own rotary module and apply function for ``config``:
-    every layer type, float32 and bfloat16."""
+    every layer type, float32 and bfloat16. ``read(layer_type)`` builds posenc's module
+    (default: ``rotary_from_config(config, layer_type=...)``)."""
     module = hf.rotary_module(family, config)  # built once: both dtypes, every layer type
     layer_types = hf.layer_types(config)
     assert layer_types, "no layer type to compare"
     for layer_type in layer_types:
-        rope = rotary_from_config(config, layer_type=layer_type)
+        rope = (
+            rotary_from_config(config, layer_type=layer_type) if read is None else read(layer_type)
+        )
         positions_key = (rope.position_coords, hf.position_limit(module))
         positions = hf.positions(*positions_key)
         exp = _expected(rope, positions, _reference_key(rope, positions_key))

@@ -18,6 +18,7 @@ from tests.integrations import _hf_families as hf
 from tests.integrations.test_hf_families import (
     FAMILIES,
     _check,
+    _compare,
     _expected,
     _inputs,
     _one_thread,  # noqa: F401  (the module's one-thread fixture)
@@ -72,20 +73,13 @@ def test_every_fixture_has_a_source() -> None:
 def test_published_config_matches_transformers(name: str) -> None:
     data = load(name)
     family, config = transformers_config(data)
-    module = hf.rotary_module(family, config)
-    layer_types = hf.layer_types(config)
-    assert layer_types
-    for layer_type in layer_types:
+
+    def read(layer_type):
         rope = rotary_from_config(data, layer_type=layer_type)  # the JSON dict, as published
         assert rope.head_dim == rotary_from_config(config, layer_type=layer_type).head_dim
-        positions_key = (rope.position_coords, hf.position_limit(module))
-        positions = hf.positions(*positions_key)
-        exp = _expected(rope, positions, _reference_key(rope, positions_key))
-        q, k = _inputs(rope.head_dim, positions.shape[1])
-        for dtype in (torch.float32, torch.bfloat16):
-            qd, kd = q.to(dtype), k.to(dtype)
-            theirs = hf.transformers_qk(family, config, layer_type, qd, kd, positions, module)
-            _check(rope(qd, kd, positions), theirs, exp, dtype)
+        return rope
+
+    _compare(family, config, read)
 
 
 @pytest.mark.parametrize(("name", "key", "says"), MISSING_KEY)
