@@ -36,6 +36,15 @@ from posenc.reference.bias import (
 # attention
 from posenc.reference.attention import attention
 
+# contextual
+from posenc.reference.contextual import (
+    cope_attention,
+    cope_bias,
+    cope_positions,
+    fox_attention,
+    fox_bias,
+)
+
 __all__ = [
     "index_table",
     "resample_table",
@@ -61,4 +70,10 @@ __all__ = [
     "t5_relative_bucket",
     # attention
     "attention",
+    # contextual
+    "cope_attention",
+    "cope_bias",
+    "cope_positions",
+    "fox_attention",
+    "fox_bias",
 ]
