@@ -168,7 +168,7 @@ def _corrupt(path: Path) -> None:
         (
             dict(task="sort"),
             r"task must be one of 'lm', 'copy', 'reverse', 'recall', "
-            r"'addition', got 'sort'",
+            r"'addition', 'counting', 'flipflop', got 'sort'",
         ),
         (dict(encodings=["rope", "fancy"]), r"encoding name must be one of 'none', .*got 'fancy'"),
         (dict(encodings=[]), "encodings must name at least one encoding"),

@@ -140,7 +140,15 @@ def test_lm_eval_windows_do_not_overlap_and_ranks_split_them(world: int) -> None
 
 
 def test_every_task_is_registered() -> None:
-    assert sorted(TASKS) == ["addition", "copy", "lm", "recall", "reverse"]
+    assert sorted(TASKS) == [
+        "addition",
+        "copy",
+        "counting",
+        "flipflop",
+        "lm",
+        "recall",
+        "reverse",
+    ]
 
 
 def test_bad_inputs() -> None:
