@@ -109,9 +109,16 @@ def _registered(kind: str, skip: tuple[str, ...] = ()) -> list[str]:
     return out
 
 
+def _positional(name: str) -> bool:
+    """A bias of positions alone: the contextual CoPE and the gated FoX have their own
+    reference tests (tests/bias/test_cope.py, tests/bias/test_fox.py)."""
+    cls = get(name)
+    return not (getattr(cls, "contextual", False) or getattr(cls, "gated", False))
+
+
 # mrope / axial_rope rotate by N-D positions ([..., s, n_axes]); attention's positions are 1-D.
 ROTARY = _registered("rotary", skip=("mrope", "axial_rope"))
-BIAS = _registered("bias")
+BIAS = [n for n in _registered("bias") if _positional(n)]
 ENCODINGS = ["none", *ROTARY, *BIAS, "test_slope", "test_query", "test_value"]
 LOCAL = {"test_slope": SlopeBias, "test_query": QueryBias, "test_value": ValueBias}
 

@@ -55,7 +55,7 @@ def plain_rotary():
 
 def _build(name: str, **kwargs):
     extra = {"sections": [4, 2, 2]} if name == "mrope" else {}
-    fill = {"num_heads": H, "head_dim": D, "dim": D, "max_len": MAX_LEN}
+    fill = {"num_heads": H, "head_dim": D, "dim": D, "max_len": MAX_LEN, "npos_max": MAX_LEN}
     return posenc.build(name, fill=fill, **extra, **kwargs)
 
 
@@ -96,6 +96,11 @@ def _qkv(s: int, n: int = 3, grad: bool = True):
     return tuple(torch.randn(B, H, s, D, requires_grad=grad) for _ in range(n))
 
 
+def _gates(s: int) -> torch.Tensor:
+    """Log forget gates ``[b, h, s]`` of a gated encoding (FoX)."""
+    return torch.nn.functional.logsigmoid(torch.randn(B, H, s)).requires_grad_(True)
+
+
 def _module_call(name: str, enc):
     """``(fn, make)``: the encoding's own call, by kind."""
     kind = registry.get(name).kind
@@ -103,6 +108,16 @@ def _module_call(name: str, enc):
         return (lambda x: enc(x)), (lambda s: (torch.randn(B, s, D, requires_grad=True),))
     if kind == "rotary":
         return (lambda q, k: enc(q, k)), (lambda s: _qkv(s, 2))
+    if kind == "bias" and enc.contextual:  # CoPE: from the logits, queries and keys
+
+        def contextual(q, k):
+            return enc.contextual_bias_at(
+                (q * D**-0.5) @ k.transpose(-1, -2), q, k, allowed=None, scale=D**-0.5
+            )
+
+        return contextual, (lambda s: _qkv(s, 2))
+    if kind == "bias" and enc.gated:  # FoX: from the gates
+        return (lambda g: enc.gate_bias_at(g, g.shape[-1])), (lambda s: (_gates(s),))
     if kind == "bias" and enc.query_dependent:  # Shaw: the key term needs the scaled queries
         return (lambda q: enc.bias(q.shape[-2], q=q * D**-0.5)), (lambda s: _qkv(s, 1))
     if kind == "bias":
@@ -123,6 +138,13 @@ ATTENTION = [n for n in registry.names() if registry.get(n).kind in ("rotary", "
 @pytest.mark.parametrize("name", ATTENTION)
 def test_attention_compiles_once_for_every_length(name):
     enc = _build(name)
+    if getattr(enc, "gated", False):  # FoX: its gates are an input of every call
+
+        def gated(q, k, v, g):
+            return posenc.attention(q, k, v, encoding=enc, causal=True, gates=g)
+
+        _check_compiled(gated, lambda s: (*_qkv(s), _gates(s)))
+        return
 
     def fn(q, k, v):
         return posenc.attention(q, k, v, encoding=enc, causal=True)

@@ -74,11 +74,15 @@ def _positions_for(enc) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("name", _encodings())
 def test_attention_with_an_instance_builds_nothing_and_validates_once(name, builds, validated):
     extra = {"sections": [2, 1, 1]} if name == "mrope" else {}
-    enc = posenc.build(name, fill={"num_heads": H, "head_dim": D}, **extra)
+    fill = {"num_heads": H, "head_dim": D, "npos_max": 2 * S}
+    enc = posenc.build(name, fill=fill, **extra)
     builds.clear()
     q, k, v = torch.randn(3, 2, H, S, D).unbind(0)
     qp, kp = _positions_for(enc)
-    posenc.attention(q, k, v, encoding=enc, causal=True, q_positions=qp, k_positions=kp)
+    gates = torch.zeros(2, H, S) if getattr(enc, "gated", False) else None  # FoX
+    posenc.attention(
+        q, k, v, encoding=enc, causal=True, q_positions=qp, k_positions=kp, gates=gates
+    )
     assert builds == []
     assert (_times(validated, qp), _times(validated, kp)) == (1, 1)
 
@@ -112,6 +116,7 @@ MODEL_ENCODINGS = [
 @pytest.mark.parametrize("name", MODEL_ENCODINGS)
 def test_tiny_transformer_forward_builds_nothing_and_validates_once(name, builds, validated):
     spec = {"name": name, "max_len": 32} if name == "learned" else name
+    spec = {"name": name, "npos_max": 32} if name == "cope" else spec
     model = TinyTransformer(11, dim=H * D, num_heads=H, num_layers=3, encoding=spec).eval()
     builds.clear()
     tokens = torch.randint(0, 11, (2, S))

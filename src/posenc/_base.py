@@ -51,6 +51,9 @@ class Encoding(nn.Module):
 
     name: ClassVar[str]
     kind: ClassVar[Kind]
+    #: ``TinyTransformer`` gives every layer its own module of this encoding (CoPE: one
+    #: table per layer, as its paper) instead of one module shared by the layers.
+    per_layer: ClassVar[bool] = False
 
     def _set_config(self, **config: Any) -> None:
         self._config = {k: _jsonable(v) for k, v in config.items()}
@@ -123,7 +126,11 @@ class BiasEncoding(Encoding):
     ``score_mod`` from indices); and :meth:`value_bias_at` for value-dependent encodings.
     Encodings whose bias depends on the queries (Shaw et al.'s relative keys) set
     ``query_dependent = True`` and take ``q`` (already multiplied by the attention scale);
-    those that also act on the values set ``value_dependent = True``.
+    those that also act on the values set ``value_dependent = True``. Contextual encodings
+    (``contextual = True``: CoPE) compute their bias from the logits, queries and keys
+    (:meth:`contextual_bias_at`); gated ones (``gated = True``: forgetting attention) from
+    per-token gates the model computes (:meth:`gate_bias_at`); neither has a bias of
+    positions alone.
 
     The public :meth:`bias` / :meth:`value_bias` resolve and validate the positions once,
     then call the ``*_at`` methods; families override them where they validate more (or
@@ -133,7 +140,14 @@ class BiasEncoding(Encoding):
     kind: ClassVar[Kind] = "bias"
     query_dependent: ClassVar[bool] = False
     value_dependent: ClassVar[bool] = False
-    num_heads: int
+    #: The bias depends on the content of the queries and keys (CoPE's gates), not on
+    #: positions alone: attention calls :meth:`contextual_bias_at` with the logits.
+    contextual: ClassVar[bool] = False
+    #: The bias is computed from per-token gates the model supplies (FoX's forget gates):
+    #: attention calls :meth:`gate_bias_at` / :meth:`gate_score_mod_at` with them.
+    gated: ClassVar[bool] = False
+    #: ``None`` for encodings that serve any number of heads (CoPE's one shared table).
+    num_heads: int | None
 
     def bias(
         self,
@@ -201,6 +215,32 @@ class BiasEncoding(Encoding):
         :func:`posenc.positions.resolve_pair` (no validation): what attention calls. The
         default calls :meth:`score_mod`; posenc's families override both."""
         return self.score_mod(q_positions, k_positions)
+
+    def contextual_bias_at(
+        self,
+        logits: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        allowed: torch.Tensor | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """Contextual encodings: the term ``[b, h, q, k]`` added to ``logits = q k^T *
+        scale`` (``[b, h, q, k]``, float32 or wider), from ``q [b, h, q, d]``, ``k [b, h, k,
+        d]`` (key heads repeated to ``h``) and ``allowed`` (bool ``[.., q, k]``, the pairs
+        that may attend; None: all)."""
+        raise NotImplementedError(f"{type(self).__name__} is not contextual")
+
+    def gate_bias_at(self, gates: torch.Tensor, q_len: int) -> torch.Tensor:
+        """Gated encodings: the bias ``[b, h, q_len, k]`` of per-token ``gates [b, h, k]``
+        (the queries are the last ``q_len`` keys), ``-inf`` on the pairs it forbids."""
+        raise NotImplementedError(f"{type(self).__name__} is not gated")
+
+    def gate_score_mod_at(
+        self, gates: torch.Tensor, q_len: int
+    ) -> Callable[..., torch.Tensor] | None:
+        """Gated encodings: :meth:`gate_bias_at` as a FlexAttention ``score_mod`` (or None)."""
+        return None
 
     @property
     def has_score_mod(self) -> bool:

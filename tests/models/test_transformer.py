@@ -58,10 +58,14 @@ def test_kinds_plug_in_where_they_belong(name):
         assert model.encoding.dim == DIM
     elif kind == "rotary":
         assert model.encoding.head_dim == DIM // HEADS
-    elif kind == "bias":
+    elif kind == "bias" and model.encoding.num_heads is not None:  # CoPE: any heads
         assert model.encoding.num_heads == HEADS
-    # one encoding module, shared by every layer
-    assert sum(isinstance(m, Encoding) for m in model.modules()) == 1
+    # one encoding module, shared by every layer (a module per layer: CoPE, as its paper)
+    modules = {id(m) for m in model.modules() if isinstance(m, Encoding)}
+    assert len(modules) == (model.num_layers if model.encoding.per_layer else 1)
+    assert [model.layer_encoding(i).to_config() for i in range(model.num_layers)] == [
+        model.encoding.to_config()
+    ] * model.num_layers
 
 
 @pytest.mark.parametrize("name", ENCODINGS)

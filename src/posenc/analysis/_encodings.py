@@ -7,7 +7,11 @@ Every kind is reduced to the object its properties are stated about:
 - rotary: the linear map ``R(p)`` applied to a query at position ``p`` (``forward`` on the
   identity basis), ``[n, d, d]``; it holds xPos scaling and partial rotary as they are;
 - bias: the bias ``b[h, q, k]`` added to the scaled logits, and its profile against the
-  distance ``q - k`` of a key behind its query, ``[h, m]``;
+  distance ``q - k`` of a key behind its query, ``[h, m]``. Biases that depend on the tokens
+  are measured in one fixed context (:data:`CONTEXTS`): CoPE with every gate open, so each
+  token counts one position (``p = q - k + 1``: CoPE as the relative encoding it learns
+  from), forgetting attention with every forget gate ``sigmoid(0) = 1/2`` (the gate of an
+  initialised model on a zero input: ``-(q - k) ln 2``, ALiBi's form);
 - none: a zero table (it adds nothing).
 """
 
@@ -24,6 +28,7 @@ from posenc._base import BiasEncoding, Encoding
 from posenc._errors import PosEncError, check_dtype, check_int
 
 __all__ = [
+    "CONTEXTS",
     "DEFAULT_ARGS",
     "MAX_POSITIONS",
     "additive_table",
@@ -47,6 +52,7 @@ DEFAULT_ARGS: dict[str, Any] = {
     "head_dim": 64,
     "num_heads": 8,
     "max_len": 2048,
+    "npos_max": 2049,  # CoPE: max_len + 1 positions, as its paper
     "sections": (8, 12, 12),
 }
 
@@ -99,10 +105,18 @@ def resolve_encoding(encoding: str | Mapping[str, Any] | Encoding, **kwargs: Any
     return module.eval()
 
 
+#: The contexts in which biases of the tokens are measured (see the module docs).
+CONTEXTS = {
+    "contextual": "every gate open: each token counts one position, p = q - k + 1",
+    "gated": "every forget gate sigmoid(0) = 1/2: a bias of -(q - k) ln 2",
+}
+
+
 def size(encoding: Encoding, name: str) -> int:
     """An integer attribute of an encoding of the kind that defines it: ``dim`` (additive),
-    ``head_dim`` (rotary, Shaw), ``num_heads`` (bias)."""
-    return int(getattr(encoding, name))
+    ``head_dim`` (rotary, Shaw), ``num_heads`` (bias; 1 for CoPE's one shared table)."""
+    value = getattr(encoding, name)
+    return 1 if value is None and name == "num_heads" else int(value)
 
 
 def inv_freq(encoding: Encoding) -> torch.Tensor:
@@ -263,6 +277,8 @@ def bias_matrix(
     """
     k_positions = q_positions if k_positions is None else k_positions
     q_len, k_len = q_positions.shape[0], k_positions.shape[0]
+    if getattr(encoding, "contextual", False) or getattr(encoding, "gated", False):
+        return _context_bias(encoding, q_positions, k_positions)
     kwargs: dict[str, Any] = {"q_positions": q_positions, "k_positions": k_positions}
     if getattr(encoding, "query_dependent", False):
         kwargs["q"] = _random_queries(encoding, q_len)
@@ -270,6 +286,26 @@ def bias_matrix(
     if out.ndim == 4:  # [b=1, h, q, k]
         out = out[0]
     return out.to(torch.float64)
+
+
+def _context_bias(
+    encoding: Encoding, q_positions: torch.Tensor, k_positions: torch.Tensor
+) -> torch.Tensor:
+    """A token-dependent bias in its :data:`CONTEXTS` context, ``[h, q, k]`` float64."""
+    from posenc.bias.cope import cope_position_logits
+
+    distance = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
+    heads = size(encoding, "num_heads")
+    if getattr(encoding, "gated", False):  # FoX, every log forget gate log(1/2)
+        return (-math.log(2.0) * distance).expand(heads, -1, -1).contiguous()
+    enc = cast(Any, encoding)
+    npos = int(enc.weight.shape[0])
+    counted = (distance + 1).clamp(min=0, max=npos - 1)  # [q, k]: open gates on keys <= q
+    q = _random_queries(encoding, q_positions.shape[0])[0].to(torch.float64)  # [h, q, d]
+    weight = enc.weight.detach().to(torch.float64)
+    z = cope_position_logits(q, weight, counted.expand(heads, -1, -1))  # [h, q, k], scaled q
+    scale = enc.head_dim**0.5  # the queries above carry head_dim ** -0.5 already
+    return z if enc.position_logit == "scaled" else z * scale
 
 
 def bias_profile(encoding: Encoding, distances: torch.Tensor) -> torch.Tensor:

@@ -37,15 +37,16 @@ import torch
 import posenc.attend.flex as _flexattn
 from posenc._base import BiasEncoding, Encoding, RotaryEncoding
 from posenc._errors import PosEncError, check_choice, check_float, check_tensor
-from posenc.attend.paths import eager, sdpa
+from posenc.attend.paths import chunked, eager, sdpa
 from posenc.attend.prepared import PreparedEncoding, prepare_encoding
 
 __all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
 
-BACKENDS = ("auto", "sdpa", "flex", "eager")
+BACKENDS = ("auto", "sdpa", "flex", "eager", "chunked")
 
 #: ``backend="auto"`` moves to FlexAttention when the bias SDPA would materialise
-#: (``b * h * q * k`` float32 values) reaches this many bytes.
+#: (``b * h * q * k`` float32 values) reaches this many bytes, and a contextual encoding
+#: from the eager path to the chunked one.
 FLEX_MIN_BIAS_BYTES = 64 * 2**20
 
 # --- validation ----------------------------------------------------------------
@@ -128,13 +129,48 @@ def _check_mask(
     )
 
 
-def _flex(q, k, v, *, prep, keep, causal, scale):
+def _check_gates(gates: Any, enc: Any, b: int, k_len: int, causal: bool, device) -> None:
+    """``gates`` are given exactly when the encoding is gated, and fit it."""
+    gated = enc is not None and enc.gated
+    if gates is None:
+        if gated:
+            raise PosEncError(
+                f"encoding {enc.name!r} is gated: pass gates=[b, h, k] (its log forget gates)"
+            )
+        return
+    if not gated:
+        name = "no encoding" if enc is None else f"encoding {enc.name!r}"
+        raise PosEncError(f"gates are read by gated encodings ('fox'); {name} takes none")
+    if not causal:
+        raise PosEncError(f"encoding {enc.name!r} is causal only: pass causal=True")
+    enc.check_gates(gates, b, k_len, device)
+
+
+def _flex(q, k, v, *, prep, keep, causal, scale, gates=None):
     """FlexAttention with the encoding's score_mod (or, without one, its materialised bias)."""
-    score_mod = None if prep is None else prep.score_mod(q, scale)
+    if prep is not None and prep.encoding.gated:
+        score_mod = prep.encoding.gate_score_mod_at(gates, q.shape[2])
+    else:
+        score_mod = None if prep is None else prep.score_mod(q, scale)
     return _flexattn.run(q, k, v, score_mod=score_mod, keep=keep, causal=causal, scale=scale)
 
 
 def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: int) -> str:
+    if enc is not None and enc.contextual:
+        if backend in ("sdpa", "flex"):
+            raise PosEncError(
+                f"encoding {enc.name!r} is contextual (its bias is computed from the logits): "
+                "use backend='eager', 'chunked' or 'auto'"
+            )
+        if backend != "auto":
+            return backend
+        scores_bytes = 4 * b * q.shape[1] * q.shape[2] * k_len
+        return "chunked" if scores_bytes >= FLEX_MIN_BIAS_BYTES else "eager"
+    if backend == "chunked" and enc is not None and (enc.query_dependent or enc.value_dependent):
+        raise PosEncError(
+            f"encoding {enc.name!r} depends on the queries or values as a whole: use "
+            "backend='eager', 'sdpa' or 'auto', not 'chunked'"
+        )
     if backend == "flex":
         why = _flexattn.refusal(q, enc, needs_grad, dropout_p)
         if why is not None:
@@ -149,6 +185,10 @@ def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: 
         return "eager"
     if backend != "auto":
         return backend
+    if enc is not None and enc.gated and backend == "auto":
+        if 4 * b * q.shape[1] * q.shape[2] * k_len < FLEX_MIN_BIAS_BYTES:
+            return "sdpa"
+        return "flex" if _flexattn.refusal(q, enc, needs_grad, dropout_p) is None else "chunked"
     if isinstance(enc, BiasEncoding) and not enc.query_dependent:
         bias_bytes = 4 * b * q.shape[1] * q.shape[2] * k_len
         if (
@@ -176,6 +216,7 @@ def attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     backend: str = "auto",
+    gates: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding applied where it belongs.
 
@@ -191,7 +232,9 @@ def attention(
             (a fresh module each call: pass an instance for learned biases). Rotary
             encodings rotate ``q`` and ``k`` at their positions; bias encodings add
             ``encoding.bias(...)`` (query-dependent ones get ``q * scale``;
-            value-dependent ones add ``value_bias(probs)`` to ``probs @ v``). Additive
+            value-dependent ones add ``value_bias(probs)`` to ``probs @ v``; the
+            contextual CoPE computes its term from the logits, queries and keys; the
+            gated ``"fox"`` from ``gates``). Additive
             encodings raise ``PosEncError``. A :class:`PreparedEncoding` from
             :func:`prepare_encoding` (then without positions: they are in it) reuses the
             cos/sin, bias and mask it computed for earlier calls.
@@ -207,7 +250,11 @@ def attention(
         scale: logits multiplier, default ``1 / sqrt(d)``.
         dropout_p: dropout on the attention probabilities (applied whenever > 0: pass 0
             at evaluation).
-        backend: ``"auto"``, ``"sdpa"``, ``"flex"`` or ``"eager"`` (see the module docs).
+        backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"eager"`` or ``"chunked"`` (see the
+            module docs).
+        gates: per-token gates of a gated encoding, ``[b, h, k]``: for ``"fox"`` the log
+            forget gates ``log f_t <= 0`` of the keys' tokens (needs ``causal=True``).
+            Refused for other encodings.
 
     Shape:
         ``q [b, h, q, d]``, ``k [b, h_kv, k, d]``, ``v [b, h_kv, k, d_v]`` -> ``[b, h, q, d_v]``
@@ -248,7 +295,8 @@ def attention(
             )
         prep: PreparedEncoding | None = encoding
         encoding.check(b, q_len, k_len)
-        if isinstance(encoding.encoding, BiasEncoding) and encoding.encoding.num_heads != hq:
+        heads = encoding.encoding.num_heads if isinstance(encoding.encoding, BiasEncoding) else None
+        if heads is not None and heads != hq:
             raise PosEncError(
                 f"encoding {encoding.encoding.name!r} has num_heads="
                 f"{encoding.encoding.num_heads}; it must equal the number of query heads, {hq}"
@@ -271,14 +319,17 @@ def attention(
         q, k = prep.rotate(q, k)  # [b, h, q, d], [b, h_kv, k, d]
         prep = None
     enc = None if prep is None else prep.encoding
+    _check_gates(gates, enc, b, k_len, causal, q.device)
     params_need_grad = enc is not None and any(p.requires_grad for p in enc.parameters())
     needs_grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or params_need_grad
     )
     path = _choose(backend, q, enc, needs_grad, dropout_p, b, k_len)
-    kwargs = dict(prep=prep, keep=keep, causal=causal, scale=scale)
+    kwargs = dict(prep=prep, keep=keep, causal=causal, scale=scale, gates=gates)
     if path == "flex":
         return _flex(q, k, v, **kwargs)
     if path == "sdpa":
         return sdpa(q, k, v, dropout_p=dropout_p, attn_mask=attn_mask, **kwargs)
+    if path == "chunked":
+        return chunked(q, k, v, dropout_p=dropout_p, **kwargs)
     return eager(q, k, v, dropout_p=dropout_p, **kwargs)

@@ -1,9 +1,14 @@
-"""The eager and SDPA paths of :func:`posenc.attention`, and the mask rule both follow.
+"""The eager, chunked and SDPA paths of :func:`posenc.attention`, and the mask rule.
 
-Both compute ``softmax(q k^T * scale + bias + mask) v``. The pairs that may attend come
+All compute ``softmax(q k^T * scale + bias + mask) v``. The pairs that may attend come
 from one function, :func:`allowed_pairs`: the causal rule (queries are the last ``q`` of
 the ``k`` keys) and the bool ``attn_mask``. A query row that may attend to no key returns
 0, not NaN: its row is opened up before the softmax and its output zeroed after.
+
+The eager path is also where contextual encodings (CoPE: a bias from the logits, queries
+and keys) and gated ones (forgetting attention: a bias from per-token gates) add their
+term; the chunked path is the eager one over blocks of query rows, each recomputed in the
+backward pass, for sequences whose ``[b, h, q, k]`` tensors do not fit many times over.
 """
 
 from __future__ import annotations
@@ -12,22 +17,33 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
-__all__ = ["allowed_pairs", "eager", "sdpa"]
+__all__ = ["CHUNK_SCORES", "allowed_pairs", "chunked", "eager", "sdpa"]
 
 
 def allowed_pairs(
-    keep: torch.Tensor | None, causal: bool, q_len: int, k_len: int, device: Any
+    keep: torch.Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    device: Any,
+    *,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(allowed, empty)``: bool ``[.., q, k]`` of the pairs that may attend (None: all),
     with the rows that may attend to no key opened up, and those rows ``[.., q, 1]`` (None
     when there are none by construction: without ``keep`` every causal row sees a key).
 
-    ``keep`` is the validated ``attn_mask`` ``[b|1, h|1, q|1, k]`` or None.
+    ``keep`` is the validated ``attn_mask`` ``[b|1, h|1, q|1, k]`` or None; ``rows =
+    (start, stop)`` restricts the answer to those query rows (of ``q_len``).
     """
+    start, stop = (0, q_len) if rows is None else rows
     allowed = keep
+    if keep is not None and rows is not None and keep.shape[2] != 1:
+        allowed = keep[:, :, start:stop]
     if causal:
-        i = torch.arange(q_len, device=device)[:, None]
+        i = torch.arange(start, stop, device=device)[:, None]
         j = torch.arange(k_len, device=device)[None, :]
         tri = j <= i + (k_len - q_len)  # [q, k]: query i is key position k_len - q_len + i
         allowed = tri if allowed is None else allowed & tri
@@ -37,31 +53,103 @@ def allowed_pairs(
     return allowed | empty, empty
 
 
-def eager(q, k, v, *, prep, keep, causal, scale, dropout_p):
-    """softmax(q k^T * scale + bias + mask) v with plain tensor operations, float32 or wider."""
-    compute = torch.promote_types(q.dtype, torch.float32)
-    rep = q.shape[1] // k.shape[1]
-    qf = q.to(compute)
-    kf = k.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d]
-    vf = v.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d_v]
-    logits = (qf * scale) @ kf.transpose(-1, -2)  # [b, h, q, k]
-    if prep is not None:
-        logits = logits + prep.bias(qf, scale).to(compute)
-    allowed, empty = allowed_pairs(keep, causal, q.shape[2], k.shape[2], q.device)
+def _block(qf, kf, vf, *, prep, keep, causal, scale, dropout_p, gates, start, q_len):
+    """Output rows ``start : start + qf.shape[2]`` (of ``q_len`` queries) of the eager path."""
+    stop = start + qf.shape[2]
+    logits = (qf * scale) @ kf.transpose(-1, -2)  # [b, h, rows, k]
+    allowed, empty = allowed_pairs(keep, causal, q_len, kf.shape[2], qf.device, rows=(start, stop))
+    enc = None if prep is None else prep.encoding
+    if enc is not None and enc.contextual:
+        logits = logits + enc.contextual_bias_at(logits, qf, kf, allowed=allowed, scale=scale)
+    elif enc is not None and enc.gated:
+        logits = logits + enc.gate_bias_at(gates, q_len, start=start, stop=stop)
+    elif enc is not None:
+        bias = prep.bias(qf, scale)
+        if (start, stop) != (0, q_len):
+            bias = bias[..., start:stop, :]
+        logits = logits + bias.to(logits.dtype)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if dropout_p:
         probs = F.dropout(probs, p=dropout_p)
-    out = probs @ vf  # [b, h, q, d_v]
-    if prep is not None and prep.encoding.value_dependent:
-        out = out + prep.value_bias(probs).to(compute)
+    out = probs @ vf  # [b, h, rows, d_v]
+    if enc is not None and enc.value_dependent:
+        out = out + prep.value_bias(probs).to(out.dtype)
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
+    return out
+
+
+def _widened(q, k, v):
+    """``q``, ``k``, ``v`` in float32 or wider, the key/value heads repeated to ``q``'s."""
+    compute = torch.promote_types(q.dtype, torch.float32)
+    rep = q.shape[1] // k.shape[1]
+    kf = k.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d]
+    vf = v.to(compute).repeat_interleave(rep, dim=1)  # [b, h, k, d_v]
+    return q.to(compute), kf, vf
+
+
+def eager(q, k, v, *, prep, keep, causal, scale, dropout_p, gates=None):
+    """softmax(q k^T * scale + bias + mask) v with plain tensor operations, float32 or wider."""
+    qf, kf, vf = _widened(q, k, v)
+    out = _block(
+        qf,
+        kf,
+        vf,
+        prep=prep,
+        keep=keep,
+        causal=causal,
+        scale=scale,
+        dropout_p=dropout_p,
+        gates=gates,
+        start=0,
+        q_len=q.shape[2],
+    )
     return out.to(q.dtype)
 
 
-def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask):
+#: The chunked path computes this many attention scores (``b * h * rows * k``) per block.
+CHUNK_SCORES = 1 << 22
+
+
+def chunked(q, k, v, *, prep, keep, causal, scale, dropout_p, gates=None, block_scores=None):
+    """The eager path one block of query rows at a time, each block recomputed in the
+    backward pass (:func:`torch.utils.checkpoint.checkpoint`) instead of kept: memory
+    ``O(b h rows k)`` instead of ``O(b h q k)`` per tensor. The same numbers as
+    :func:`eager` (the rows do not interact)."""
+    qf, kf, vf = _widened(q, k, v)
+    b, h, q_len, _ = q.shape
+    per_row = b * h * k.shape[2]
+    rows = max(1, (block_scores or CHUNK_SCORES) // per_row)
+    inputs = [t for t in (qf, kf, vf, gates) if t is not None]
+    if prep is not None:
+        inputs += list(prep.encoding.parameters())
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    outs = []
+    for start in range(0, q_len, rows):
+        kw = dict(
+            prep=prep,
+            keep=keep,
+            causal=causal,
+            scale=scale,
+            dropout_p=dropout_p,
+            gates=gates,
+            start=start,
+            q_len=q_len,
+        )
+        qb = qf[:, :, start : start + rows]
+        if grad:
+            out = torch.utils.checkpoint.checkpoint(
+                lambda qb, kf, vf, kw=kw: _block(qb, kf, vf, **kw), qb, kf, vf, use_reentrant=False
+            )
+        else:
+            out = _block(qb, kf, vf, **kw)
+        outs.append(out)
+    return torch.cat(outs, dim=2).to(q.dtype)
+
+
+def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask, gates=None):
     """SDPA: is_causal / a bool mask without a bias, one merged float mask with one."""
     q_len, k_len = q.shape[2], k.shape[2]
     gqa = True if q.shape[1] != k.shape[1] else False  # a Python bool under torch.compile
@@ -72,6 +160,11 @@ def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask):
         )
     if prep is None:
         mask, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
+    elif prep.encoding.gated:  # per-call gates: a fresh mask per call
+        allowed, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
+        mask = prep.encoding.gate_bias_at(gates, q_len).to(q.dtype)
+        if allowed is not None:
+            mask = mask.masked_fill(~allowed, float("-inf"))
     else:  # the merged float mask: once per forward pass when the bias depends on no q
         mask, empty = prep.sdpa_mask(q, scale, keep=keep, causal=causal, mask_id=attn_mask)
     if (

@@ -314,7 +314,7 @@ def prepare_encoding(
     enc = attention_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
     if enc is None and q_positions is None and k_positions is None:
         return None  # nothing to resolve or check
-    if isinstance(enc, BiasEncoding) and enc.num_heads != num_heads:
+    if isinstance(enc, BiasEncoding) and enc.num_heads is not None and enc.num_heads != num_heads:
         raise PosEncError(
             f"encoding {enc.name!r} has num_heads={enc.num_heads}; it must equal the number "
             f"of query heads, {num_heads}"

@@ -11,8 +11,9 @@ FlexAttention score_mod) are computed once and shared by the layers.
 from __future__ import annotations
 
 import inspect
+import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -34,6 +35,7 @@ from posenc._errors import (
     tracing,
 )
 from posenc.attend import PreparedEncoding, attention
+from posenc.models import layers as _layers
 
 __all__ = ["MAX_LAYERS", "MAX_NEW_TOKENS", "KVCache", "TinyTransformer"]
 
@@ -51,6 +53,7 @@ class KVCache:
 
     Attributes:
         keys, values: per layer ``[b, h, t, d]``.
+        gates: per layer with a gated encoding (``"fox"``), its log forget gates ``[b, h, t]``.
         positions: ``[t]`` or ``[b, t]`` positions of the cached tokens (None when empty).
         mask: ``[b, t]`` bool, True for real tokens, or None when no padding was given.
     """
@@ -58,6 +61,7 @@ class KVCache:
     def __init__(self) -> None:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
+        self.gates: dict[int, torch.Tensor] = {}
         self.positions: torch.Tensor | None = None
         self.mask: torch.Tensor | None = None
 
@@ -78,6 +82,13 @@ class KVCache:
             self.values[layer] = torch.cat([self.values[layer], v], dim=2)
         return self.keys[layer], self.values[layer]
 
+    def _update_gates(self, layer: int, gates: torch.Tensor) -> torch.Tensor:
+        """Append this layer's new log forget gates ``[b, h, s]`` (gated encodings)."""
+        if layer in self.gates:
+            gates = torch.cat([self.gates[layer], gates], dim=-1)
+        self.gates[layer] = gates
+        return gates
+
 
 def _cat_positions(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     """``old [t] | [b, t]`` followed by ``new [s] | [b, s]`` (1-D stays 1-D)."""
@@ -91,42 +102,106 @@ def _cat_positions(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
 
 
 class _Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int, dropout: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        dropout: float,
+        *,
+        gated: bool = False,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads, self.head_dim, self.dropout = num_heads, dim // num_heads, dropout
+        settings = settings or {}
+        self.window: int | None = settings.get("window")
+        self.temperature: dict[str, Any] | None = settings.get("temperature")
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
+        # A gated encoding's per-token gates (FoX: the forget gate logits, one per head).
+        self.forget = nn.Linear(dim, num_heads) if gated else None
+        qk_norm = settings.get("qk_norm", False)
+        self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else None
+        ssmax = self.temperature is not None and self.temperature["type"] == "ssmax"
+        init = self.temperature["init"] if ssmax else 0.0  # type: ignore[index]
+        self.ssmax = nn.Parameter(torch.full((num_heads,), init)) if ssmax else None
 
-    def forward(self, x, encoding, *, causal, mask, cache, layer):
-        """``encoding``: the forward pass's PreparedEncoding (rotary: the new tokens' positions;
-        bias: the queries' and all keys'), or None."""
+    def _keep(self, mask, b: int, s: int, k_len: int, causal: bool, device):
+        """The key padding ``mask [b, k]`` with this layer's window: ``[b|1, 1, s, k]``."""
+        if self.window is None:
+            return mask
+        near = _layers.window_keep(s, k_len, self.window, causal=causal, device=device)
+        keep = near[None, None]  # [1, 1, s, k]
+        return keep if mask is None else keep & mask[:, None, None, :]
+
+    def _temper(self, q, q_pos, keep, causal: bool, k_len: int):
+        """``q`` times this layer's temperature (Llama 4's, or SSMax's ``s log n``)."""
+        t = self.temperature
+        if t is None:
+            return q
+        if t["type"] == "llama4":
+            scale = _layers.llama4_temperature(
+                q_pos, floor_scale=t["floor_scale"], attn_scale=t["attn_scale"]
+            )  # [s] or [b, s]
+            scale = scale[None, None, :, None] if scale.ndim == 1 else scale[:, None, :, None]
+            return q * scale.to(q.dtype)
+        keep4 = keep if keep is None or keep.ndim == 4 else keep[:, None, None, :]
+        counts = _layers.allowed_counts(keep4, causal, q.shape[2], k_len)
+        return q * _layers.ssmax_factor(self.ssmax, counts.to(q.device)).to(q.dtype)
+
+    def forward(self, x, encoding, *, causal, mask, cache, layer, q_pos=None):
+        """``encoding``: this layer's PreparedEncoding (rotary: the new tokens' positions;
+        bias: the queries' and all keys'), or None. ``mask``: ``[b, t + s]`` key padding;
+        ``q_pos``: the new tokens' positions (Llama 4's temperature reads them)."""
         b, s, dim = x.shape
         qkv = self.qkv(x).split(dim, dim=-1)  # views; unbind's backward would copy twice
         q, k, v = (t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2) for t in qkv)
-        bias = None
+        if self.q_norm is not None:  # per head, before the rotation
+            q, k = self.q_norm(q), self.k_norm(k)
+        bias, gates = None, None
         if encoding is not None and encoding.encoding.kind == "rotary":
             q, k = encoding.rotate(q, k)  # keys cached after rotation
         else:
             bias = encoding
+        if self.forget is not None:
+            # log sigmoid in float32 (as the FoX paper); padding forgets nothing
+            gates = F.logsigmoid(self.forget(x).float()).transpose(1, 2)  # [b, h, s]
+            if mask is not None:
+                gates = gates.masked_fill(~mask[:, None, -s:], 0.0)
         if cache is not None:
             k, v = cache._update(layer, k, v)  # [b, h, t + s, d]
+            if gates is not None:
+                gates = cache._update_gates(layer, gates)  # [b, h, t + s]
+        keep = self._keep(mask, b, s, k.shape[2], causal, x.device)
+        q = self._temper(q, q_pos, keep, causal, k.shape[2])
         out = attention(
             q,
             k,
             v,
             encoding=bias,
             causal=causal,
-            attn_mask=mask,
+            attn_mask=keep,
             dropout_p=self.dropout if self.training else 0.0,
+            gates=gates,
         )
         return self.proj(out.transpose(1, 2).reshape(b, s, dim))  # [b, s, dim]
 
 
 class _Block(nn.Module):
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: int, dropout: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: int,
+        dropout: float,
+        *,
+        gated: bool = False,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = _Attention(dim, num_heads, dropout)
+        self.attn = _Attention(dim, num_heads, dropout, gated=gated, settings=settings)
         self.norm2 = nn.LayerNorm(dim)
         self.fc = nn.Linear(dim, mlp_ratio * dim)
         self.out = nn.Linear(mlp_ratio * dim, dim)
@@ -152,8 +227,23 @@ class TinyTransformer(nn.Module):
             (ALiBi, T5). Everything is built by :func:`posenc.build`.
         causal: causal self-attention (a decoder LM) or full (an encoder).
         dropout: dropout on embeddings, attention probabilities and residual branches.
-        max_len: table length for encodings that need one (``"learned"``).
+        max_len: table length for encodings that need one (``"learned"``; CoPE's
+            ``npos_max`` defaults to ``max_len + 1``, its paper's choice).
         tie_embeddings: the output projection shares the token embedding matrix.
+        layers: per-layer settings, one dict per layer (or None: every layer alike). A
+            dict's ``"encoding"`` (a rotary, bias or ``"none"`` spec, built as ``encoding``
+            is) replaces the model's encoding in that layer: ``"none"`` every 4th layer is
+            Llama 4's NoPE schedule, two RoPE bases Gemma 3's local / global layers.
+            Layers with the same spec share one module. A dict may also set the layer's
+            ``"window"`` (sliding-window attention), ``"qk_norm"`` and ``"temperature"``
+            (Llama 4's, SSMax): see :mod:`posenc.models.layers`, and
+            :mod:`posenc.models.schedules` for the published schedules.
+
+    One encoding module serves every layer that uses it, except for encodings whose
+    class asks for one per layer (``per_layer``: CoPE, a table per layer as its paper).
+    A gated encoding (``"fox"``) gets, in each layer that uses it, a forget-gate
+    projection ``attn.forget`` (``dim -> num_heads``, with a bias), whose log-sigmoid is
+    passed to attention as ``gates``.
 
     Token embeddings are scaled by ``sqrt(dim)`` (initialised with std ``dim**-0.5``,
     so each channel has unit scale like the sinusoidal table); linear layers start at
@@ -188,6 +278,7 @@ class TinyTransformer(nn.Module):
         dropout: float = 0.0,
         max_len: int | None = None,
         tie_embeddings: bool = True,
+        layers: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.vocab_size = check_int("vocab_size", vocab_size, min=1)
@@ -208,19 +299,86 @@ class TinyTransformer(nn.Module):
         self.causal, self.tie_embeddings = causal, tie_embeddings
         self.head_dim = self.dim // self.num_heads
         self.encoding = self._make_encoding(encoding)
+        self.layers = self._check_layers(layers)
+        per_layer = self._make_layer_encodings()
+        # Modules of the layers that do not use self.encoding (None when every layer does).
+        self.layer_encodings = (
+            nn.ModuleDict({str(i): m for i, m in enumerate(per_layer) if m is not self.encoding})
+            or None
+        )
 
         self.embed = nn.Embedding(self.vocab_size, self.dim)
         self.drop = nn.Dropout(self.dropout)
         self.blocks = nn.ModuleList(
-            _Block(self.dim, self.num_heads, self.mlp_ratio, self.dropout)
-            for _ in range(num_layers)
+            _Block(
+                self.dim,
+                self.num_heads,
+                self.mlp_ratio,
+                self.dropout,
+                gated=bool(getattr(enc, "gated", False)),
+                settings=None if self.layers is None else self.layers[i],
+            )
+            for i, enc in enumerate(per_layer)
         )
         self.norm = nn.LayerNorm(self.dim)
         self.head = None if tie_embeddings else nn.Linear(self.dim, self.vocab_size, bias=False)
         self._init_weights()
 
+    def _check_layers(self, layers: Any) -> list[dict[str, Any]] | None:
+        """``layers`` as a list of ``num_layers`` dicts with known keys (or None)."""
+        if layers is None:
+            return None
+        if isinstance(layers, (str, bytes, Mapping)) or not isinstance(layers, Sequence):
+            raise PosEncError(
+                f"layers must be a list of one dict per layer (or None), got {layers!r}"
+            )
+        if len(layers) != self.num_layers:
+            raise PosEncError(
+                f"layers must hold one dict per layer ({self.num_layers}), got {len(layers)}"
+            )
+        return [_layers.check_layer(i, layer) for i, layer in enumerate(layers)]
+
+    def _make_layer_encodings(self) -> list[Encoding]:
+        """Each layer's encoding module: ``self.encoding``, a layer's own spec (one module per
+        distinct spec), or a module per layer for ``per_layer`` classes."""
+        built: dict[str, Encoding] = {}
+        out: list[Encoding] = []
+        for i in range(self.num_layers):
+            spec = None if self.layers is None else self.layers[i].get("encoding")
+            if spec is None:
+                enc = self.encoding
+                if enc.per_layer and i > 0:  # its own module, the same config
+                    enc = self._make_encoding(self.encoding.to_config())
+                out.append(enc)
+                continue
+            if isinstance(spec, Encoding):
+                raise PosEncError(
+                    f"layers[{i}]['encoding'] must be a registry name or a config dict (the "
+                    f"model builds it), got a module {type(spec).__name__}"
+                )
+            cls = registry.class_of(spec)
+            if cls.kind == "additive":
+                raise PosEncError(
+                    f"layers[{i}]['encoding'] must be rotary, bias or 'none' (additive "
+                    f"encodings act once, at the embeddings), got {cls.name!r}"
+                )
+            enc = self._make_encoding(spec)
+            key = json.dumps(enc.to_config(), sort_keys=True)
+            if not enc.per_layer:
+                enc = built.setdefault(key, enc)
+            self.layers[i]["encoding"] = enc.to_config()  # type: ignore[index]
+            out.append(enc)
+        return out
+
+    def layer_encoding(self, layer: int) -> Encoding:
+        """The encoding module of layer ``layer``."""
+        layer = check_int("layer", layer, min=0, max=self.num_layers - 1)
+        if self.layer_encodings is not None and str(layer) in self.layer_encodings:
+            return self.layer_encodings[str(layer)]  # type: ignore[return-value]
+        return self.encoding
+
     def _make_encoding(self, spec: Any) -> Encoding:
-        """Build (or check) the one encoding module every layer uses."""
+        """Build (or check) an encoding module of this model."""
         if not isinstance(spec, (str, Mapping, Encoding)):
             raise PosEncError(
                 "encoding must be a registry name, a config dict or an Encoding "
@@ -247,15 +405,21 @@ class TinyTransformer(nn.Module):
                 "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
             }
             # Direction follows the model unless the config says otherwise: ALiBi's
-            # symmetric -m|i - j| and T5's two-way buckets for an encoder.
-            defaults = {"causal": self.causal} if cls.kind == "bias" else None
+            # symmetric -m|i - j| and T5's two-way buckets for an encoder. CoPE's table
+            # covers max_len + 1 positions unless the config says otherwise.
+            defaults: dict[str, Any] | None = None
+            if cls.kind == "bias":
+                defaults = {"causal": self.causal}
+                if self.max_len is not None:
+                    defaults["npos_max"] = self.max_len + 1
             enc = registry.build(spec, fill=fill.get(cls.kind), defaults=defaults)
         attr, want = {
             "additive": ("dim", self.dim),
             "rotary": ("head_dim", self.head_dim),
             "bias": ("num_heads", self.num_heads),
         }.get(enc.kind, ("", None))
-        if want is not None and getattr(enc, attr, want) != want:
+        have = getattr(enc, attr, want)
+        if want is not None and have is not None and have != want:
             raise PosEncError(
                 f"encoding {enc.name!r} has {attr}={getattr(enc, attr)}; this model needs "
                 f"{attr}={want}"
@@ -267,6 +431,9 @@ class TinyTransformer(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * self.num_layers)
         blocks: list[_Block] = list(self.blocks)  # type: ignore[arg-type]
         for block in blocks:
+            if block.attn.forget is not None:  # as the FoX paper: std 0.02, zero bias
+                nn.init.normal_(block.attn.forget.weight, std=0.02)
+                nn.init.zeros_(block.attn.forget.bias)
             nn.init.normal_(block.attn.qkv.weight, std=0.02)
             nn.init.normal_(block.attn.proj.weight, std=residual_std)
             nn.init.normal_(block.fc.weight, std=0.02)
@@ -401,13 +568,20 @@ class TinyTransformer(nn.Module):
         x = self.drop(x)
         # Positions (validated once, above), rotary cos/sin and the bias are computed once
         # here for every layer: the new tokens' queries against every key.
-        inner = None
-        if isinstance(self.encoding, RotaryEncoding):  # the new tokens, queries and keys alike
-            inner = PreparedEncoding(self.encoding, q_pos, q_pos)
-        elif isinstance(self.encoding, BiasEncoding):
-            inner = PreparedEncoding(self.encoding, q_pos, k_pos)
+        prepared: dict[int, PreparedEncoding | None] = {}
         for i, block in enumerate(self.blocks):
-            x = block(x, inner, causal=self.causal, mask=mask, cache=cache, layer=i)
+            enc = self.layer_encoding(i)
+            if id(enc) not in prepared:  # once per module, shared by its layers
+                prepared[id(enc)] = self._prepare(enc, q_pos, k_pos)
+            x = block(
+                x,
+                prepared[id(enc)],
+                causal=self.causal,
+                mask=mask,
+                cache=cache,
+                layer=i,
+                q_pos=q_pos,
+            )
         x = self.norm(x)
         if self.head is None:  # tied: rescaled as in T5, so init logits are near uniform
             logits = (x * self.dim**-0.5) @ self.embed.weight.T  # [b, s, vocab]
@@ -417,6 +591,16 @@ class TinyTransformer(nn.Module):
             cache.positions = k_pos
             cache.mask = mask
         return logits
+
+    @staticmethod
+    def _prepare(
+        enc: Encoding, q_pos: torch.Tensor, k_pos: torch.Tensor
+    ) -> PreparedEncoding | None:
+        if isinstance(enc, RotaryEncoding):  # the new tokens, queries and keys alike
+            return PreparedEncoding(enc, q_pos, q_pos)
+        if isinstance(enc, BiasEncoding):
+            return PreparedEncoding(enc, q_pos, k_pos)
+        return None
 
     @torch.no_grad()
     def generate(
@@ -482,6 +666,7 @@ class TinyTransformer(nn.Module):
             "dropout": self.dropout,
             "max_len": self.max_len,
             "tie_embeddings": self.tie_embeddings,
+            "layers": None if self.layers is None else [dict(layer) for layer in self.layers],
         }
 
     @classmethod

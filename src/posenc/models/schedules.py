@@ -1,0 +1,106 @@
+"""Per-layer schedules of current models, as ``TinyTransformer(layers=...)`` lists.
+
+- :func:`nope_every`: Llama 4 and SmolLM3 leave the rotary encoding out of every ``k``-th
+  layer (``k = 4``: layers 4, 8, ... counted from 1), and Llama 4 gives its RoPE layers
+  local (chunked) attention and its NoPE layers the attention temperature
+  (:func:`posenc.models.layers.llama4_temperature`).
+- :func:`local_global`: Gemma 3 alternates ``local`` sliding-window layers with RoPE base
+  ``1e4`` and one global layer with base ``1e6`` (5 : 1, window 1024 in the 1B model).
+
+Each returns one dict per layer (see :mod:`posenc.models.layers`); :data:`SCHEDULES`
+names them for ``posenc lengthgen``.
+
+Examples:
+    >>> from posenc.models.schedules import nope_every
+    >>> [layer.get("encoding") for layer in nope_every(4, 4)]
+    [None, None, None, 'none']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from posenc._errors import check_choice, check_float, check_int
+
+__all__ = ["SCHEDULES", "local_global", "nope_every", "schedule"]
+
+
+def nope_every(
+    k: int,
+    num_layers: int,
+    *,
+    window: int | None = None,
+    temperature: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """NoPE on every ``k``-th layer (layers ``k, 2k, ...`` counted from 1), the model's
+    encoding on the others.
+
+    Args:
+        k: the period, ``>= 1`` (``k = 1``: every layer NoPE).
+        num_layers: layers of the model.
+        window: sliding window of the encoded (non-NoPE) layers (Llama 4's local
+            attention), or None.
+        temperature: the NoPE layers' query temperature (Llama 4:
+            ``{"type": "llama4", ...}``), or None.
+    """
+    k = check_int("k", k, min=1)
+    num_layers = check_int("num_layers", num_layers, min=1)
+    out: list[dict[str, Any]] = []
+    for i in range(num_layers):
+        if (i + 1) % k == 0:
+            layer: dict[str, Any] = {"encoding": "none"}
+            if temperature is not None:
+                layer["temperature"] = dict(temperature)
+        else:
+            layer = {} if window is None else {"window": window}
+        out.append(layer)
+    return out
+
+
+def local_global(
+    num_layers: int,
+    *,
+    ratio: int = 5,
+    window: int = 1024,
+    local_base: float = 1e4,
+    global_base: float = 1e6,
+) -> list[dict[str, Any]]:
+    """Gemma 3's ``ratio`` local layers (sliding window, RoPE base ``local_base``) to one
+    global layer (full attention, base ``global_base``): layer ``i`` (from 0) is global when
+    ``(i + 1) % (ratio + 1) == 0``.
+
+    Examples:
+        >>> [layer["encoding"]["base"] for layer in local_global(4, ratio=1, window=8)]
+        [10000.0, 1000000.0, 10000.0, 1000000.0]
+    """
+    num_layers = check_int("num_layers", num_layers, min=1)
+    ratio = check_int("ratio", ratio, min=0)
+    window = check_int("window", window, min=1)
+    local_base = check_float("local_base", local_base, min=1.0, min_exclusive=True)
+    global_base = check_float("global_base", global_base, min=1.0, min_exclusive=True)
+    out = []
+    for i in range(num_layers):
+        if (i + 1) % (ratio + 1) == 0:
+            out.append({"encoding": {"name": "rope", "base": global_base}})
+        else:
+            out.append({"encoding": {"name": "rope", "base": local_base}, "window": window})
+    return out
+
+
+#: Schedules by name, each ``f(num_layers, train_len) -> layers``, for ``posenc lengthgen``:
+#: ``"nope-every-4"`` (Llama 4 / SmolLM3's NoPE layers), ``"nope-every-2"``,
+#: ``"local-global"`` (Gemma 3's 5 : 1, its window a quarter of the training length).
+SCHEDULES: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
+    "nope-every-4": lambda layers, train_len: nope_every(4, layers),
+    "nope-every-2": lambda layers, train_len: nope_every(2, layers),
+    "local-global": lambda layers, train_len: local_global(layers, window=max(1, train_len // 4)),
+}
+
+
+def schedule(name: str, num_layers: int, train_len: int) -> list[dict[str, Any]]:
+    """The schedule called ``name`` (one of :data:`SCHEDULES`) for a model of ``num_layers``
+    layers trained at ``train_len`` tokens."""
+
+    check_choice("schedule", name, tuple(SCHEDULES))
+    return SCHEDULES[name](num_layers, train_len)
