@@ -60,9 +60,11 @@ def _block(qf, kf, vf, *, prep, keep, causal, scale, dropout_p, gates, start, q_
     allowed, empty = allowed_pairs(keep, causal, q_len, kf.shape[2], qf.device, rows=(start, stop))
     enc = None if prep is None else prep.encoding
     if enc is not None and enc.contextual:
-        logits = logits + enc.contextual_bias_at(logits, qf, kf, allowed=allowed, scale=scale)
+        bias = enc.contextual_bias_at(logits, qf, kf, allowed=allowed, scale=scale)
+        logits = logits + bias.to(logits.dtype)
     elif enc is not None and enc.gated:
-        logits = logits + enc.gate_bias_at(gates, q_len, start=start, stop=stop)
+        bias = enc.gate_bias_at(gates, q_len, start=start, stop=stop)
+        logits = logits + bias.to(logits.dtype)
     elif enc is not None:
         bias = prep.bias(qf, scale)
         if (start, stop) != (0, q_len):

@@ -193,7 +193,8 @@ def cope_positions(
     allowed = _allowed(attn_mask, causal, b, q_len, k.shape[2], q.device)
     compute = torch.promote_types(q.dtype, torch.float32)
     logits = (q.to(compute) * _scale(scale, d)) @ k.to(compute).transpose(-1, -2)
-    return _positions_from_logits(logits, allowed, npos_max)
+    positions = _positions_from_logits(logits, allowed, npos_max)
+    return positions if allowed is None else positions.masked_fill(~allowed, 0.0)
 
 
 def cope_bias(
