@@ -225,7 +225,10 @@ def test_schedules():
         (dict(layers=[{}, {"base": 2}]), r"layers\[1\] has unknown keys \['base'\]"),
         (dict(layers=[{"encoding": "sinusoidal"}, {}]), r"must be rotary, bias or 'none'"),
         (dict(layers=[{"window": 0}, {}]), r"layers\[0\]\['window'\] must be >= 1, got 0"),
-        (dict(layers=[{"qk_norm": 1}, {}]), r"layers\[0\]\['qk_norm'\] must be True or False, got 1"),
+        (
+            dict(layers=[{"qk_norm": 1}, {}]),
+            r"layers\[0\]\['qk_norm'\] must be True or False, got 1",
+        ),
         (
             dict(layers=[{"temperature": {"type": "hot"}}, {}]),
             r"\['type'\] must be one of 'llama4', 'ssmax', got 'hot'",

@@ -36,16 +36,40 @@ def _memory_limit(device: str) -> int:
     return byte_limit(cap=None)
 
 
-def _task(value: str) -> str:
+def _task(value: str | None) -> str | None:
     from posenc.experiments.tasks import TASKS  # here: `posenc table` need not import it
 
-    return str(choice("--task", tuple(TASKS))(value))
+    return None if value is None else str(choice("--task", tuple(TASKS))(value))
+
+
+def _study(value: str | None) -> str | None:
+    from posenc.experiments.studies import STUDIES
+
+    return None if value is None else str(choice("--study", tuple(STUDIES))(value))
+
+
+def _scale(value: str) -> str:
+    from posenc.experiments.studies import SCALES
+
+    return str(choice("--scale", SCALES)(value))
 
 
 def _optimizer(value: str | None) -> str | None:
     from posenc.experiments.optim import OPTIMIZERS
 
     return None if value is None else str(choice("--optimizer", OPTIMIZERS)(value))
+
+
+def _split(value: str | None) -> str | None:
+    from posenc.experiments.tasks import FLIPFLOP_SPLITS
+
+    return None if value is None else str(choice("--eval-split", tuple(FLIPFLOP_SPLITS))(value))
+
+
+def _temperature(value: str | None) -> str | None:
+    from posenc.models.layers import TEMPERATURES
+
+    return None if value is None else str(choice("--temperature", tuple(TEMPERATURES))(value))
 
 
 def _device(value: str) -> str:
@@ -169,12 +193,36 @@ def _summary(results: dict) -> None:
 def lengthgen(
     out: Annotated[str, typer.Option("--out", help="Output directory.", callback=text("--out"))],
     task: Annotated[
-        str,
-        typer.Option(help="lm, copy, reverse, recall or addition.", callback=_task),
-    ] = "lm",
+        str | None,
+        typer.Option(
+            help="lm, copy, reverse, recall, addition, counting or flipflop [lm].",
+            callback=_task,
+        ),
+    ] = None,
     encodings: Annotated[
-        str, typer.Option(help="Comma-separated registry names.", callback=text("--encodings"))
-    ] = _DEFAULT_ENCODINGS,
+        str | None,
+        typer.Option(
+            help="Comma-separated registry names or variants (prope-0.25, prope-0.75, drope), "
+            "each optionally NAME@SCHEDULE (nope-every-4, nope-every-2, local-global).",
+            callback=text("--encodings"),
+        ),
+    ] = None,
+    study: Annotated[
+        str | None,
+        typer.Option(
+            help="A named study of the literature (counting, flipflop, prope, nope-layers, "
+            "drope): its task, encodings and settings, which other options override.",
+            callback=_study,
+        ),
+    ] = None,
+    scale: Annotated[
+        str,
+        typer.Option(
+            help="--study at cpu scale (2 cores, <= 10 min) or paper scale (a GPU run, e.g. "
+            "under torchrun) [cpu].",
+            callback=_scale,
+        ),
+    ] = "cpu",
     train_len: Annotated[
         int | None,
         typer.Option(help="Training length L [preset].", callback=_int("--train-len", 1, _LEN)),
@@ -293,6 +341,37 @@ def lengthgen(
             help="Examples per length (synthetic).", callback=_int("--eval-examples", 1, _COUNT)
         ),
     ] = None,
+    num_vars: Annotated[
+        int | None,
+        typer.Option(
+            help="counting: variables in a program, 1-5 [3].", callback=_int("--num-vars", 1, 5)
+        ),
+    ] = None,
+    eval_split: Annotated[
+        str | None,
+        typer.Option(
+            help="flipflop: the main eval split, sparse, dense or train [sparse]; the others "
+            "are reported too.",
+            callback=_split,
+        ),
+    ] = None,
+    qk_norm: Annotated[
+        bool, typer.Option("--qk-norm", help="Every layer RMS-normalises queries and keys.")
+    ] = False,
+    temperature: Annotated[
+        str | None,
+        typer.Option(
+            help="Every layer's query temperature: llama4 or ssmax [none].",
+            callback=_temperature,
+        ),
+    ] = None,
+    drope_at: Annotated[
+        float | None,
+        typer.Option(
+            help="drope: drop RoPE after this fraction of the steps [0.85].",
+            callback=number("--drope-at", min=0.0, max=1.0),
+        ),
+    ] = None,
     threads: Annotated[
         int,
         typer.Option(
@@ -356,7 +435,27 @@ def lengthgen(
             plot=plot,
             threads=threads,
             max_bytes=_memory_limit(device),
+            num_vars=num_vars,
+            eval_split=eval_split,
+            qk_norm=qk_norm or None,
+            temperature=temperature,
+            drope_at=drope_at,
         )
+        if study is not None:
+            from posenc.experiments.studies import study_arguments
+
+            named = study_arguments(study, scale)
+            task = task if task is not None else named.pop("task")
+            encodings = encodings if encodings is not None else ",".join(named.pop("encodings"))
+            if seed is not None:  # one seed asked for: the study's seeds give way
+                named.pop("seeds", None)
+            for key, value in named.items():
+                if key in options and options[key] is None:
+                    options[key] = value
+        elif scale != "cpu":
+            raise PosEncError("--scale sets the size of a --study; give --study with it")
+        task = "lm" if task is None else task
+        encodings = _DEFAULT_ENCODINGS if encodings is None else encodings
         if quiet or not main_rank:
             results = run_study(task, encodings, **options)
         else:

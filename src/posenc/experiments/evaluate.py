@@ -12,6 +12,10 @@ from one teacher-forced forward pass. That equals greedy decoding's exact
 match: if every argmax given the true prefix is right, greedy decoding produces
 that prefix. Also ``token_accuracy`` and ``loss`` over scored tokens.
 
+Tasks with other eval sets of the same model (flip-flop's splits,
+:meth:`~posenc.experiments.tasks.Task.extra_splits`) add their metrics under ``"splits"``,
+by name.
+
 A length the model cannot run (a learned table shorter than ``E``) gives
 ``{"error": message}`` for that length; the others are still evaluated.
 """
@@ -192,7 +196,26 @@ def evaluate(
             if errors:
                 results[str(length)] = {"error": errors[0]}
                 continue
-            results[str(length)] = _metrics(task, dist.all_reduce_sum(sums), length, train_len)
+            metrics = _metrics(task, dist.all_reduce_sum(sums), length, train_len)
+            splits = task.extra_splits()
+            if splits:
+                metrics["splits"] = {}
+                for split, split_task in splits.items():
+                    with torch.no_grad():
+                        split_sums = _sums(
+                            model,
+                            split_task,
+                            length,
+                            train_len=train_len,
+                            seed=seed,
+                            dist=dist,
+                            random_positions=random_positions,
+                            max_tokens=rows * length,
+                        )
+                    metrics["splits"][split] = _metrics(
+                        split_task, dist.all_reduce_sum(split_sums), length, train_len
+                    )
+            results[str(length)] = metrics
     finally:
         model.train(was_training)
     return results

@@ -40,8 +40,13 @@ from posenc.experiments.outdir import lock_out_dir
 from posenc.experiments.parallel import Unit, UnitContext, default_jobs, run_units
 from posenc.experiments.results import results_record, write_results
 from posenc.experiments.runner import EVAL_MAX_TOKENS
-from posenc.experiments.settings import DEFAULT_ENCODINGS, PRESETS, resolve, study_bytes
-from posenc.experiments.tasks import make_task
+from posenc.experiments.settings import (
+    DEFAULT_ENCODINGS,
+    PRESETS,
+    make_study_task,
+    resolve,
+    study_bytes,
+)
 
 __all__ = [
     "DEFAULT_ENCODINGS",
@@ -119,14 +124,23 @@ def run_study(
     plot: bool = True,
     on_event: Event | None = None,
     max_bytes: int | None = None,
+    num_vars: int | None = None,
+    eval_split: str | None = None,
+    qk_norm: bool | None = None,
+    temperature: str | Mapping[str, Any] | None = None,
+    drope_at: float | None = None,
 ) -> dict[str, Any]:
     """Train a model per encoding at ``train_len``, evaluate it at ``eval_lens``.
 
     Settings left as None come from ``PRESETS[preset]``.
 
     Args:
-        task: ``"lm"``, ``"copy"``, ``"reverse"``, ``"recall"`` or ``"addition"``.
-        encodings: registry names (or config dicts), e.g. ``["none", "rope", "alibi"]``.
+        task: ``"lm"``, ``"copy"``, ``"reverse"``, ``"recall"``, ``"addition"``,
+            ``"counting"`` or ``"flipflop"``.
+        encodings: registry names (or config dicts), e.g. ``["none", "rope", "alibi"]``,
+            study variants (``"prope-0.75"``, ``"drope"``:
+            :data:`~posenc.experiments.models.VARIANTS`), each optionally with a per-layer
+            schedule, ``"rope@nope-every-4"`` (:data:`posenc.models.schedules.SCHEDULES`).
         train_len: training sequence length ``L``.
         eval_lens: evaluation lengths (``L, 2L, 4L, 8L`` in the presets).
         steps: training steps per encoding.
@@ -161,6 +175,13 @@ def run_study(
             stays fast on a busy CPU (``posenc lengthgen`` uses 1).
         plot: write ``lengthgen.png`` (needs matplotlib, ``pip install 'posenc[plot]'``).
         on_event: progress callback, see :data:`Event`.
+        num_vars: the ``counting`` task's variables (1-5; default 3).
+        eval_split: the ``flipflop`` task's main eval split (``"sparse"``, the default;
+            the other splits are reported under ``"splits"``).
+        qk_norm: every layer of every model normalises its queries and keys.
+        temperature: every layer's query temperature, ``"llama4"`` or ``"ssmax"`` (or a
+            dict, :mod:`posenc.models.layers`).
+        drope_at: the ``drope`` variant drops RoPE after this fraction of the steps (0.85).
         max_bytes: refuse a study whose estimated peak memory
             (:func:`~posenc.experiments.settings.study_bytes`, times the worker processes) is
             above this many bytes, before anything is allocated (``posenc lengthgen`` passes
@@ -218,6 +239,11 @@ def run_study(
                 "eval_examples": eval_examples,
                 "seed": seed,
                 "seeds": seeds,
+                "num_vars": num_vars,
+                "eval_split": eval_split,
+                "qk_norm": qk_norm,
+                "temperature": temperature,
+                "drope_at": drope_at,
             },
             dist.world_size,
         )
@@ -248,7 +274,7 @@ def run_study(
                 _check_out_dir(out)
                 held.enter_context(lock_out_dir(out))  # refuses a second run into out_dir
             dist.barrier()
-        task_obj = make_task(task, eval_tokens=study.eval_tokens, eval_examples=study.eval_examples)
+        task_obj = make_study_task(study)
         task_obj.check_length("train_len", study.train_len)
         for length in study.eval_lens:
             task_obj.check_length("eval_lens entry", length)

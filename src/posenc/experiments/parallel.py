@@ -32,8 +32,8 @@ import torch
 
 from posenc.experiments.distributed import Dist
 from posenc.experiments.runner import Runner, run_unit, seed_study
-from posenc.experiments.settings import Study
-from posenc.experiments.tasks import Task, make_task
+from posenc.experiments.settings import Study, make_study_task
+from posenc.experiments.tasks import Task
 
 __all__ = ["Unit", "UnitContext", "default_jobs", "dispatch_order", "run_units"]
 
@@ -102,7 +102,7 @@ def dispatch_order(units: Sequence[Unit], study: Study) -> list[int]:
 
 
 def _make_task(study: Study) -> Task:
-    return make_task(study.task, eval_tokens=study.eval_tokens, eval_examples=study.eval_examples)
+    return make_study_task(study)
 
 
 # --- the worker side: one task object per process, events into the parent's queue ---

@@ -102,6 +102,8 @@ def results_record(
         "finetune_steps": study.finetune_steps,
         "eval_tokens": study.eval_tokens if isinstance(task, LMTask) else None,
         "eval_examples": None if isinstance(task, LMTask) else study.eval_examples,
+        "task_options": dict(study.task_options),
+        "layer": dict(study.layer),
     }
     environment = {
         "device": device,

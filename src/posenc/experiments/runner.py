@@ -97,6 +97,17 @@ class Runner:
             self.s.model,
             max_len=self.max_len,
             seed=derive_seed(self.seed, "init"),
+            train_len=self.s.train_len,
+            layer=dict(self.s.layer),
+        )
+
+    def train_settings(self, spec: Mapping[str, Any]) -> TrainSettings:
+        """The study's training settings for ``spec`` (the ``drope`` variant's drop step)."""
+        if "drope_at" not in spec:
+            return self.s.train
+        steps = self.s.train.steps
+        return dataclasses.replace(
+            self.s.train, drope_step=min(steps, round(float(spec["drope_at"]) * steps))
         )
 
     def check_resumable(
@@ -156,7 +167,7 @@ class Runner:
         extensions'), so that a bad encoding or checkpoint fails before anything trains."""
         model = self.build(spec)
         dry_run(label, model, self.s)
-        self.check_resumable(label, model, self.s.train)
+        self.check_resumable(label, model, self.train_settings(spec))
         if label == "rope" and self.s.extend:
             _extension_runs(self, model, {}, validate_only=True)
 
@@ -232,7 +243,7 @@ def run_unit(runner: Runner, label: str, spec: Mapping[str, Any]) -> list[dict[s
     the runner's seed; returns its run records (the trained model's first)."""
     with torch.random.fork_rng(devices=[]):  # the caller's global generator is left as it was
         model = runner.build(spec)
-        result = runner.fit(label, model, runner.s.train)
+        result = runner.fit(label, model, runner.train_settings(spec))
         record = _train_record(result)
         runs = [
             {

@@ -10,12 +10,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc._errors import PosEncError, check_bool, check_choice, check_float, check_int
 from posenc.experiments.extension import EXTENSIONS
 from posenc.experiments.models import ModelSettings, check_distinct, encoding_label, encoding_spec
 from posenc.experiments.optim import OPTIMIZERS
-from posenc.experiments.tasks import TASKS
+from posenc.experiments.tasks import TASKS, Task, make_task
 from posenc.experiments.train import TrainSettings
+from posenc.models.layers import check_layer
 
 __all__ = [
     "DEFAULT_ENCODINGS",
@@ -24,6 +25,7 @@ __all__ = [
     "MAX_SEEDS",
     "PRESETS",
     "Study",
+    "make_study_task",
     "resolve",
     "study_bytes",
 ]
@@ -96,6 +98,10 @@ class Study:
     eval_examples: int
     #: every seed the study trains each encoding with; ``train.seed`` is the first.
     seeds: tuple[int, ...] = (0,)
+    #: the task's own options (``counting``'s ``num_vars``, ``flipflop``'s ``eval_split``).
+    task_options: tuple[tuple[str, Any], ...] = ()
+    #: settings every layer of every model gets (``qk_norm``, ``temperature``).
+    layer: tuple[tuple[str, Any], ...] = ()
 
 
 def _pick(name: str, given: Any, preset: Mapping[str, Any]) -> Any:
@@ -142,12 +148,45 @@ def _seeds(seed: Any, seeds: Any) -> tuple[int, ...]:
     return out
 
 
+def make_study_task(study: Study) -> Task:
+    """The study's task, with its eval sizes and its own options."""
+    return make_task(
+        study.task,
+        eval_tokens=study.eval_tokens,
+        eval_examples=study.eval_examples,
+        **dict(study.task_options),
+    )
+
+
+def _layer_settings(qk_norm: Any, temperature: Any) -> tuple[tuple[str, Any], ...]:
+    """``--qk-norm`` / ``--temperature`` as the settings every layer gets (checked)."""
+    layer: dict[str, Any] = {}
+    if qk_norm is not None and check_bool("qk_norm", qk_norm):
+        layer["qk_norm"] = True
+    if temperature is not None:
+        if isinstance(temperature, str):
+            temperature = {"type": temperature}
+        layer["temperature"] = temperature
+    checked = check_layer(0, layer)  # the one rule for a layer's settings
+    return tuple((k, checked[k]) for k in layer)
+
+
 def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int) -> Study:
     """Validate a study's settings; ``options`` left as None come from the preset named
     by ``options["preset"]``. ``options["seed"]`` (one seed) and ``options["seeds"]``
-    (several) exclude each other; neither means seed 0."""
+    (several) exclude each other; neither means seed 0. ``num_vars`` / ``eval_split``
+    (the task's options), ``qk_norm`` / ``temperature`` (every layer's) and ``drope_at``
+    (the ``drope`` variant's fraction of the steps) have no preset value."""
     check_choice("task", task, tuple(TASKS))
     seeds = _seeds(options.pop("seed", None), options.pop("seeds", None))
+    task_options = {
+        k: v for k in ("num_vars", "eval_split") if (v := options.pop(k, None)) is not None
+    }
+    make_task(task, **task_options)  # refuses an option of another task, or a bad value
+    layer = _layer_settings(options.pop("qk_norm", None), options.pop("temperature", None))
+    drope_at = options.pop("drope_at", None)
+    if drope_at is not None:
+        drope_at = check_float("drope_at", drope_at, min=0.0, max=1.0)
     preset = PRESETS[check_choice("preset", options.pop("preset"), tuple(PRESETS))]
     o = {k: _pick(k, v, preset) for k, v in options.items()}
     if isinstance(encodings, str):
@@ -204,6 +243,19 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
             )
         finetune_steps = 0  # the preset's fine-tune belongs to the extension just dropped
     specs = tuple(encoding_spec(e, train_len=train_len) for e in encodings)
+    if drope_at is not None:
+        if not any("drope_at" in spec for spec in specs):
+            raise PosEncError(
+                f"drope_at sets the 'drope' variant's drop, got no 'drope' among the "
+                f"encodings ({', '.join(labels)})"
+            )
+        specs = tuple({**sp, "drope_at": drope_at} if "drope_at" in sp else sp for sp in specs)
+    num_layers = check_int("num_layers", o["num_layers"], min=1, max=2**10)
+    for label, spec in zip(labels, specs, strict=True):
+        if spec.get("schedule") == "nope-every-4" and num_layers < 4:
+            raise PosEncError(
+                f"{label} needs at least 4 layers (NoPE on every 4th), got num_layers={num_layers}"
+            )
     return Study(
         task=task,
         labels=labels,
@@ -212,7 +264,7 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         eval_lens=eval_lens,
         model=ModelSettings(
             check_int("dim", o["dim"], min=1, max=2**16),
-            check_int("num_layers", o["num_layers"], min=1, max=2**10),
+            num_layers,
             check_int("num_heads", o["num_heads"], min=1, max=2**10),
         ),
         train=TrainSettings(
@@ -234,6 +286,8 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1, max=_MAX_EVAL_TOKENS),
         eval_examples=check_int("eval_examples", o["eval_examples"], min=1, max=MAX_COUNT),
         seeds=seeds,
+        task_options=tuple(sorted(task_options.items())),
+        layer=layer,
     )
 
 

@@ -108,6 +108,11 @@ class Task:
     def check_length(self, name: str, length: int) -> int:
         return check_int(name, length, min=self.min_length())
 
+    def extra_splits(self) -> dict[str, Task]:
+        """Other eval sets of the same trained model, by name (flip-flop's other splits):
+        :func:`~posenc.experiments.evaluate.evaluate` reports each under ``"splits"``."""
+        return {}
+
     def train_batch(self, step: int, batch_size: int, seq_len: int, *, seed: int) -> Batch:
         """The global training batch of ``step``: ``[batch_size, seq_len]``."""
         raise NotImplementedError
@@ -599,6 +604,17 @@ class FlipFlopTask(Task):
 
     def min_length(self) -> int:
         return 5  # BOS w b r b
+
+    def extra_splits(self) -> dict[str, Task]:
+        return {
+            split: FlipFlopTask(
+                train_p_ignore=self.train_p_ignore,
+                eval_split=split,
+                eval_examples=self.eval_examples,
+            )
+            for split in FLIPFLOP_SPLITS
+            if split != self.eval_split
+        }
 
     def num_eval_rows(self, length: int) -> int:
         return self.eval_examples

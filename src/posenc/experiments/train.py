@@ -77,6 +77,10 @@ class TrainSettings:
         checkpoint_every: save every this many steps (and at the end); 0 saves only at the end.
         optimizer: ``"adamw"``, or ``"muon"`` (Muon on the hidden matrices, AdamW on the
             rest; :mod:`posenc.experiments.optim`).
+        drope_step: DroPE (Gelberg et al., 2025): from this step on the model trains
+            without its rotary encodings (``TinyTransformer.drop_rotary``), recalibrating
+            for the remaining steps; None keeps them. A run resumed past it drops them
+            before loading.
     """
 
     steps: int
@@ -91,6 +95,7 @@ class TrainSettings:
     seed: int = 0
     checkpoint_every: int = 0
     optimizer: str = "adamw"
+    drope_step: int | None = None
 
     def __post_init__(self) -> None:
         # checked, and stored as plain int / float (a NumPy scalar would reach json.dumps)
@@ -109,6 +114,10 @@ class TrainSettings:
         if self.random_positions is not None:
             checked["random_positions"] = check_int(
                 "random_positions", self.random_positions, min=int(checked["seq_len"])
+            )
+        if self.drope_step is not None:
+            checked["drope_step"] = check_int(
+                "drope_step", self.drope_step, min=0, max=int(checked["steps"])
             )
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -223,6 +232,11 @@ def train(
     local_seconds = 0.0  # time spent in this process (for the throughput)
     if checkpoint is not None and resume and Path(checkpoint).exists():
         state = load_resumable(checkpoint, model, optimizer, full_config)
+        if (
+            settings.drope_step is not None
+            and int(state["data"]["next_step"]) >= settings.drope_step
+        ):
+            _drop_rotary(model)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         set_rng_state(state["rng"][dist.rank])
@@ -240,6 +254,8 @@ def train(
     tokens_per_step = settings.batch_size * settings.seq_len
     model.train()
     for step in range(start, settings.steps):
+        if step == settings.drope_step:
+            _drop_rotary(model)
         began = time.perf_counter()
         batch = task.train_batch(step, settings.batch_size, settings.seq_len, seed=settings.seed)
         count = int((batch.targets != IGNORE).sum())  # scored tokens of the global batch
@@ -287,6 +303,8 @@ def train(
         if on_step is not None:
             on_step(StepInfo(done, settings.steps, loss, tokens_per_step / max(elapsed, 1e-9)))
 
+    if settings.drope_step == settings.steps:  # dropped at the end: no recalibration
+        _drop_rotary(model)
     ran, spent = (
         (settings.steps - start, local_seconds)
         if start < settings.steps
@@ -299,6 +317,16 @@ def train(
         tokens_per_second=tokens_per_step * ran / max(spent, 1e-9),
         resumed_from=resumed_from,
     )
+
+
+def _drop_rotary(model: nn.Module) -> None:
+    drop = getattr(model, "drop_rotary", None)
+    if drop is None:
+        raise PosEncError(
+            f"drope_step needs a model with drop_rotary() (a TinyTransformer), got "
+            f"{type(model).__name__}"
+        )
+    drop()
 
 
 def _save(

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from posenc._errors import check_choice, check_float, check_int
+from posenc import registry
+from posenc._errors import PosEncError, check_choice, check_float, check_int
 
 __all__ = ["SCHEDULES", "local_global", "nope_every", "schedule"]
 
@@ -65,10 +66,12 @@ def local_global(
     window: int = 1024,
     local_base: float = 1e4,
     global_base: float = 1e6,
+    encoding: str | Mapping[str, Any] = "rope",
 ) -> list[dict[str, Any]]:
     """Gemma 3's ``ratio`` local layers (sliding window, RoPE base ``local_base``) to one
     global layer (full attention, base ``global_base``): layer ``i`` (from 0) is global when
-    ``(i + 1) % (ratio + 1) == 0``.
+    ``(i + 1) % (ratio + 1) == 0``. ``encoding`` is the rotary spec whose ``base`` each layer
+    sets (default plain RoPE; a p-RoPE config keeps its fraction).
 
     Examples:
         >>> [layer["encoding"]["base"] for layer in local_global(4, ratio=1, window=8)]
@@ -79,28 +82,43 @@ def local_global(
     window = check_int("window", window, min=1)
     local_base = check_float("local_base", local_base, min=1.0, min_exclusive=True)
     global_base = check_float("global_base", global_base, min=1.0, min_exclusive=True)
-    out = []
+    spec = {"name": encoding} if isinstance(encoding, str) else dict(encoding)
+    cls = registry.class_of(spec)
+    if "base" not in registry.parameters(cls)[0]:
+        raise PosEncError(
+            f"local_global sets a RoPE base per layer: encoding must be rotary with a base, "
+            f"got {cls.name!r}"
+        )
+    out: list[dict[str, Any]] = []
     for i in range(num_layers):
         if (i + 1) % (ratio + 1) == 0:
-            out.append({"encoding": {"name": "rope", "base": global_base}})
+            out.append({"encoding": {**spec, "base": global_base}})
         else:
-            out.append({"encoding": {"name": "rope", "base": local_base}, "window": window})
+            out.append({"encoding": {**spec, "base": local_base}, "window": window})
     return out
 
 
-#: Schedules by name, each ``f(num_layers, train_len) -> layers``, for ``posenc lengthgen``:
-#: ``"nope-every-4"`` (Llama 4 / SmolLM3's NoPE layers), ``"nope-every-2"``,
-#: ``"local-global"`` (Gemma 3's 5 : 1, its window a quarter of the training length).
-SCHEDULES: dict[str, Callable[[int, int], list[dict[str, Any]]]] = {
-    "nope-every-4": lambda layers, train_len: nope_every(4, layers),
-    "nope-every-2": lambda layers, train_len: nope_every(2, layers),
-    "local-global": lambda layers, train_len: local_global(layers, window=max(1, train_len // 4)),
+#: Schedules by name, each ``f(num_layers, train_len, encoding) -> layers``, for ``posenc
+#: lengthgen``: ``"nope-every-4"`` (Llama 4 / SmolLM3's NoPE layers), ``"nope-every-2"``,
+#: ``"local-global"`` (Gemma 3's 5 : 1 on the model's rotary encoding, its window a quarter
+#: of the training length).
+SCHEDULES: dict[str, Callable[[int, int, Mapping[str, Any]], list[dict[str, Any]]]] = {
+    "nope-every-4": lambda layers, train_len, encoding: nope_every(4, layers),
+    "nope-every-2": lambda layers, train_len, encoding: nope_every(2, layers),
+    "local-global": lambda layers, train_len, encoding: local_global(
+        layers, window=max(1, train_len // 4), encoding=encoding
+    ),
 }
 
 
-def schedule(name: str, num_layers: int, train_len: int) -> list[dict[str, Any]]:
+def schedule(
+    name: str,
+    num_layers: int,
+    train_len: int,
+    encoding: str | Mapping[str, Any] = "rope",
+) -> list[dict[str, Any]]:
     """The schedule called ``name`` (one of :data:`SCHEDULES`) for a model of ``num_layers``
-    layers trained at ``train_len`` tokens."""
-
+    layers trained at ``train_len`` tokens whose encoding is ``encoding``."""
     check_choice("schedule", name, tuple(SCHEDULES))
-    return SCHEDULES[name](num_layers, train_len)
+    spec = {"name": encoding} if isinstance(encoding, str) else encoding
+    return SCHEDULES[name](num_layers, train_len, spec)

@@ -14,7 +14,7 @@ import inspect
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -148,7 +148,8 @@ class _Attention(nn.Module):
             return q * scale.to(q.dtype)
         keep4 = keep if keep is None or keep.ndim == 4 else keep[:, None, None, :]
         counts = _layers.allowed_counts(keep4, causal, q.shape[2], k_len)
-        return q * _layers.ssmax_factor(self.ssmax, counts.to(q.device)).to(q.dtype)
+        s = cast(torch.Tensor, self.ssmax)  # set for "ssmax"
+        return q * _layers.ssmax_factor(s, counts.to(q.device)).to(q.dtype)
 
     def forward(self, x, encoding, *, causal, mask, cache, layer, q_pos=None):
         """``encoding``: this layer's PreparedEncoding (rotary: the new tokens' positions;
@@ -369,6 +370,26 @@ class TinyTransformer(nn.Module):
             self.layers[i]["encoding"] = enc.to_config()  # type: ignore[index]
             out.append(enc)
         return out
+
+    def drop_rotary(self) -> bool:
+        """Replace every rotary encoding of the model (its own and the layers') by NoPE, in
+        place: DroPE's drop (Gelberg et al., 2025), after which the model is trained on
+        briefly. Returns whether there was one to drop; ``to_config`` says ``"none"`` after."""
+        from posenc.nope import NoPositionalEncoding
+
+        dropped = False
+        if isinstance(self.encoding, RotaryEncoding):
+            self.encoding, dropped = NoPositionalEncoding(), True
+        if self.layer_encodings is not None:
+            for key, enc in list(self.layer_encodings.items()):
+                if isinstance(enc, RotaryEncoding):
+                    self.layer_encodings[key] = NoPositionalEncoding()
+                    dropped = True
+        if self.layers is not None:
+            for i, layer in enumerate(self.layers):
+                if "encoding" in layer and isinstance(self.layer_encoding(i), NoPositionalEncoding):
+                    layer["encoding"] = {"name": "none"}
+        return dropped
 
     def layer_encoding(self, layer: int) -> Encoding:
         """The encoding module of layer ``layer``."""

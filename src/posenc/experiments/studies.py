@@ -1,0 +1,245 @@
+"""Named studies: the literature's findings on contextual and per-layer positions, each a
+``posenc lengthgen`` run that fits two CPU cores (at most 10 minutes, 3 seeds), with the
+settings of its paper for a GPU run of the same command under ``torchrun``.
+
+``posenc lengthgen --study NAME --out DIR`` runs one (``--scale paper`` for the paper's
+sizes); options given on the command line override the study's. From Python:
+``run_study(**study_arguments("counting"), out_dir=...)``. Each study records what its
+paper reported (:attr:`Study.paper`) and the check posenc's numbers are read against;
+the README sets the measured numbers beside them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from posenc._errors import check_choice
+
+__all__ = ["SCALES", "STUDIES", "NamedStudy", "study_arguments"]
+
+#: ``"cpu"``: fits two CPU cores in at most 10 minutes; ``"paper"``: the paper's sizes.
+SCALES = ("cpu", "paper")
+
+_SEEDS = "0,1,2"
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedStudy:
+    """A study of the literature as ``run_study`` arguments.
+
+    Attributes:
+        name: what ``--study`` takes.
+        task, encodings: the task and the encodings (registry names, variants, schedules).
+        cpu, paper: the other ``run_study`` arguments at each scale.
+        paper_says: the published finding, with its numbers and source.
+        expect: what posenc's run is read against.
+        paper_scale: which of the ``paper`` settings come from the paper, and which are
+            posenc's choice where the paper (or its code) does not state them.
+    """
+
+    name: str
+    task: str
+    encodings: tuple[str, ...]
+    cpu: dict[str, Any]
+    paper: dict[str, Any]
+    paper_says: str
+    expect: str
+    paper_scale: str
+
+
+_LM_CPU = dict(
+    train_len=64,
+    eval_lens=(64, 128, 256, 512),
+    steps=700,
+    optimizer="muon",
+    extend=(),
+    finetune_steps=0,
+    seeds=_SEEDS,
+)
+
+STUDIES: dict[str, NamedStudy] = {
+    s.name: s
+    for s in (
+        NamedStudy(
+            name="counting",
+            task="counting",
+            encodings=("cope", "t5", "sinusoidal", "learned"),
+            cpu=dict(
+                num_vars=1,
+                train_len=64,
+                eval_lens=(64, 128, 256),
+                steps=800,
+                optimizer="muon",
+                extend=(),
+                finetune_steps=0,
+                seeds=_SEEDS,
+            ),
+            paper=dict(
+                num_vars=3,
+                train_len=512,
+                eval_lens=(512, 1024),
+                steps=15600,
+                batch_size=64,
+                dim=256,
+                num_layers=4,
+                num_heads=4,
+                lr=7e-5,
+                optimizer="adamw",
+                extend=(),
+                finetune_steps=0,
+                seeds=_SEEDS,
+            ),
+            paper_says=(
+                "Golovneva et al. 2024, Table 3 (4 layers, width 256, sequences of up to 512 "
+                "tokens): test error with 1 / 3 / 5 variables: absolute 5.3 / 67.6 / 71.5 %, "
+                "relative 1.1 / 17.8 / 22.4 %, CoPE 0.0 / 1.2 / 7.4 %."
+            ),
+            expect="error: CoPE < relative (T5) < absolute (sinusoidal, learned)",
+            paper_scale=(
+                "all from the released run.sh: 4 layers, width 256, 4 heads, block size 512, "
+                "batch 64, lr 7e-5, 100 epochs of 10k examples (15 600 steps); posenc's "
+                "TinyTransformer is pre-norm where the paper's is post-norm, without dropout"
+            ),
+        ),
+        NamedStudy(
+            name="flipflop",
+            task="flipflop",
+            encodings=("rope", "alibi", "none", "cope", "fox"),
+            cpu=dict(
+                train_len=64,
+                eval_lens=(64, 128, 256),
+                steps=600,
+                optimizer="muon",
+                extend=(),
+                finetune_steps=0,
+                eval_examples=1024,
+                seeds=_SEEDS,
+            ),
+            paper=dict(
+                train_len=512,
+                eval_lens=(512, 1024),
+                steps=10000,
+                batch_size=16,
+                dim=512,
+                num_layers=6,
+                num_heads=8,
+                lr=3e-4,
+                optimizer="adamw",
+                extend=(),
+                finetune_steps=0,
+                eval_examples=10000,
+                seeds=_SEEDS,
+            ),
+            paper_says=(
+                "Liu et al. 2023 (flip-flop language modelling, trained on FFL(0.8) at length "
+                "512): Transformers reach near-zero read error in distribution but keep a long "
+                "tail of sporadic read errors on the sparse split FFL(0.98), which a 1-layer "
+                "LSTM does not make."
+            ),
+            expect=(
+                "sparse-split read errors for the static encodings; CoPE and forgetting "
+                "attention at most half of RoPE's"
+            ),
+            paper_scale=(
+                "the paper's sequence length (512) and splits (train FFL(0.8), sparse 0.98, "
+                "dense 0.1); the model size, steps and lr are posenc's choice"
+            ),
+        ),
+        NamedStudy(
+            name="prope",
+            task="lm",
+            encodings=("none", "rope", "prope-0.25", "prope-0.75"),
+            cpu=dict(_LM_CPU),
+            paper=dict(
+                train_len=2048,
+                eval_lens=(2048,),
+                steps=10000,
+                batch_size=512,
+                dim=2048,
+                num_layers=18,
+                num_heads=8,
+                lr=3e-4,
+                optimizer="adamw",
+                extend=(),
+                finetune_steps=0,
+                seeds=_SEEDS,
+            ),
+            paper_says=(
+                "Barbero et al. 2025, Table 2 (Gemma 2B): validation perplexity NoPE 4.8594, "
+                "RoPE 4.4627, 0.25-RoPE 4.5302, 0.75-RoPE 4.4414."
+            ),
+            expect="ppl at L: 0.75-RoPE <= RoPE < 0.25-RoPE < NoPE",
+            paper_scale=(
+                "a Gemma-2B-sized model (18 layers, width 2048, 8 heads) as the paper's; its "
+                "data, sequence length, steps and lr are posenc's choice"
+            ),
+        ),
+        NamedStudy(
+            name="nope-layers",
+            task="lm",
+            encodings=("rope", "rope@nope-every-4", "none"),
+            cpu={**_LM_CPU, "num_layers": 4},
+            paper=dict(
+                train_len=4096,
+                eval_lens=(4096, 8192, 16384, 32768),
+                steps=20000,
+                batch_size=256,
+                dim=2048,
+                num_layers=16,
+                num_heads=16,
+                lr=3e-4,
+                optimizer="adamw",
+                extend=(),
+                finetune_steps=0,
+                seeds=_SEEDS,
+            ),
+            paper_says=(
+                "Llama 4 and SmolLM3 leave RoPE out of every 4th layer (NoPE), Llama 4 with "
+                "local attention on its RoPE layers, for their long contexts."
+            ),
+            expect="ppl(8L) / ppl(L): NoPE-every-4th below all-RoPE; ppl at L about equal",
+            paper_scale="a 1B-class model of posenc's choice (no paper fixes one)",
+        ),
+        NamedStudy(
+            name="drope",
+            task="lm",
+            encodings=("rope", "drope"),
+            cpu={**_LM_CPU, "extend": ("yarn",)},
+            paper=dict(
+                train_len=4096,
+                eval_lens=(4096, 8192, 16384, 32768),
+                steps=20000,
+                batch_size=256,
+                dim=2048,
+                num_layers=16,
+                num_heads=16,
+                lr=3e-4,
+                optimizer="adamw",
+                extend=("yarn",),
+                finetune_steps=0,
+                seeds=_SEEDS,
+            ),
+            paper_says=(
+                "Gelberg et al. 2025 (DroPE): a model trained with RoPE, RoPE dropped late and "
+                "the model recalibrated briefly, beats RoPE + YaRN on zero-shot retrieval past "
+                "the training context."
+            ),
+            expect="ppl past L: DroPE below RoPE + YaRN (no fine-tune)",
+            paper_scale="a 1B-class model of posenc's choice; the paper starts from pretrained LMs",
+        ),
+    )
+}
+
+
+def study_arguments(name: str, scale: str = "cpu") -> dict[str, Any]:
+    """``run_study`` keyword arguments of the study ``name`` at ``scale``.
+
+    Examples:
+        >>> args = study_arguments("counting")
+        >>> args["task"], args["encodings"], args["num_vars"]
+        ('counting', ['cope', 't5', 'sinusoidal', 'learned'], 1)
+    """
+    study = STUDIES[check_choice("study", name, tuple(STUDIES))]
+    settings = study.cpu if check_choice("scale", scale, SCALES) == "cpu" else study.paper
+    return {"task": study.task, "encodings": list(study.encodings), **settings}

@@ -1,0 +1,88 @@
+"""The named studies (posenc.experiments.studies): each resolves to a valid study at both
+scales, the CPU one within the 2-core budget's settings, and ``--study`` fills only what the
+command line leaves out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from posenc import PosEncError
+from posenc.cli import main
+from posenc.experiments.settings import resolve
+from posenc.experiments.studies import SCALES, STUDIES, study_arguments
+
+OPTION_KEYS = {
+    "train_len", "eval_lens", "steps", "batch_size", "dim", "num_layers", "num_heads", "lr",
+    "warmup", "optimizer", "random_positions", "extend", "extend_factor", "finetune_steps",
+    "checkpoint_every", "eval_tokens", "eval_examples", "seed", "seeds", "num_vars",
+    "eval_split", "qk_norm", "temperature", "drope_at",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_every_study_resolves(name, scale):
+    args = study_arguments(name, scale)
+    task, encodings = args.pop("task"), args.pop("encodings")
+    assert set(args) <= OPTION_KEYS
+    options = {key: args.get(key) for key in OPTION_KEYS}
+    study = resolve(task, encodings, {"preset": "default", **options}, 1)
+    assert study.task == STUDIES[name].task
+    assert list(study.labels) == list(STUDIES[name].encodings)
+    assert study.seeds == (0, 1, 2)  # three seeds at either scale
+    if scale == "cpu":  # the CPU budget: small models, short sequences
+        assert study.model.dim <= 64 and study.train_len <= 64
+        assert study.train.steps <= 800
+
+
+def test_study_texts_name_their_numbers():
+    for study in STUDIES.values():
+        assert study.paper_says and study.expect and study.paper_scale
+    assert "67.6" in STUDIES["counting"].paper_says
+    assert "4.4414" in STUDIES["prope"].paper_says
+
+
+def test_unknown_study_and_scale_are_refused():
+    with pytest.raises(PosEncError, match="study must be one of 'counting'"):
+        study_arguments("sorting")
+    with pytest.raises(PosEncError, match="scale must be one of 'cpu', 'paper'"):
+        study_arguments("counting", "laptop")
+
+
+def _run(tmp_path, capsys, *argv):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["lengthgen", "--out", str(out), "--quiet", *argv])
+    printed = capsys.readouterr()
+    return exit_info.value.code, printed.out + printed.err, out
+
+
+def test_cli_study_fills_what_the_command_leaves_out(tmp_path, capsys):
+    code, output, out = _run(
+        tmp_path,
+        capsys,
+        "--study", "counting", "--steps", "3", "--seed", "4", "--dim", "16", "--heads", "2",
+        "--eval-lens", "64", "--encodings", "cope,t5", "--no-plot", "--eval-examples", "8",
+    )  # fmt: skip
+    assert code == 0, output
+    data = json.loads((out / "results.json").read_text())
+    assert data["task"] == "counting" and data["seeds"] == [4]  # --seed wins over the study's
+    assert [r["encoding"] for r in data["runs"]] == ["cope", "t5"]
+    assert data["settings"]["task_options"] == {"num_vars": 1}  # the study's
+    assert data["settings"]["train"]["steps"] == 3 and data["settings"]["model"]["dim"] == 16
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--study", "sorting"], "--study must be one of 'counting'"),
+        (["--study", "counting", "--scale", "huge"], "--scale must be one of 'cpu', 'paper'"),
+        (["--scale", "paper"], "--scale sets the size of a --study"),
+    ],
+    ids=["study", "scale", "scale-without-study"],
+)
+def test_cli_bad_study_options(tmp_path, capsys, argv, match):
+    code, output, _ = _run(tmp_path, capsys, *argv)
+    assert code == 2
+    assert match in output
