@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from posenc import PosEncError
 from posenc.cli import main
 from posenc.experiments.settings import resolve
@@ -86,3 +87,28 @@ def test_cli_bad_study_options(tmp_path, capsys, argv, match):
     code, output, _ = _run(tmp_path, capsys, *argv)
     assert code == 2
     assert match in output
+
+
+@pytest.mark.parametrize("p", [0.5, 1.0, 0.125])
+def test_prope_of_any_fraction(p):
+    from posenc.experiments.models import ModelSettings, build_model, encoding_label, encoding_spec
+
+    name = f"prope-{p}"
+    assert encoding_label(name) == name
+    spec = encoding_spec(f"{name}@local-global", train_len=64)
+    model = build_model(41, spec, ModelSettings(dim=64, num_heads=2, num_layers=2), max_len=64,
+                        seed=0, train_len=64)  # fmt: skip
+    head_dim = 32
+    for i in range(2):  # the schedule keeps the fraction in every layer
+        enc = model.layer_encoding(i)
+        assert enc.rotary_dim == 2 * int(p * head_dim // 2)
+        assert enc.to_config()["scaling"]["type"] == "proportional"
+    assert [model.layer_encoding(i).base for i in range(2)] == [1e4, 1e4]
+
+
+@pytest.mark.parametrize("name", ["prope-0", "prope-1.5", "prope--1"])
+def test_prope_fraction_out_of_range_is_refused(name):
+    from posenc.experiments.models import encoding_label
+
+    with pytest.raises(PosEncError, match=r"the fraction of prope-<p> must be in \(0, 1\]"):
+        encoding_label(name)

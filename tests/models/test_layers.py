@@ -212,7 +212,12 @@ def test_schedules():
     ] * 3 + ["none"]
     assert schedule("nope-every-4", 4, 64) == nope_every(4, 4)
     assert [layer.get("window") for layer in schedule("local-global", 6, 64)] == [16] * 5 + [None]
-    assert set(SCHEDULES) == {"nope-every-4", "nope-every-2", "local-global"}
+    assert set(SCHEDULES) == {"nope-every-4", "nope-every-2", "llama4", "local-global"}
+    llama4 = schedule("llama4", 8, 64)
+    assert [layer.get("window") for layer in llama4] == [16, 16, 16, None] * 2
+    assert [layer.get("temperature") for layer in llama4] == [None] * 3 + [
+        {"type": "llama4", "floor_scale": 64.0, "attn_scale": 0.1}
+    ] + [None] * 3 + [{"type": "llama4", "floor_scale": 64.0, "attn_scale": 0.1}]
     assert check_layer(0, {}) == {"window": None, "qk_norm": False, "temperature": None}
 
 

@@ -203,7 +203,7 @@ def lengthgen(
         str | None,
         typer.Option(
             help="Comma-separated registry names or variants (prope-0.25, prope-0.75, drope), "
-            "each optionally NAME@SCHEDULE (nope-every-4, nope-every-2, local-global).",
+            "each optionally NAME@SCHEDULE (nope-every-4, nope-every-2, llama4, local-global).",
             callback=text("--encodings"),
         ),
     ] = None,

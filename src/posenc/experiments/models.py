@@ -15,7 +15,8 @@ Encoding specs are completed with what the study knows:
 
 A study may also name a *variant* (:data:`VARIANTS`): an encoding with the settings of a
 paper, reported under its own label (``prope-0.75``: p-RoPE keeping 3/4 of the
-frequencies; ``drope``: RoPE dropped late in training), and give any encoding or variant a
+frequencies, and ``prope-<p>`` for any ``p`` in ``(0, 1]``; ``drope``: RoPE dropped late in
+training), and give any encoding or variant a
 per-layer schedule of :data:`posenc.models.schedules.SCHEDULES` as ``name@schedule``
 (``rope@nope-every-4``). Their specs carry keys besides the encoding's config:
 ``"schedule"`` (the schedule's name, resolved for the model's depth by :func:`build_model`),
@@ -110,8 +111,24 @@ def encoding_label(spec: str | Mapping[str, Any]) -> str:
     if not isinstance(name, str):
         raise PosEncError(f"encoding must be a registry name or a config dict, got {spec!r}")
     base, sched = _split_schedule(name.strip())
-    label = base if base in VARIANTS else registry.get(base).name  # PosEncError: the names
+    if base in VARIANTS or _prope_fraction(base) is not None:
+        label = base
+    else:
+        label = registry.get(base).name  # PosEncError naming the registered names
     return label if sched is None else f"{label}@{sched}"
+
+
+def _prope_fraction(name: str) -> float | None:
+    """p of ``"prope-<p>"`` (p-RoPE with any fraction in ``(0, 1]``), else None."""
+    if not name.startswith("prope-"):
+        return None
+    try:
+        p = float(name.removeprefix("prope-"))
+    except ValueError:
+        return None
+    if not 0.0 < p <= 1.0:
+        raise PosEncError(f"the fraction of prope-<p> must be in (0, 1], got {name!r}")
+    return p
 
 
 def encoding_spec(spec: str | Mapping[str, Any], *, train_len: int) -> dict[str, Any]:
@@ -130,6 +147,8 @@ def encoding_spec(spec: str | Mapping[str, Any], *, train_len: int) -> dict[str,
     if base in VARIANTS:
         encoding, extra, _ = VARIANTS[base]
         config = copy.deepcopy({**encoding, **extra})
+    elif (fraction := _prope_fraction(base)) is not None:  # p-RoPE of any fraction
+        config = {"name": "rope", "scaling": {"type": "proportional"}, "rotary_fraction": fraction}
     if not isinstance(spec, str):
         config.update({k: v for k, v in spec.items() if k != "name"})
     if sched is not None:

@@ -252,7 +252,7 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
         specs = tuple({**sp, "drope_at": drope_at} if "drope_at" in sp else sp for sp in specs)
     num_layers = check_int("num_layers", o["num_layers"], min=1, max=2**10)
     for label, spec in zip(labels, specs, strict=True):
-        if spec.get("schedule") == "nope-every-4" and num_layers < 4:
+        if spec.get("schedule") in ("nope-every-4", "llama4") and num_layers < 4:
             raise PosEncError(
                 f"{label} needs at least 4 layers (NoPE on every 4th), got num_layers={num_layers}"
             )

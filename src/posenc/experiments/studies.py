@@ -178,7 +178,7 @@ STUDIES: dict[str, NamedStudy] = {
         NamedStudy(
             name="nope-layers",
             task="lm",
-            encodings=("rope", "rope@nope-every-4", "none"),
+            encodings=("rope", "rope@nope-every-4", "rope@llama4", "none"),
             cpu={**_LM_CPU, "num_layers": 4},
             paper=dict(
                 train_len=4096,

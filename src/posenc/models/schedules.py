@@ -100,11 +100,19 @@ def local_global(
 
 #: Schedules by name, each ``f(num_layers, train_len, encoding) -> layers``, for ``posenc
 #: lengthgen``: ``"nope-every-4"`` (Llama 4 / SmolLM3's NoPE layers), ``"nope-every-2"``,
-#: ``"local-global"`` (Gemma 3's 5 : 1 on the model's rotary encoding, its window a quarter
-#: of the training length).
+#: ``"llama4"`` (NoPE every 4th layer, the RoPE layers local with a window of a quarter of
+#: the training length, the NoPE layers with Llama 4's temperature from the training length
+#: on), ``"local-global"`` (Gemma 3's 5 : 1 on the model's rotary encoding, its window a
+#: quarter of the training length).
 SCHEDULES: dict[str, Callable[[int, int, Mapping[str, Any]], list[dict[str, Any]]]] = {
     "nope-every-4": lambda layers, train_len, encoding: nope_every(4, layers),
     "nope-every-2": lambda layers, train_len, encoding: nope_every(2, layers),
+    "llama4": lambda layers, train_len, encoding: nope_every(
+        4,
+        layers,
+        window=max(1, train_len // 4),
+        temperature={"type": "llama4", "floor_scale": float(train_len), "attn_scale": 0.1},
+    ),
     "local-global": lambda layers, train_len, encoding: local_global(
         layers, window=max(1, train_len // 4), encoding=encoding
     ),
