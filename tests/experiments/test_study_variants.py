@@ -147,12 +147,12 @@ def test_the_spec_of_a_variant_is_a_fresh_dict(monkeypatch) -> None:
         (
             "rope@every-3",
             r"the schedule after '@' must be one of 'nope-every-4', 'nope-every-2', "
-            r"'local-global', got 'every-3' \(in 'rope@every-3'\)",
+            r"'llama4', 'local-global', got 'every-3' \(in 'rope@every-3'\)",
         ),
         ("rope@", r"the schedule after '@' must be one of .*got '' \(in 'rope@'\)"),
         ("drope@nope-every-3", r"got 'nope-every-3' \(in 'drope@nope-every-3'\)"),
         ("fancy", r"encoding name must be one of 'none', .*got 'fancy'"),
-        ("prope-0.5", r"encoding name must be one of 'none', .*got 'prope-0\.5'"),
+        ("prope-x", r"encoding name must be one of 'none', .*got 'prope-x'"),
         ("fancy@nope-every-4", r"encoding name must be one of 'none', .*got 'fancy'"),
         ({"base": 10.0}, r"encoding must be a registry name or a config dict, got \{'base'"),
         (3, "encoding must be a registry name or a config dict, got 3"),
@@ -974,7 +974,7 @@ def test_cli_counting_with_num_vars_and_the_new_options(tmp_path: Path, capsys) 
         (["--drope-at", "0.5"], "drope_at sets the 'drope' variant's drop, got no 'drope'"),
         (["--encodings", "rope@nope-every-4"], r"rope@nope-every-4 needs at least 4 layers"),
         (["--encodings", "rope@every-3"], r"the schedule after '@' must be one of"),
-        (["--encodings", "prope-0.5"], r"encoding name must be one of .*got 'prope-0\.5'"),
+        (["--encodings", "prope-x"], r"encoding name must be one of .*got 'prope-x'"),
     ],
     ids=[
         "eval-split-medium",
@@ -1006,7 +1006,7 @@ def test_cli_help_names_the_variants_and_schedules(capsys, monkeypatch) -> None:
     flat = " ".join(out.replace("│", " ").split())
     for text in (
         "variants (prope-0.25, prope-0.75, drope), each optionally NAME@SCHEDULE "
-        "(nope-every-4, nope-every-2, local-global)",
+        "(nope-every-4, nope-every-2, llama4, local-global)",
         "--num-vars",
         "--eval-split",
         "--qk-norm",

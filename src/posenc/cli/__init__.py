@@ -30,7 +30,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # help texts say "[preset]" literally, not as markup
+    rich_markup_mode="markdown",  # help texts say "[preset]" literally (rich markup ate it)
 )
 
 

@@ -219,7 +219,7 @@ def lengthgen(
         str,
         typer.Option(
             help="--study at cpu scale (2 cores, <= 10 min) or paper scale (a GPU run, e.g. "
-            "under torchrun) [cpu].",
+            "under torchrun).",
             callback=_scale,
         ),
     ] = "cpu",
