@@ -98,8 +98,11 @@ def _property_table(data: dict[str, Any]) -> str:
 (<code>{_e(json.dumps(s["analysis_defaults"]))}</code>), over positions 0..{s["positions"] - 1}
 (bias encodings: distances between query and key). Additive encodings are compared with an
 N(0, 1) token embedding of the same size; rotary encodings with a pure rotation; biases with the
-unit spread of scaled logits. Every number, with the per-position curves, is in
-<code>report.json</code>.</p>
+unit spread of scaled logits. CoPE and forgetting attention depend on the tokens, so they are
+measured in one fixed context: CoPE with every gate open (each token counts one position) and
+its table as built, zero, so that it adds nothing until trained; forgetting attention with
+every forget gate 1/2 (ALiBi's form, slope ln 2). Every number, with the per-position curves,
+is in <code>report.json</code>.</p>
 <div class="scroll"><table id="property-table"><thead><tr>{head}</tr></thead>
 <tbody>{"".join(rows)}</tbody></table></div>
 <dl class="legend">{legend}</dl>
