@@ -58,6 +58,22 @@ _LM_CPU = dict(
     seeds=_SEEDS,
 )
 
+#: The long-context studies at a 1B-class size of posenc's choice (no paper fixes one).
+_LONG_CONTEXT_PAPER = dict(
+    train_len=4096,
+    eval_lens=(4096, 8192, 16384, 32768),
+    steps=20000,
+    batch_size=256,
+    dim=2048,
+    num_layers=16,
+    num_heads=16,
+    lr=3e-4,
+    optimizer="adamw",
+    extend=(),
+    finetune_steps=0,
+    seeds=_SEEDS,
+)
+
 STUDIES: dict[str, NamedStudy] = {
     s.name: s
     for s in (
@@ -180,20 +196,7 @@ STUDIES: dict[str, NamedStudy] = {
             task="lm",
             encodings=("rope", "rope@nope-every-4", "rope@llama4", "none"),
             cpu={**_LM_CPU, "num_layers": 4},
-            paper=dict(
-                train_len=4096,
-                eval_lens=(4096, 8192, 16384, 32768),
-                steps=20000,
-                batch_size=256,
-                dim=2048,
-                num_layers=16,
-                num_heads=16,
-                lr=3e-4,
-                optimizer="adamw",
-                extend=(),
-                finetune_steps=0,
-                seeds=_SEEDS,
-            ),
+            paper=dict(_LONG_CONTEXT_PAPER),
             paper_says=(
                 "Llama 4 and SmolLM3 leave RoPE out of every 4th layer (NoPE), Llama 4 with "
                 "local attention on its RoPE layers, for their long contexts."
@@ -206,20 +209,7 @@ STUDIES: dict[str, NamedStudy] = {
             task="lm",
             encodings=("rope", "drope"),
             cpu={**_LM_CPU, "extend": ("yarn",)},
-            paper=dict(
-                train_len=4096,
-                eval_lens=(4096, 8192, 16384, 32768),
-                steps=20000,
-                batch_size=256,
-                dim=2048,
-                num_layers=16,
-                num_heads=16,
-                lr=3e-4,
-                optimizer="adamw",
-                extend=("yarn",),
-                finetune_steps=0,
-                seeds=_SEEDS,
-            ),
+            paper={**_LONG_CONTEXT_PAPER, "extend": ("yarn",)},
             paper_says=(
                 "Gelberg et al. 2025 (DroPE): a model trained with RoPE, RoPE dropped late and "
                 "the model recalibrated briefly, beats RoPE + YaRN on zero-shot retrieval past "
