@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from posenc import positions as _positions
+from posenc._base import BiasEncoding
 from posenc._errors import (
     PosEncError,
     check_alloc,
@@ -26,7 +27,9 @@ from posenc._errors import (
 
 __all__ = [
     "ExactConstants",
+    "PositionBias",
     "canonical",
+    "canonical_pair",
     "causal_option",
     "check_bias_size",
     "check_integer_positions",
@@ -44,6 +47,13 @@ __all__ = [
 def canonical(p: torch.Tensor) -> torch.Tensor:
     """Integer positions as int64, floating ones as float64: exact differences."""
     return p.to(torch.float64) if p.is_floating_point() else p.to(torch.long)
+
+
+def canonical_pair(
+    qpos: torch.Tensor, kpos: torch.Tensor, device: torch.device | str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both positions :func:`canonical` (int64 / float64) and on ``device``."""
+    return canonical(qpos).to(device), canonical(kpos).to(device)
 
 
 def check_pair(q_positions: Any, k_positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +93,7 @@ def resolve_pair(
     qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions, batch=batch)
     if num_heads is not None:
         check_bias_size(qpos, kpos, num_heads, device, channels=channels)
-    return canonical(qpos).to(device), canonical(kpos).to(device)
+    return canonical_pair(qpos, kpos, device)
 
 
 def check_module_device(device: torch.device | str | None) -> None:
@@ -219,8 +229,78 @@ class ExactConstants(nn.Module):
         for name, value in self._constants().items():
             self.register_buffer(name, value.to(device), persistent=False)
 
-    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+    def _apply(
+        self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> ExactConstants:
         super()._apply(fn, recurse)
         for name, value in self._constants().items():
             setattr(self, name, value.to(getattr(self, name).device))
         return self
+
+
+class PositionBias(BiasEncoding):
+    """A bias of positions and heads alone (ALiBi, T5, FIRE, Kerple): the public methods of
+    the protocol, written once.
+
+    :meth:`bias` resolves and validates the positions (:func:`resolve_pair`: on the module's
+    device, the ``[b, h, q, k]`` size checked for ``num_heads`` heads) and calls
+    :meth:`bias_at`; :meth:`score_mod` validates them (:func:`check_pair`) and calls
+    :meth:`score_mod_at`. A subclass gives ``num_heads``, :attr:`_device` (where its tensors
+    live), :meth:`bias_at` and :meth:`score_mod_at`.
+    """
+
+    num_heads: int
+
+    @property
+    def _device(self) -> torch.device:
+        """The device of the module's tensors, where the bias is computed."""
+        raise NotImplementedError
+
+    def _resolve(
+        self,
+        q_len: int,
+        k_len: int | None,
+        q_positions: torch.Tensor | None,
+        k_positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions a ``bias(q_len, k_len, ...)`` call means (:func:`resolve_pair`)."""
+        return resolve_pair(
+            q_len, k_len, q_positions, k_positions, device=self._device, num_heads=self.num_heads
+        )
+
+    def _index_positions(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
+        """:func:`index_positions` of resolved positions, on the module's device."""
+        return index_positions(*canonical_pair(q_positions, k_positions, self._device))
+
+    def bias(
+        self,
+        q_len: int,
+        k_len: int | None = None,
+        *,
+        q_positions: torch.Tensor | None = None,
+        k_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32.
+
+        Positions default to ``arange(k_len)`` for keys and the last ``q_len`` of them for
+        queries; given positions are moved to the module's device.
+        """
+        return self.bias_at(*self._resolve(q_len, k_len, q_positions, k_positions))
+
+    def score_mod(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> Callable[..., torch.Tensor]:
+        """FlexAttention ``score_mod(score, b, h, q_idx, kv_idx) -> score + bias``: the bias
+        of one pair from the two positions, no ``[h, q, k]`` tensor.
+
+        Positions ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` are validated, then passed to
+        :meth:`score_mod_at`."""
+        return self.score_mod_at(*check_pair(q_positions, k_positions))
+
+    def score_mod_at(
+        self, q_positions: torch.Tensor, k_positions: torch.Tensor
+    ) -> Callable[..., torch.Tensor]:
+        """:meth:`score_mod` of positions already resolved (no validation)."""
+        raise NotImplementedError

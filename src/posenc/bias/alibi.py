@@ -15,18 +15,16 @@ from typing import Any, ClassVar
 
 import torch
 
-from posenc._base import BiasEncoding
 from posenc._errors import PosEncError, check_choice, check_device, check_int, check_tensor
 from posenc.bias._common import (
     ExactConstants,
-    canonical,
+    PositionBias,
+    canonical_pair,
     check_pair,
     distance,
     head_first,
-    index_positions,
     pairs,
     renamed,
-    resolve_pair,
 )
 
 __all__ = ["MAX_HEADS", "ALiBiBias", "alibi_bias", "alibi_slopes"]
@@ -130,13 +128,13 @@ def _alibi_pairs(
     qpos: torch.Tensor, kpos: torch.Tensor, slopes: torch.Tensor, causal: bool
 ) -> torch.Tensor:
     """:func:`alibi_bias` of checked positions and slopes, on the slopes' device."""
-    qp, kp = pairs(canonical(qpos).to(slopes.device), canonical(kpos).to(slopes.device))
+    qp, kp = pairs(*canonical_pair(qpos, kpos, slopes.device))
     d = distance(qp, kp)  # [q, k] or [b, q, k]
     m = head_first(slopes.to(torch.float32), d.ndim)  # [h, 1, 1] or [1, h, 1, 1]
     return _alibi(m, d.unsqueeze(-3), causal)
 
 
-class ALiBiBias(ExactConstants, BiasEncoding):
+class ALiBiBias(ExactConstants, PositionBias):
     """ALiBi attention bias with the paper's slopes (or your own).
 
     The slopes are a non-persistent float32 buffer rebuilt exactly after every ``.to()``, so
@@ -221,28 +219,9 @@ class ALiBiBias(ExactConstants, BiasEncoding):
 
     slopes: torch.Tensor
 
-    def bias(
-        self,
-        q_len: int,
-        k_len: int | None = None,
-        *,
-        q_positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32.
-
-        Positions default to ``arange(k_len)`` for keys and the last ``q_len`` of them for
-        queries; given positions are moved to the slopes' device.
-        """
-        qpos, kpos = resolve_pair(
-            q_len,
-            k_len,
-            q_positions,
-            k_positions,
-            device=self.slopes.device,
-            num_heads=self.num_heads,
-        )
-        return self.bias_at(qpos, kpos)
+    @property
+    def _device(self) -> torch.device:
+        return self.slopes.device
 
     def bias_at(
         self,
@@ -255,24 +234,12 @@ class ALiBiBias(ExactConstants, BiasEncoding):
         (no validation); ``q`` is ignored (ALiBi does not depend on the queries)."""
         return _alibi_pairs(q_positions, k_positions, self.slopes, self.causal)
 
-    def score_mod(
-        self, q_positions: torch.Tensor, k_positions: torch.Tensor
-    ) -> Callable[..., torch.Tensor]:
-        """FlexAttention ``score_mod(score, b, h, q_idx, kv_idx) -> score + bias``: the bias of
-        one pair from the head's slope and the two positions, no ``[h, q, k]`` tensor.
-
-        Positions ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` are validated, then passed to
-        :meth:`score_mod_at`."""
-        return self.score_mod_at(*check_pair(q_positions, k_positions))
-
     def score_mod_at(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> Callable[..., torch.Tensor]:
-        """:meth:`score_mod` of positions already resolved (no validation)."""
-        device = self.slopes.device
-        q_at, k_at = index_positions(
-            canonical(q_positions).to(device), canonical(k_positions).to(device)
-        )
+        """:meth:`score_mod` of positions already resolved (no validation): the bias of one
+        pair from the head's slope and the two positions."""
+        q_at, k_at = self._index_positions(q_positions, k_positions)
         slopes, causal = self.slopes, self.causal
 
         def alibi_score_mod(score, b, h, q_idx, kv_idx):

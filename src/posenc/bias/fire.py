@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from posenc._base import BiasEncoding
 from posenc._errors import (
     PosEncError,
     check_alloc,
@@ -29,13 +28,12 @@ from posenc._errors import (
     check_same_device,
 )
 from posenc.bias._common import (
-    canonical,
+    PositionBias,
+    canonical_pair,
     check_pair,
     distance,
-    index_positions,
     pairs,
     renamed,
-    resolve_pair,
 )
 
 __all__ = ["FIREBias", "fire_bias", "fire_normalized_distance"]
@@ -122,7 +120,7 @@ def _normalized_pairs(
 ) -> torch.Tensor:
     """:func:`fire_normalized_distance` of checked arguments: ``[q, k]`` or ``[b, q, k]``."""
     device = c.device if isinstance(c, torch.Tensor) else qpos.device
-    qp, kp = pairs(canonical(qpos).to(device), canonical(kpos).to(device))
+    qp, kp = pairs(*canonical_pair(qpos, kpos, device))
     return _normalized(qp, kp, c, threshold, eps)
 
 
@@ -168,7 +166,7 @@ def _heads_first(out: torch.Tensor) -> torch.Tensor:
     return out.to(torch.float32).movedim(-1, -3)
 
 
-class FIREBias(BiasEncoding):
+class FIREBias(PositionBias):
     """FIRE attention bias: a per-layer MLP of the progressively normalised distance.
 
     Parameters: ``mlp`` (``Linear(1, mlp_width)``, ReLU, ``Linear(mlp_width, num_heads)``),
@@ -259,19 +257,9 @@ class FIREBias(BiasEncoding):
         """The learned threshold ``L = |threshold_scale| * init_threshold`` (0-d tensor)."""
         return self.threshold_scale.abs() * self.init_threshold
 
-    def bias(
-        self,
-        q_len: int,
-        k_len: int | None = None,
-        *,
-        q_positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
-        qpos, kpos = resolve_pair(
-            q_len, k_len, q_positions, k_positions, device=self.c.device, num_heads=self.num_heads
-        )
-        return self.bias_at(qpos, kpos)
+    @property
+    def _device(self) -> torch.device:
+        return self.c.device
 
     def bias_at(
         self,
@@ -289,26 +277,24 @@ class FIREBias(BiasEncoding):
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(x.to(self.c.dtype))
 
-    def score_mod(
-        self, q_positions: torch.Tensor, k_positions: torch.Tensor
-    ) -> Callable[..., torch.Tensor]:
-        """FlexAttention ``score_mod``: the normalised distance of one pair, then the MLP
-        written out unit by unit (``mlp_width`` scalar terms); no ``[h, q, k]`` tensor.
-
-        Equals :meth:`bias` up to float32 summation order. Positions ``[q]`` / ``[k]`` or
-        ``[b, q]`` / ``[b, k]`` are validated, then passed to :meth:`score_mod_at`.
-        """
-        return self.score_mod_at(*check_pair(q_positions, k_positions))
+    def _linear(self, index: int) -> nn.Linear:
+        """Layer ``index`` of :attr:`mlp`, which the score_mod writes out unit by unit."""
+        layer = self.mlp[index]
+        if not isinstance(layer, nn.Linear):
+            raise PosEncError(
+                f"mlp[{index}] must be an nn.Linear for score_mod (it writes out FIRE's "
+                f"Linear-ReLU-Linear MLP), got {type(layer).__name__}"
+            )
+        return layer
 
     def score_mod_at(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> Callable[..., torch.Tensor]:
-        """:meth:`score_mod` of positions already resolved (no validation)."""
-        device = self.c.device
-        q_at, k_at = index_positions(
-            canonical(q_positions).to(device), canonical(k_positions).to(device)
-        )
-        first, last = self.mlp[0], self.mlp[2]
+        """:meth:`score_mod` of positions already resolved (no validation): the normalised
+        distance of one pair, then the MLP written out unit by unit (``mlp_width`` scalar
+        terms). Equals :meth:`bias` up to float32 summation order."""
+        q_at, k_at = self._index_positions(q_positions, k_positions)
+        first, last = self._linear(0), self._linear(2)
         width, eps = self.mlp_width, self.eps
         c, scale, init_threshold = self.c, self.threshold_scale, self.init_threshold
 

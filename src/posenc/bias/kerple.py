@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from posenc._base import BiasEncoding
 from posenc._errors import (
     PosEncError,
     check_alloc,
@@ -29,14 +28,13 @@ from posenc._errors import (
     tracing,
 )
 from posenc.bias._common import (
-    canonical,
+    PositionBias,
+    canonical_pair,
     check_pair,
     distance,
     head_first,
-    index_positions,
     pairs,
     renamed,
-    resolve_pair,
 )
 
 __all__ = ["KerpleBias", "kerple_bias"]
@@ -88,12 +86,12 @@ def kerple_bias(
 
 
 def _kerple_pairs(qpos, kpos, r1, r2) -> torch.Tensor:
-    qp, kp = pairs(canonical(qpos).to(r1.device), canonical(kpos).to(r1.device))
+    qp, kp = pairs(*canonical_pair(qpos, kpos, r1.device))
     d = distance(qp, kp).unsqueeze(-3)  # [1, q, k] or [b, 1, q, k]
     return _kerple(head_first(r1, d.ndim - 1), head_first(r2, d.ndim - 1), d)
 
 
-class KerpleBias(BiasEncoding):
+class KerpleBias(PositionBias):
     """KERPLE (logarithmic) attention bias with learned per-head ``r1``, ``r2``.
 
     ``r1`` is initialised uniformly in ``(0, 2)`` and ``r2`` in ``(0, 1)``; both are clamped
@@ -146,19 +144,9 @@ class KerpleBias(BiasEncoding):
         nn.init.uniform_(self.r1, 0.0, 2.0)
         nn.init.uniform_(self.r2, 0.0, 1.0)
 
-    def bias(
-        self,
-        q_len: int,
-        k_len: int | None = None,
-        *,
-        q_positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
-        qpos, kpos = resolve_pair(
-            q_len, k_len, q_positions, k_positions, device=self.r1.device, num_heads=self.num_heads
-        )
-        return self.bias_at(qpos, kpos)
+    @property
+    def _device(self) -> torch.device:
+        return self.r1.device
 
     def bias_at(
         self,
@@ -172,24 +160,12 @@ class KerpleBias(BiasEncoding):
         r1, r2 = self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
         return _kerple_pairs(q_positions, k_positions, r1, r2)
 
-    def score_mod(
-        self, q_positions: torch.Tensor, k_positions: torch.Tensor
-    ) -> Callable[..., torch.Tensor]:
-        """FlexAttention ``score_mod``: the bias of one pair from the head's ``r1``, ``r2``
-        and the two positions; no ``[h, q, k]`` tensor.
-
-        Positions ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` are validated, then passed to
-        :meth:`score_mod_at`."""
-        return self.score_mod_at(*check_pair(q_positions, k_positions))
-
     def score_mod_at(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> Callable[..., torch.Tensor]:
-        """:meth:`score_mod` of positions already resolved (no validation)."""
-        device = self.r1.device
-        q_at, k_at = index_positions(
-            canonical(q_positions).to(device), canonical(k_positions).to(device)
-        )
+        """:meth:`score_mod` of positions already resolved (no validation): the bias of one
+        pair from the head's ``r1``, ``r2`` and the two positions."""
+        q_at, k_at = self._index_positions(q_positions, k_positions)
         r1, r2, eps = self.r1, self.r2, self.eps
 
         def kerple_score_mod(score, b, h, q_idx, kv_idx):

@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from posenc._base import BiasEncoding
 from posenc._errors import (
     PosEncError,
     check_alloc,
@@ -30,13 +29,12 @@ from posenc._errors import (
 )
 from posenc.bias._common import (
     ExactConstants,
-    canonical,
+    PositionBias,
+    canonical_pair,
     causal_option,
     check_integer_positions,
     check_pair,
-    index_positions,
     pairs,
-    resolve_pair,
 )
 
 __all__ = ["MAX_DISTANCE", "T5RelativeBias", "t5_relative_bias", "t5_relative_bucket"]
@@ -206,11 +204,11 @@ def t5_relative_bias(
         raise PosEncError("table must hold values, got a tensor on the meta device")
     _check_options(table.shape[0], max_distance, causal)  # max_distance, before the table
     lut = _lookup_table(table.shape[0], max_distance, causal).to(table.device)
-    qp, kp = pairs(qpos.to(table.device, torch.long), kpos.to(table.device, torch.long))
+    qp, kp = pairs(*canonical_pair(qpos, kpos, table.device))  # integers: int64
     return _gather(table, _buckets(qp, kp, lut))
 
 
-class T5RelativeBias(ExactConstants, BiasEncoding):
+class T5RelativeBias(ExactConstants, PositionBias):
     """T5's relative attention bias: a learned ``[num_buckets, num_heads]`` table indexed by
     the bucket of ``key - query`` position.
 
@@ -307,6 +305,10 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
     def _constants(self) -> dict[str, torch.Tensor]:
         return {"bucket_lut": _lookup_table(self.num_buckets, self.max_distance, self.causal)}
 
+    @property
+    def _device(self) -> torch.device:
+        return self.weight.device
+
     def buckets(
         self,
         q_len: int,
@@ -316,35 +318,9 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bucket of every (query, key) pair: ``[q, k]`` (or ``[b, q, k]``) int64."""
-        qpos, kpos = resolve_pair(
-            q_len,
-            k_len,
-            q_positions,
-            k_positions,
-            device=self.weight.device,
-            num_heads=self.num_heads,
-        )
+        qpos, kpos = self._resolve(q_len, k_len, q_positions, k_positions)
         check_integer_positions("T5 buckets", qpos, kpos)
         return _buckets(*pairs(qpos, kpos), self.bucket_lut)
-
-    def bias(
-        self,
-        q_len: int,
-        k_len: int | None = None,
-        *,
-        q_positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32."""
-        qpos, kpos = resolve_pair(
-            q_len,
-            k_len,
-            q_positions,
-            k_positions,
-            device=self.weight.device,
-            num_heads=self.num_heads,
-        )
-        return self.bias_at(qpos, kpos)
 
     def bias_at(
         self,
@@ -356,31 +332,18 @@ class T5RelativeBias(ExactConstants, BiasEncoding):
         """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
         (no validation; only the dtype rule of a table lookup: integer positions);
         ``q`` is ignored."""
-        device = self.weight.device
-        qpos, kpos = canonical(q_positions).to(device), canonical(k_positions).to(device)
+        qpos, kpos = canonical_pair(q_positions, k_positions, self._device)
         check_integer_positions("T5 buckets", qpos, kpos)
         return _gather(self.weight, _buckets(*pairs(qpos, kpos), self.bucket_lut))
-
-    def score_mod(
-        self, q_positions: torch.Tensor, k_positions: torch.Tensor
-    ) -> Callable[..., torch.Tensor]:
-        """FlexAttention ``score_mod``: the bucket of one pair from the two positions, then
-        the head's entry of the table; no ``[h, q, k]`` tensor.
-
-        Positions ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` are validated, then passed to
-        :meth:`score_mod_at`."""
-        return self.score_mod_at(*check_pair(q_positions, k_positions))
 
     def score_mod_at(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
     ) -> Callable[..., torch.Tensor]:
         """:meth:`score_mod` of positions already resolved (no validation; integer
-        positions, as in :meth:`bias_at`)."""
+        positions, as in :meth:`bias_at`): the bucket of one pair from the two positions,
+        then the head's entry of the table."""
         check_integer_positions("T5 buckets", q_positions, k_positions)
-        device = self.weight.device
-        q_at, k_at = index_positions(
-            q_positions.to(device, torch.long), k_positions.to(device, torch.long)
-        )
+        q_at, k_at = self._index_positions(q_positions, k_positions)
         lut, table, max_distance = self.bucket_lut, self.weight, self.max_distance
 
         def t5_score_mod(score, b, h, q_idx, kv_idx):
