@@ -22,6 +22,7 @@ A length the model cannot run (a learned table shorter than ``E``) gives
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -64,52 +65,6 @@ def _eval_positions(
         length, random_positions, batch_size=task.num_eval_rows(length), generator=g
     )  # [rows, E], one draw per row of the whole eval set
     return drawn[index]
-
-
-def _sums(
-    model: nn.Module,
-    task: Task,
-    length: int,
-    *,
-    train_len: int,
-    seed: int,
-    dist: Dist,
-    random_positions: int | None,
-    max_tokens: int,
-) -> torch.Tensor:
-    sums = torch.zeros(7, dtype=torch.float64)
-    past = torch.arange(length) >= train_len  # [E] positions past the training length
-    batches = task.eval_batches(
-        length, seed=seed, max_tokens=max_tokens, rank=dist.rank, world_size=dist.world_size
-    )
-    for batch in batches:
-        tokens = batch.tokens.to(dist.device)
-        index = torch.arange(tokens.shape[0]) if batch.index is None else batch.index
-        positions = _eval_positions(task, length, index, seed, random_positions)
-        if positions is not None:
-            positions = positions.to(dist.device)
-        logits = model(tokens, positions).float().cpu()  # [b, E, vocab]
-        targets = batch.targets
-        scored = targets != IGNORE  # [b, E]
-        nll = (
-            F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                targets.reshape(-1),
-                ignore_index=IGNORE,
-                reduction="none",
-            )
-            .reshape(targets.shape)
-            .double()
-        )
-        sums[_LOSS] += nll.sum()
-        sums[_COUNT] += scored.sum()
-        sums[_PAST_LOSS] += nll[:, past].sum()
-        sums[_PAST_COUNT] += scored[:, past].sum()
-        right = (logits.argmax(-1) == targets) & scored
-        sums[_EXACT] += (right | ~scored).all(-1).sum()
-        sums[_ROWS] += targets.shape[0]
-        sums[_TOKEN_RIGHT] += right.sum()
-    return sums
 
 
 def _metrics(task: Task, sums: torch.Tensor, length: int, train_len: int) -> dict[str, Any]:
@@ -169,53 +124,101 @@ def evaluate(
     check_int("max_tokens", max_tokens, min=1)
     check_int("max_scores", max_scores, min=1)
     heads = int(getattr(model, "num_heads", 1))
+    run = _Evaluation(model, train_len, seed, dist, random_positions)
     results: dict[str, dict[str, Any]] = {}
     was_training = model.training
     model.eval()
     try:
         for length in lengths:
-            error: str | None = None
-            sums = torch.zeros(7, dtype=torch.float64)
-            try:
-                with torch.no_grad():
-                    rows = max(1, min(max_tokens // length, max_scores // (heads * length**2)))
-                    sums = _sums(
-                        model,
-                        task,
-                        length,
-                        train_len=train_len,
-                        seed=seed,
-                        dist=dist,
-                        random_positions=random_positions,
-                        max_tokens=rows * length,
-                    )
-            except (PosEncError, IndexError) as e:
-                error = str(e).splitlines()[0] if str(e) else type(e).__name__
-            # Every rank must take part in the reduction, and agree on errors.
-            errors = [m for m in dist.gather_objects(error) if m is not None]
-            if errors:
-                results[str(length)] = {"error": errors[0]}
-                continue
-            metrics = _metrics(task, dist.all_reduce_sum(sums), length, train_len)
-            splits = task.extra_splits()
-            if splits:
-                metrics["splits"] = {}
-                for split, split_task in splits.items():
-                    with torch.no_grad():
-                        split_sums = _sums(
-                            model,
-                            split_task,
-                            length,
-                            train_len=train_len,
-                            seed=seed,
-                            dist=dist,
-                            random_positions=random_positions,
-                            max_tokens=rows * length,
-                        )
-                    metrics["splits"][split] = _metrics(
-                        split_task, dist.all_reduce_sum(split_sums), length, train_len
-                    )
-            results[str(length)] = metrics
+            rows = max(1, min(max_tokens // length, max_scores // (heads * length**2)))
+            results[str(length)] = run.at_length(task, length, max_tokens=rows * length)
     finally:
         model.train(was_training)
     return results
+
+
+@dataclasses.dataclass(frozen=True)
+class _Evaluation:
+    """One model's evaluation: what every length and eval set shares."""
+
+    model: nn.Module
+    train_len: int
+    seed: int
+    dist: Dist
+    random_positions: int | None
+
+    def at_length(self, task: Task, length: int, *, max_tokens: int) -> dict[str, Any]:
+        """The metrics of ``task`` at ``length`` and of its other splits (under
+        ``"splits"``), or ``{"error": message}`` when the model cannot run it."""
+        error: str | None = None
+        sums = torch.zeros(7, dtype=torch.float64)
+        try:
+            sums = self.sums(task, length, max_tokens=max_tokens)
+        except (PosEncError, IndexError) as e:
+            error = str(e).splitlines()[0] if str(e) else type(e).__name__
+        # Every rank must take part in the reduction, and agree on errors.
+        errors = [m for m in self.dist.gather_objects(error) if m is not None]
+        if errors:
+            return {"error": errors[0]}
+        metrics = self.reduced(task, sums, length)
+        splits = task.extra_splits()
+        if splits:
+            metrics["splits"] = {
+                split: self.reduced(
+                    split_task, self.sums(split_task, length, max_tokens=max_tokens), length
+                )
+                for split, split_task in splits.items()
+            }
+        return metrics
+
+    def reduced(self, task: Task, sums: torch.Tensor, length: int) -> dict[str, Any]:
+        """The metrics of every rank's ``sums`` together."""
+        return _metrics(task, self.dist.all_reduce_sum(sums), length, self.train_len)
+
+    @torch.no_grad()
+    def sums(self, task: Task, length: int, *, max_tokens: int) -> torch.Tensor:
+        """This rank's sums (indexed by ``_LOSS``, ...) over its rows of the eval set."""
+        dist = self.dist
+        sums = torch.zeros(7, dtype=torch.float64)
+        past = torch.arange(length) >= self.train_len  # [E] positions past the training length
+        batches = task.eval_batches(
+            length,
+            seed=self.seed,
+            max_tokens=max_tokens,
+            rank=dist.rank,
+            world_size=dist.world_size,
+        )
+        for batch in batches:
+            tokens = batch.tokens.to(dist.device)
+            index = torch.arange(tokens.shape[0]) if batch.index is None else batch.index
+            positions = _eval_positions(task, length, index, self.seed, self.random_positions)
+            if positions is not None:
+                positions = positions.to(dist.device)
+            logits = self.model(tokens, positions).float().cpu()  # [b, E, vocab]
+            _add_batch(sums, logits, batch.targets, past)
+        return sums
+
+
+def _add_batch(
+    sums: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor, past: torch.Tensor
+) -> None:
+    """Add one batch's losses and counts to ``sums``."""
+    scored = targets != IGNORE  # [b, E]
+    nll = (
+        F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]),
+            targets.reshape(-1),
+            ignore_index=IGNORE,
+            reduction="none",
+        )
+        .reshape(targets.shape)
+        .double()
+    )
+    sums[_LOSS] += nll.sum()
+    sums[_COUNT] += scored.sum()
+    sums[_PAST_LOSS] += nll[:, past].sum()
+    sums[_PAST_COUNT] += scored[:, past].sum()
+    right = (logits.argmax(-1) == targets) & scored
+    sums[_EXACT] += (right | ~scored).all(-1).sum()
+    sums[_ROWS] += targets.shape[0]
+    sums[_TOKEN_RIGHT] += right.sum()

@@ -39,7 +39,7 @@ from posenc.experiments.distributed import Dist
 from posenc.experiments.optim import OPTIMIZERS, MuonAdamW, make_optimizer
 from posenc.experiments.schedule import warmup_cosine
 from posenc.experiments.seeding import generator
-from posenc.experiments.tasks import IGNORE, Task
+from posenc.experiments.tasks import IGNORE, Batch, Task
 
 __all__ = [
     "StepInfo",
@@ -220,103 +220,168 @@ def train(
         TrainDiverged: the loss became NaN or infinite (a :class:`PosEncError`).
     """
     dist = Dist() if dist is None else dist
+    _check_world(settings, dist)
+    full_config = run_config(config or {}, settings, dist.world_size)
+    model.to(dist.device)
+    optimizer = _optimizer(model, settings)
+    run = _Progress()
+    if checkpoint is not None and resume and Path(checkpoint).exists():
+        run = _resume(checkpoint, model, optimizer, full_config, settings, dist)
+    rows = dist.shard(settings.batch_size)
+    stepper = _Stepper(model, _wrap(model, dist), optimizer, settings, dist, rows)
+    tokens_per_step = settings.batch_size * settings.seq_len
+    model.train()
+    for step in range(run.start, settings.steps):
+        if step == settings.drope_step:
+            _drop_rotary(model)
+        began = time.perf_counter()
+        batch = task.train_batch(step, settings.batch_size, settings.seq_len, seed=settings.seed)
+        loss = stepper.step(batch, step)
+        elapsed = run.record(loss, began)
+        done = step + 1
+        if checkpoint is not None and _checkpoint_due(settings, done):
+            _save(checkpoint, model, optimizer, full_config, done, run.seconds, run.losses, dist)
+        if on_step is not None:
+            on_step(StepInfo(done, settings.steps, loss, tokens_per_step / max(elapsed, 1e-9)))
+    if settings.drope_step == settings.steps:  # dropped at the end: no recalibration
+        _drop_rotary(model)
+    return run.result(settings)
+
+
+@dataclasses.dataclass
+class _Progress:
+    """Where a run stands: the first step this process runs, the training time (summed over
+    resumes; ``local_seconds`` this process's alone, for the throughput) and the last losses."""
+
+    start: int = 0
+    seconds: float = 0.0
+    losses: list[float] = dataclasses.field(default_factory=list)
+    resumed_from: int | None = None
+    local_seconds: float = 0.0
+
+    def record(self, loss: float, began: float) -> float:
+        """Keep a step's loss and add the time since ``began``; returns that time."""
+        self.losses = [*self.losses, loss][-_LOSS_WINDOW:]
+        elapsed = time.perf_counter() - began
+        self.seconds += elapsed
+        self.local_seconds += elapsed
+        return elapsed
+
+    def result(self, settings: TrainSettings) -> TrainResult:
+        ran, spent = (
+            (settings.steps - self.start, self.local_seconds)
+            if self.start < settings.steps
+            else (settings.steps, self.seconds)
+        )
+        return TrainResult(
+            steps=settings.steps,
+            final_loss=sum(self.losses) / len(self.losses),
+            seconds=self.seconds,
+            tokens_per_second=settings.batch_size * settings.seq_len * ran / max(spent, 1e-9),
+            resumed_from=self.resumed_from,
+        )
+
+
+def _check_world(settings: TrainSettings, dist: Dist) -> None:
     if settings.batch_size % dist.world_size:
         raise PosEncError(
             f"batch_size must be divisible by the world size ({dist.world_size}), "
             f"got {settings.batch_size}"
         )
-    full_config = run_config(config or {}, settings, dist.world_size)
-    model.to(dist.device)
-    optimizer = _optimizer(model, settings)
-    start, seconds, losses, resumed_from = 0, 0.0, [], None
-    local_seconds = 0.0  # time spent in this process (for the throughput)
-    if checkpoint is not None and resume and Path(checkpoint).exists():
-        state = load_resumable(checkpoint, model, optimizer, full_config)
-        if (
-            settings.drope_step is not None
-            and int(state["data"]["next_step"]) >= settings.drope_step
-        ):
-            _drop_rotary(model)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        set_rng_state(state["rng"][dist.rank])
-        start, seconds = int(state["data"]["next_step"]), float(state["seconds"])
-        losses, resumed_from = [float(x) for x in state["loss"]], start
 
-    wrapped = model
-    if dist.enabled:
-        from torch.nn.parallel import DistributedDataParallel
 
-        ids = [dist.device.index] if dist.device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=ids)
+def _resume(
+    checkpoint: str | Path,
+    model: nn.Module,
+    optimizer: Optimizer,
+    config: dict[str, Any],
+    settings: TrainSettings,
+    dist: Dist,
+) -> _Progress:
+    """Load the checkpoint into ``model``, ``optimizer`` and this rank's generators (the
+    rotary encodings dropped first when it was saved past ``drope_step``)."""
+    state = load_resumable(checkpoint, model, optimizer, config)
+    start = int(state["data"]["next_step"])
+    if settings.drope_step is not None and start >= settings.drope_step:
+        _drop_rotary(model)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    set_rng_state(state["rng"][dist.rank])
+    losses = [float(x) for x in state["loss"]]
+    return _Progress(start, float(state["seconds"]), losses, resumed_from=start)
 
-    rows = dist.shard(settings.batch_size)
-    tokens_per_step = settings.batch_size * settings.seq_len
-    model.train()
-    for step in range(start, settings.steps):
-        if step == settings.drope_step:
-            _drop_rotary(model)
-        began = time.perf_counter()
-        batch = task.train_batch(step, settings.batch_size, settings.seq_len, seed=settings.seed)
+
+def _wrap(model: nn.Module, dist: Dist) -> nn.Module:
+    """``model`` in ``DistributedDataParallel`` under torchrun, else itself."""
+    if not dist.enabled:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [dist.device.index] if dist.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stepper:
+    """What every step uses: the model and what computes its logits (the model, or its DDP
+    wrapper), the optimizer, the settings, this rank's place and its rows."""
+
+    model: nn.Module
+    wrapped: nn.Module
+    optimizer: Optimizer
+    settings: TrainSettings
+    dist: Dist
+    rows: torch.Tensor  # this rank's rows of every global batch
+
+    def step(self, batch: Batch, step: int) -> float:
+        """One optimizer step on this rank's rows of the global ``batch``; returns the
+        global mean loss (the same on every rank)."""
+        settings, dist, rows = self.settings, self.dist, self.rows
         count = int((batch.targets != IGNORE).sum())  # scored tokens of the global batch
         tokens = batch.tokens[rows].to(dist.device)
         targets = batch.targets[rows].to(dist.device)
         positions = _batch_positions(settings, step, rows)
         if positions is not None:
             positions = positions.to(dist.device)
-        lr = warmup_cosine(
-            step,
-            steps=settings.steps,
-            peak=settings.lr,
-            warmup=settings.warmup,
-            min_ratio=settings.min_lr_ratio,
-        )
-        for group in optimizer.param_groups:
-            group["lr"] = lr
+        _set_lr(self.optimizer, settings, step)
 
-        logits = wrapped(tokens, positions)  # [b, s, vocab]
+        logits = self.wrapped(tokens, positions)  # [b, s, vocab]
         loss_sum = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(),
             targets.reshape(-1),
             ignore_index=IGNORE,
             reduction="sum",
         )
-        optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
         (loss_sum * (dist.world_size / count)).backward()
         if settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-        optimizer.step()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), settings.grad_clip)
+        self.optimizer.step()
 
         loss = float(dist.all_reduce_sum(loss_sum.detach().double().reshape(1).cpu())[0]) / count
         if not math.isfinite(loss):
             raise TrainDiverged(f"training loss became {loss} at step {step + 1}; lower the lr")
-        losses = [*losses, loss][-_LOSS_WINDOW:]
-        elapsed = time.perf_counter() - began
-        seconds += elapsed
-        local_seconds += elapsed
-        done = step + 1
-        if checkpoint is not None and (
-            done == settings.steps
-            or (settings.checkpoint_every and done % settings.checkpoint_every == 0)
-        ):
-            _save(checkpoint, model, optimizer, full_config, done, seconds, losses, dist)
-        if on_step is not None:
-            on_step(StepInfo(done, settings.steps, loss, tokens_per_step / max(elapsed, 1e-9)))
+        return loss
 
-    if settings.drope_step == settings.steps:  # dropped at the end: no recalibration
-        _drop_rotary(model)
-    ran, spent = (
-        (settings.steps - start, local_seconds)
-        if start < settings.steps
-        else (settings.steps, seconds)
-    )
-    return TrainResult(
+
+def _set_lr(optimizer: Optimizer, settings: TrainSettings, step: int) -> None:
+    """The warmup + cosine learning rate of ``step``, in every parameter group."""
+    lr = warmup_cosine(
+        step,
         steps=settings.steps,
-        final_loss=sum(losses) / len(losses),
-        seconds=seconds,
-        tokens_per_second=tokens_per_step * ran / max(spent, 1e-9),
-        resumed_from=resumed_from,
+        peak=settings.lr,
+        warmup=settings.warmup,
+        min_ratio=settings.min_lr_ratio,
     )
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _checkpoint_due(settings: TrainSettings, done: int) -> bool:
+    """Whether a checkpoint is saved after ``done`` steps: every ``checkpoint_every``, and
+    at the end."""
+    every = settings.checkpoint_every
+    return done == settings.steps or bool(every and done % every == 0)
 
 
 def _drop_rotary(model: nn.Module) -> None:
