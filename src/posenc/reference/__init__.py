@@ -45,35 +45,12 @@ from posenc.reference.contextual import (
     fox_bias,
 )
 
-__all__ = [
-    "index_table",
-    "resample_table",
-    "sinusoidal_table",
-    "sinusoidal_table_nd",
-    # rotary
-    "apply_rotary",
-    "axial_frequencies",
-    "rotary_angles",
-    "rotary_qk",
-    "sectioned_angles",
-    "xpos_scale",
-    "rope_frequencies",
-    # bias
-    "alibi_bias",
-    "alibi_slopes",
-    "fire_bias",
-    "fire_normalized_distance",
-    "kerple_bias",
-    "shaw_relative_logits",
-    "shaw_relative_values",
-    "t5_relative_bias",
-    "t5_relative_bucket",
-    # attention
-    "attention",
-    # contextual
-    "cope_attention",
-    "cope_bias",
-    "cope_positions",
-    "fox_attention",
-    "fox_bias",
-]
+# The names by family, in the order of the imports above.
+__all__ = ["index_table", "resample_table", "sinusoidal_table", "sinusoidal_table_nd"]
+__all__ += ["apply_rotary", "axial_frequencies", "rotary_angles", "rotary_qk", "sectioned_angles"]
+__all__ += ["xpos_scale", "rope_frequencies"]
+__all__ += ["alibi_bias", "alibi_slopes", "fire_bias", "fire_normalized_distance", "kerple_bias"]
+__all__ += ["shaw_relative_logits", "shaw_relative_values"]
+__all__ += ["t5_relative_bias", "t5_relative_bucket"]
+__all__ += ["attention"]
+__all__ += ["cope_attention", "cope_bias", "cope_positions", "fox_attention", "fox_bias"]

@@ -182,6 +182,21 @@ def _shaw_row(i: float, j: float, max_distance: int) -> int:
     return int(min(max(j - i, -max_distance), max_distance)) + max_distance
 
 
+def _shaw_rows(q_positions, k_positions, batch: int, max_distance: int) -> np.ndarray:
+    """``rows[b, i, j] = clip(j - i, -K, K) + K``, the table row of every pair of batch ``b``.
+
+    Shape: ``[batch, q, k]`` int64 (unbatched positions serve every ``b``).
+    """
+    qp, kp, _ = _batched(q_positions, k_positions)
+    rows = np.empty((batch, qp.shape[1], kp.shape[1]), dtype=np.int64)
+    for b in range(batch):
+        row = b if qp.shape[0] > 1 else 0
+        for i in range(qp.shape[1]):
+            for j in range(kp.shape[1]):
+                rows[b, i, j] = _shaw_row(qp[row, i], kp[row, j], max_distance)
+    return rows
+
+
 def shaw_relative_logits(q, table, q_positions, k_positions) -> np.ndarray:
     """``out[b, h, i, j] = q[b, h, i] . table[clip(j - i) + K]`` with ``table`` ``[2K + 1, d]``.
 
@@ -189,17 +204,14 @@ def shaw_relative_logits(q, table, q_positions, k_positions) -> np.ndarray:
     """
     q = np.asarray(q, dtype=np.float64)
     table = np.asarray(table, dtype=np.float64)
-    max_distance = (table.shape[0] - 1) // 2
     batch, heads, q_len, _ = q.shape
-    qp, kp, _ = _batched(q_positions, k_positions)
-    out = np.empty((batch, heads, q_len, kp.shape[1]), dtype=np.float64)
+    rows = _shaw_rows(q_positions, k_positions, batch, (table.shape[0] - 1) // 2)
+    out = np.empty((batch, heads, q_len, rows.shape[2]), dtype=np.float64)
     for b in range(batch):
-        row = b if qp.shape[0] > 1 else 0
         for h in range(heads):
             for i in range(q_len):
-                for j in range(kp.shape[1]):
-                    a = table[_shaw_row(qp[row, i], kp[row, j], max_distance)]
-                    out[b, h, i, j] = np.dot(q[b, h, i], a)
+                for j in range(rows.shape[2]):
+                    out[b, h, i, j] = np.dot(q[b, h, i], table[rows[b, i, j]])
     return out
 
 
@@ -210,17 +222,14 @@ def shaw_relative_values(probs, table, q_positions, k_positions) -> np.ndarray:
     """
     probs = np.asarray(probs, dtype=np.float64)
     table = np.asarray(table, dtype=np.float64)
-    max_distance = (table.shape[0] - 1) // 2
     batch, heads, q_len, k_len = probs.shape
-    qp, kp, _ = _batched(q_positions, k_positions)
+    rows = _shaw_rows(q_positions, k_positions, batch, (table.shape[0] - 1) // 2)
     out = np.zeros((batch, heads, q_len, table.shape[1]), dtype=np.float64)
     for b in range(batch):
-        row = b if qp.shape[0] > 1 else 0
         for h in range(heads):
             for i in range(q_len):
                 for j in range(k_len):
-                    a = table[_shaw_row(qp[row, i], kp[row, j], max_distance)]
-                    out[b, h, i] += probs[b, h, i, j] * a
+                    out[b, h, i] += probs[b, h, i, j] * table[rows[b, i, j]]
     return out
 
 
