@@ -245,8 +245,9 @@ class PositionBias(BiasEncoding):
     :meth:`bias` resolves and validates the positions (:func:`resolve_pair`: on the module's
     device, the ``[b, h, q, k]`` size checked for ``num_heads`` heads) and calls
     :meth:`bias_at`; :meth:`score_mod` validates them (:func:`check_pair`) and calls
-    :meth:`score_mod_at`. A subclass gives ``num_heads``, :attr:`_device` (where its tensors
-    live), :meth:`bias_at` and :meth:`score_mod_at`.
+    :meth:`score_mod_at`; :meth:`bias_at` ignores ``q``. A subclass gives ``num_heads``,
+    :attr:`_device` (where its tensors live), :meth:`_position_bias` (the bias of resolved
+    positions) and :meth:`score_mod_at`.
     """
 
     num_heads: int
@@ -288,6 +289,21 @@ class PositionBias(BiasEncoding):
         queries; given positions are moved to the module's device.
         """
         return self.bias_at(*self._resolve(q_len, k_len, q_positions, k_positions))
+
+    def bias_at(
+        self,
+        q_positions: torch.Tensor,
+        k_positions: torch.Tensor,
+        *,
+        q: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
+        (no validation); ``q`` is ignored (the bias does not depend on the queries)."""
+        return self._position_bias(q_positions, k_positions)
+
+    def _position_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`bias_at`, the family's formula."""
+        raise NotImplementedError
 
     def score_mod(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor

@@ -223,15 +223,8 @@ class ALiBiBias(ExactConstants, PositionBias):
     def _device(self) -> torch.device:
         return self.slopes.device
 
-    def bias_at(
-        self,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
-        *,
-        q: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
-        (no validation); ``q`` is ignored (ALiBi does not depend on the queries)."""
+    def _position_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """``-m (i - j)`` (or ``-m |i - j|``) of resolved positions, on the slopes' device."""
         return _alibi_pairs(q_positions, k_positions, self.slopes, self.causal)
 
     def score_mod_at(

@@ -261,15 +261,8 @@ class FIREBias(PositionBias):
     def _device(self) -> torch.device:
         return self.c.device
 
-    def bias_at(
-        self,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
-        *,
-        q: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
-        (no validation); ``q`` is ignored."""
+    def _position_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """The MLP of the normalised distances of resolved positions."""
         c, threshold = self.c.reshape(()), self.threshold.reshape(())
         x = _normalized_pairs(q_positions, k_positions, c, threshold, self.eps)
         return _heads_first(self._mlp(x.unsqueeze(-1)))  # MLP: [.., q, k, 1] -> [.., q, k, h]

@@ -148,15 +148,8 @@ class KerpleBias(PositionBias):
     def _device(self) -> torch.device:
         return self.r1.device
 
-    def bias_at(
-        self,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
-        *,
-        q: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
-        (no validation); ``q`` is ignored."""
+    def _position_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """``-r1 log(1 + r2 |i - j|)`` of resolved positions, ``r1``, ``r2`` clamped to ``eps``."""
         r1, r2 = self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
         return _kerple_pairs(q_positions, k_positions, r1, r2)
 

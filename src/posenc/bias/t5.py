@@ -322,16 +322,9 @@ class T5RelativeBias(ExactConstants, PositionBias):
         check_integer_positions("T5 buckets", qpos, kpos)
         return _buckets(*pairs(qpos, kpos), self.bucket_lut)
 
-    def bias_at(
-        self,
-        q_positions: torch.Tensor,
-        k_positions: torch.Tensor,
-        *,
-        q: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """:meth:`bias` of positions already resolved by :func:`posenc.positions.resolve_pair`
-        (no validation; only the dtype rule of a table lookup: integer positions);
-        ``q`` is ignored."""
+    def _position_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+        """The table entries of the pairs' buckets; resolved positions must be integers (the
+        one rule checked here: a table lookup)."""
         qpos, kpos = canonical_pair(q_positions, k_positions, self._device)
         check_integer_positions("T5 buckets", qpos, kpos)
         return _gather(self.weight, _buckets(*pairs(qpos, kpos), self.bucket_lut))
