@@ -5,14 +5,15 @@
 - :mod:`.train`: AdamW with warmup + cosine, checkpoints and exact resume, DDP under torchrun;
 - :mod:`.evaluate`: loss / perplexity or exact-match accuracy per eval length;
 - :mod:`.extension`: RoPE context extension (PI, NTK, YaRN) of a trained model;
-- :mod:`.settings` / :mod:`.lengthgen`: presets and checks, and :func:`run_study`, the whole
-  comparison (``posenc lengthgen``).
+- :mod:`.settings` / :mod:`.lengthgen`: :class:`StudySettings`, a study's settings built from
+  a preset and checked once, and :func:`run_study`, the whole comparison
+  (``posenc lengthgen``).
 
 Nothing here is imported by ``import posenc``; ``run_study`` needs only torch (the figure
 needs matplotlib, the progress bar rich).
 """
 
-from posenc.experiments.lengthgen import DEFAULT_ENCODINGS, PRESETS, run_study
+from posenc.experiments.lengthgen import DEFAULT_ENCODINGS, PRESETS, StudySettings, run_study
 from posenc.experiments.tasks import TASKS, make_task
 
-__all__ = ["DEFAULT_ENCODINGS", "PRESETS", "TASKS", "make_task", "run_study"]
+__all__ = ["DEFAULT_ENCODINGS", "PRESETS", "TASKS", "StudySettings", "make_task", "run_study"]

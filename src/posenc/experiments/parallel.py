@@ -32,10 +32,18 @@ import torch
 
 from posenc.experiments.distributed import Dist
 from posenc.experiments.runner import Runner, run_unit, seed_study
-from posenc.experiments.settings import Study, make_study_task
+from posenc.experiments.settings import StudySettings, make_study_task
 from posenc.experiments.tasks import Task
 
-__all__ = ["Unit", "UnitContext", "default_jobs", "dispatch_order", "run_units"]
+__all__ = [
+    "Unit",
+    "UnitContext",
+    "default_jobs",
+    "dispatch_order",
+    "run_units",
+    "study_units",
+    "validate_units",
+]
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -53,7 +61,7 @@ class Unit:
 class UnitContext:
     """What every unit of a study shares (picklable: it travels to the workers)."""
 
-    study: Study
+    study: StudySettings
     device: torch.device
     ckpt_dir: Path | None
     resume: bool
@@ -83,7 +91,25 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def dispatch_order(units: Sequence[Unit], study: Study) -> list[int]:
+def study_units(study: StudySettings) -> list[Unit]:
+    """The units of ``study``, encoding-major, then seed (the order of its runs)."""
+    return [
+        Unit(seed, label, spec)
+        for label, spec in zip(study.labels, study.specs, strict=True)
+        for seed in study.seeds
+    ]
+
+
+def validate_units(units: Sequence[Unit], context: UnitContext, *, task: Task, dist: Dist) -> None:
+    """Build and try every unit's model and check its checkpoints here, so that nothing
+    trains before every unit could (:meth:`.runner.Runner.validate`); the global random
+    generator is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        for unit in units:
+            context.runner(task, dist, unit.seed, None).validate(unit.label, unit.spec)
+
+
+def dispatch_order(units: Sequence[Unit], study: StudySettings) -> list[int]:
     """The indices of ``units`` in the order the workers take them: longest first.
 
     A unit's work is its training plus, for ``rope`` in a study that extends it, one
@@ -101,7 +127,7 @@ def dispatch_order(units: Sequence[Unit], study: Study) -> list[int]:
     return sorted(range(len(units)), key=lambda i: -work(units[i]))
 
 
-def _make_task(study: Study) -> Task:
+def _make_task(study: StudySettings) -> Task:
     return make_study_task(study)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from posenc.experiments.checkpoint import atomic_write
 from posenc.experiments.distributed import Dist
-from posenc.experiments.settings import Study
+from posenc.experiments.settings import StudySettings
 from posenc.experiments.tasks import LMTask, Task
 
 __all__ = ["results_record", "summarize", "write_results"]
@@ -81,7 +81,7 @@ def summarize(
 
 
 def results_record(
-    study: Study,
+    study: StudySettings,
     task: Task,
     runs: list[dict[str, Any]],
     dist: Dist,
@@ -93,18 +93,6 @@ def results_record(
     """The results dict of a finished study (see :mod:`posenc.experiments.lengthgen`);
     ``jobs``: the worker processes it ran in (the numbers do not depend on it), ``threads``
     the torch threads of each (None: this process's)."""
-    settings = {
-        "model": study.model.to_dict(),
-        "train": study.train.to_dict(),
-        "seeds": list(study.seeds),
-        "extend": list(study.extend),
-        "extend_factor": study.extend_factor if study.extend else None,
-        "finetune_steps": study.finetune_steps,
-        "eval_tokens": study.eval_tokens if isinstance(task, LMTask) else None,
-        "eval_examples": None if isinstance(task, LMTask) else study.eval_examples,
-        "task_options": dict(study.task_options),
-        "layer": dict(study.layer),
-    }
     environment = {
         "device": device,
         "world_size": dist.world_size,
@@ -126,7 +114,7 @@ def results_record(
         "eval_lens": list(study.eval_lens),
         "metric": task.metric,
         "seeds": list(study.seeds),
-        "settings": settings,
+        "settings": study.to_record(),
         "environment": environment,
         "runs": runs,
         "summary": summarize(runs, study.eval_lens),

@@ -22,7 +22,7 @@ from posenc.experiments.evaluate import evaluate
 from posenc.experiments.extension import extended_config
 from posenc.experiments.models import build_model
 from posenc.experiments.seeding import derive_seed
-from posenc.experiments.settings import Study
+from posenc.experiments.settings import StudySettings
 from posenc.experiments.tasks import Task
 from posenc.experiments.train import TrainResult, TrainSettings, load_resumable, run_config, train
 
@@ -37,7 +37,7 @@ EVAL_MAX_TOKENS = 8192  # tokens per eval forward pass (fewer for long windows, 
 Emit = Callable[[str, dict[str, Any]], None]
 
 
-def seed_study(study: Study, seed: int) -> Study:
+def seed_study(study: StudySettings, seed: int) -> StudySettings:
     """``study`` with ``seed`` as its one seed (initialisation, data, eval sets)."""
     return dataclasses.replace(study, train=dataclasses.replace(study.train, seed=seed))
 
@@ -56,7 +56,7 @@ class Runner:
 
     def __init__(
         self,
-        study: Study,
+        study: StudySettings,
         task: Task,
         dist: Dist,
         ckpt_dir: Path | None,
@@ -172,7 +172,7 @@ class Runner:
             _extension_runs(self, model, {}, validate_only=True)
 
 
-def dry_run(label: str, model: TinyTransformer, study: Study) -> None:
+def dry_run(label: str, model: TinyTransformer, study: StudySettings) -> None:
     """One forward pass on 2 tokens, positioned as in training: an encoding that cannot
     take 1-D sequences (N-D RoPE) fails here, before any model trains."""
     length = min(2, study.train_len)

@@ -1,12 +1,15 @@
 """The settings of a length-generalization study: presets, defaults and validation.
 
-Everything a study is told is checked here, before anything trains, so that a bad
-setting fails in one line instead of minutes into a run.
+Everything a study is told is one frozen :class:`StudySettings`, built and checked here
+(:meth:`StudySettings.from_options`) before anything trains, so that a bad setting fails in
+one line instead of minutes into a run; ``run_study``, the runners and the worker processes
+take it whole, and ``results.json`` records it (:meth:`StudySettings.to_record`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,7 +17,16 @@ from posenc._errors import PosEncError, check_bool, check_choice, check_float, c
 from posenc.experiments.extension import EXTENSIONS
 from posenc.experiments.models import ModelSettings, check_distinct, encoding_label, encoding_spec
 from posenc.experiments.optim import OPTIMIZERS
-from posenc.experiments.tasks import TASKS, Task, make_task
+from posenc.experiments.presets import (
+    DEFAULT_ENCODINGS,
+    MAX_COUNT,
+    MAX_EVAL_TOKENS,
+    MAX_LENGTH,
+    MAX_SEEDS,
+    PRESETS,
+    STUDY_OPTIONS,
+)
+from posenc.experiments.tasks import TASKS, LMTask, Task, make_task
 from posenc.experiments.train import TrainSettings
 from posenc.models.layers import check_layer
 
@@ -24,65 +36,34 @@ __all__ = [
     "MAX_LENGTH",
     "MAX_SEEDS",
     "PRESETS",
-    "Study",
+    "STUDY_OPTIONS",
+    "StudySettings",
     "make_study_task",
     "resolve",
     "study_bytes",
 ]
 
-#: Bounds on what a study loops over (steps, examples) and on its lengths: far beyond any
-#: study a tiny model is for, and a refusal instead of a run that never ends.
-MAX_COUNT = 10**7
-MAX_LENGTH = 2**20
-_MAX_EVAL_TOKENS = 10**9
-MAX_SEEDS = 1000  # seeds of one study: each trains every encoding once more
 _VOCAB = 256  # the largest vocabulary of the built-in tasks (bytes)
-
-DEFAULT_ENCODINGS = ("none", "sinusoidal", "learned", "rope", "alibi", "t5")
-
-#: Settings of a study unless given explicitly. "default" is the documented lm study (6
-#: encodings trained until their perplexity at L is below about 9 per byte, and 6 RoPE
-#: extensions: about 5 CPU-minutes a seed); "quick" is a small study for a first look
-#: (about 10 CPU-seconds for the 6 default encodings).
-PRESETS: dict[str, dict[str, Any]] = {
-    "default": {
-        "train_len": 64,
-        "eval_lens": (64, 128, 256, 512),
-        "steps": 1100,
-        "batch_size": 32,
-        "dim": 64,
-        "num_layers": 2,
-        "num_heads": 4,
-        "lr": 1e-2,
-        "optimizer": "adamw",
-        "eval_tokens": 32768,
-        "eval_examples": 256,
-        "extend": ("pi", "ntk", "yarn"),
-        "finetune_steps": 40,
-        "checkpoint_every": 100,
-    },
-    "quick": {
-        "train_len": 32,
-        "eval_lens": (32, 64, 128),
-        "steps": 150,
-        "batch_size": 16,
-        "dim": 32,
-        "num_layers": 1,
-        "num_heads": 2,
-        "lr": 1e-2,
-        "optimizer": "adamw",
-        "eval_tokens": 4096,
-        "eval_examples": 64,
-        "extend": (),
-        "finetune_steps": 0,
-        "checkpoint_every": 0,
-    },
-}
 
 
 @dataclasses.dataclass(frozen=True)
-class Study:
-    """A study's validated settings."""
+class StudySettings:
+    """Everything a study is told, validated: built once (:meth:`from_options`, from a
+    preset and the options), recorded in ``results.json`` (:meth:`to_record`, its
+    ``"settings"``) and handed whole to :func:`~posenc.experiments.lengthgen.run_study`,
+    the runners and the worker processes (it pickles).
+
+    Build it with :meth:`from_options`, the one place the options are checked; the fields
+    hold the checked values (``labels[i]`` is the name ``specs[i]``'s runs are reported
+    under).
+
+    Examples:
+        >>> s = StudySettings.from_options("copy", "rope,alibi", preset="quick", steps=20)
+        >>> s.labels, s.train.steps, s.train_len, s.eval_lens
+        (('rope', 'alibi'), 20, 32, (32, 64, 128))
+        >>> s.to_record()["train"]["warmup"]  # a tenth of the steps
+        2
+    """
 
     task: str
     labels: tuple[str, ...]
@@ -103,9 +84,133 @@ class Study:
     #: settings every layer of every model gets (``qk_norm``, ``temperature``).
     layer: tuple[tuple[str, Any], ...] = ()
 
+    @classmethod
+    def from_options(
+        cls,
+        task: str = "lm",
+        encodings: Any = DEFAULT_ENCODINGS,
+        *,
+        preset: str = "default",
+        **options: Any,
+    ) -> StudySettings:
+        """A study's settings from ``PRESETS[preset]`` and ``options`` (any of
+        :data:`STUDY_OPTIONS`; one left out or None is the preset's), every one checked.
 
-def _pick(name: str, given: Any, preset: Mapping[str, Any]) -> Any:
-    return preset.get(name) if given is None else given
+        The preset's RoPE extension (and its fine-tune) is dropped when the study has no
+        ``rope`` or nothing past ``train_len`` to extend to; only a conflict the caller wrote
+        is an error.
+
+        Args:
+            task: ``"lm"``, ``"copy"``, ``"reverse"``, ``"recall"``, ``"addition"``,
+                ``"counting"`` or ``"flipflop"``.
+            encodings: registry names (or config dicts), e.g. ``["none", "rope", "alibi"]``
+                or ``"none,rope,alibi"``, study variants (``"prope-0.75"``, ``"drope"``:
+                :data:`~posenc.experiments.models.VARIANTS`), each optionally with a
+                per-layer schedule, ``"rope@nope-every-4"``
+                (:data:`posenc.models.schedules.SCHEDULES`).
+            preset: ``"default"`` or ``"quick"`` (:data:`PRESETS`).
+            train_len: training sequence length ``L``.
+            eval_lens: evaluation lengths (``L, 2L, 4L, 8L`` in the presets).
+            steps: training steps per encoding.
+            seed: seeds initialisation, data, eval sets and randomized positions (default 0).
+            seeds: several seeds (``[0, 1, 2]`` or ``"0,1,2"``), each training every
+                encoding; excludes ``seed``. Each run records its ``seed``; ``summary`` the
+                spread.
+            batch_size, dim, num_layers, num_heads, lr: model and optimizer sizes.
+            warmup: warmup steps of the learning rate (default: a tenth of ``steps``).
+            optimizer: ``"adamw"`` or ``"muon"`` (Muon on the hidden matrices, AdamW on the
+                rest: :mod:`posenc.experiments.optim`).
+            random_positions: train on randomized positions drawn from ``[0, L_max)``
+                (Ruoss et al., 2023); ``L_max >= train_len``.
+            extend: RoPE context extension methods evaluated on the trained ``rope`` model:
+                ``"pi"``, ``"ntk"``, ``"yarn"``.
+            extend_factor: their scaling factor (default ``max(eval_lens) / train_len``).
+            finetune_steps: with ``extend``, also fine-tune each extended model for this
+                many steps at ``max(eval_lens)`` (0: no fine-tune).
+            checkpoint_every: checkpoint every this many steps (with an ``out_dir``).
+            eval_tokens: validation bytes scored per eval length (``lm``).
+            eval_examples: examples per eval length (synthetic tasks).
+            num_vars: the ``counting`` task's variables (1-5; default 3).
+            eval_split: the ``flipflop`` task's main eval split (``"sparse"``, the default;
+                the other splits are reported under ``"splits"``).
+            qk_norm: every layer of every model normalises its queries and keys.
+            temperature: every layer's query temperature, ``"llama4"`` or ``"ssmax"`` (or a
+                dict, :mod:`posenc.models.layers`).
+            drope_at: the ``drope`` variant drops RoPE after this fraction of the steps
+                (0.85).
+
+        Raises:
+            PosEncError: a bad or unknown option, naming it, the rule and the value; a
+                length the task cannot make.
+        """
+        check_choice("task", task, tuple(TASKS))
+        unknown = sorted(set(options) - set(STUDY_OPTIONS))
+        if unknown:
+            raise PosEncError(
+                f"study options must be among {', '.join(STUDY_OPTIONS)}, got "
+                f"{', '.join(map(repr, unknown))}"
+            )
+        given = {name: options.get(name) for name in STUDY_OPTIONS}
+        seeds = _seeds(given["seed"], given["seeds"])
+        task_obj, task_options = _task_options(task, given)
+        layer = _layer_settings(given["qk_norm"], given["temperature"])
+        drope_at = given["drope_at"]
+        if drope_at is not None:
+            drope_at = check_float("drope_at", drope_at, min=0.0, max=1.0)
+        o = _with_preset(preset, given)
+        names, labels = _encoding_names(encodings)
+        train = _train_settings(o, seed=seeds[0])
+        eval_lens = _int_list("eval_lens", o["eval_lens"])
+        extend, factor, finetune_steps = _extension(o, given, labels, train.seq_len, eval_lens)
+        model = _model_settings(o)
+        settings = cls(
+            task=task,
+            labels=labels,
+            specs=_specs(names, labels, train.seq_len, drope_at, model.num_layers),
+            train_len=train.seq_len,
+            eval_lens=eval_lens,
+            model=model,
+            train=train,
+            extend=extend,
+            extend_factor=factor,
+            finetune_steps=finetune_steps,
+            eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1, max=MAX_EVAL_TOKENS),
+            eval_examples=check_int("eval_examples", o["eval_examples"], min=1, max=MAX_COUNT),
+            seeds=seeds,
+            task_options=task_options,
+            layer=layer,
+        )
+        task_obj.check_length("train_len", settings.train_len)
+        for length in settings.eval_lens:  # the fine-tune's length is the longest of them
+            task_obj.check_length("eval_lens entry", length)
+        return settings
+
+    def check_processes(self, world_size: int) -> None:
+        """Refuse a ``batch_size`` that ``world_size`` processes (torchrun) cannot share."""
+        if self.train.batch_size % world_size:
+            raise PosEncError(
+                f"batch_size must be divisible by the number of processes ({world_size}), "
+                f"got {self.train.batch_size}"
+            )
+
+    def to_record(self) -> dict[str, Any]:
+        """The ``"settings"`` of ``results.json``: the model's and the training's settings,
+        the seeds, the extension, the eval size the task uses (``eval_tokens`` for ``lm``,
+        ``eval_examples`` for the others; the other None), the task's and the layers'
+        options. The task, lengths and encodings are the record's own keys and runs."""
+        lm = issubclass(TASKS[self.task], LMTask)
+        return {
+            "model": self.model.to_dict(),
+            "train": self.train.to_dict(),
+            "seeds": list(self.seeds),
+            "extend": list(self.extend),
+            "extend_factor": self.extend_factor if self.extend else None,
+            "finetune_steps": self.finetune_steps,
+            "eval_tokens": self.eval_tokens if lm else None,
+            "eval_examples": None if lm else self.eval_examples,
+            "task_options": dict(self.task_options),
+            "layer": dict(self.layer),
+        }
 
 
 def _int_list(name: str, values: Any) -> tuple[int, ...]:
@@ -120,24 +225,30 @@ def _int_list(name: str, values: Any) -> tuple[int, ...]:
 _SEED_RANGE = {"min": -(2**63), "max": 2**63 - 1}
 
 
+def _seed_items(seeds: Any) -> list[Any]:
+    """``seeds`` as a list: ``"0,1,2"`` parsed, any other iterable listed."""
+    if isinstance(seeds, str):
+        items: list[Any] = []
+        for t in (t.strip() for t in seeds.split(",")):
+            if not t:
+                continue
+            try:
+                items.append(int(t))
+            except ValueError:
+                raise PosEncError(f"seeds entries must be integers, got {t!r}") from None
+        return items
+    if isinstance(seeds, bytes) or not hasattr(seeds, "__iter__"):
+        raise PosEncError(f"seeds must be a list of integers, got {seeds!r}")
+    return list(seeds)
+
+
 def _seeds(seed: Any, seeds: Any) -> tuple[int, ...]:
     """The study's seeds from ``seed`` (one) or ``seeds`` (a list or ``"0,1,2"``)."""
     if seeds is None:
         return (check_int("seed", 0 if seed is None else seed, **_SEED_RANGE),)
     if seed is not None:
         raise PosEncError(f"give seed or seeds, not both: got seed={seed!r} and seeds={seeds!r}")
-    if isinstance(seeds, str):
-        items: list[Any] = [t.strip() for t in seeds.split(",") if t.strip()]
-        for i, t in enumerate(items):
-            try:
-                items[i] = int(t)
-            except ValueError:
-                raise PosEncError(f"seeds entries must be integers, got {t!r}") from None
-    elif isinstance(seeds, bytes) or not hasattr(seeds, "__iter__"):
-        raise PosEncError(f"seeds must be a list of integers, got {seeds!r}")
-    else:
-        items = list(seeds)
-    out = tuple(check_int("seeds entry", v, **_SEED_RANGE) for v in items)
+    out = tuple(check_int("seeds entry", v, **_SEED_RANGE) for v in _seed_items(seeds))
     if not out:
         raise PosEncError(f"seeds must hold at least one seed, got {seeds!r}")
     if len(out) > MAX_SEEDS:
@@ -148,14 +259,11 @@ def _seeds(seed: Any, seeds: Any) -> tuple[int, ...]:
     return out
 
 
-def make_study_task(study: Study) -> Task:
-    """The study's task, with its eval sizes and its own options."""
-    return make_task(
-        study.task,
-        eval_tokens=study.eval_tokens,
-        eval_examples=study.eval_examples,
-        **dict(study.task_options),
-    )
+def _task_options(task: str, given: Mapping[str, Any]) -> tuple[Task, tuple[tuple[str, Any], ...]]:
+    """The task's own options that were given, and the task made with them (which refuses
+    an option of another task, or a bad value)."""
+    options = {k: given[k] for k in ("num_vars", "eval_split") if given[k] is not None}
+    return make_task(task, **options), tuple(sorted(options.items()))
 
 
 def _layer_settings(qk_norm: Any, temperature: Any) -> tuple[tuple[str, Any], ...]:
@@ -171,59 +279,69 @@ def _layer_settings(qk_norm: Any, temperature: Any) -> tuple[tuple[str, Any], ..
     return tuple((k, checked[k]) for k in layer)
 
 
-def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int) -> Study:
-    """Validate a study's settings; ``options`` left as None come from the preset named
-    by ``options["preset"]``. ``options["seed"]`` (one seed) and ``options["seeds"]``
-    (several) exclude each other; neither means seed 0. ``num_vars`` / ``eval_split``
-    (the task's options), ``qk_norm`` / ``temperature`` (every layer's) and ``drope_at``
-    (the ``drope`` variant's fraction of the steps) have no preset value."""
-    check_choice("task", task, tuple(TASKS))
-    seeds = _seeds(options.pop("seed", None), options.pop("seeds", None))
-    task_options = {
-        k: v for k in ("num_vars", "eval_split") if (v := options.pop(k, None)) is not None
-    }
-    make_task(task, **task_options)  # refuses an option of another task, or a bad value
-    layer = _layer_settings(options.pop("qk_norm", None), options.pop("temperature", None))
-    drope_at = options.pop("drope_at", None)
-    if drope_at is not None:
-        drope_at = check_float("drope_at", drope_at, min=0.0, max=1.0)
-    preset = PRESETS[check_choice("preset", options.pop("preset"), tuple(PRESETS))]
-    o = {k: _pick(k, v, preset) for k, v in options.items()}
+def _with_preset(preset: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The options with the preset's value for each one not given."""
+    values = PRESETS[check_choice("preset", preset, tuple(PRESETS))]
+    return {k: values.get(k) if v is None else v for k, v in given.items()}
+
+
+def _encoding_names(encodings: Any) -> tuple[list[Any], tuple[str, ...]]:
+    """The encodings as a list (``"rope,alibi"`` split) and the distinct labels of their
+    runs."""
     if isinstance(encodings, str):
         encodings = [e for e in encodings.split(",") if e.strip()]
-    encodings = list(encodings)
-    if not encodings:
+    names = list(encodings)
+    if not names:
         raise PosEncError("encodings must name at least one encoding, got none")
-    labels = tuple(encoding_label(e) for e in encodings)
+    labels = tuple(encoding_label(e) for e in names)
     check_distinct(labels)
+    return names, labels
+
+
+def _train_settings(o: Mapping[str, Any], *, seed: int) -> TrainSettings:
+    """How every model trains (``seq_len`` is the study's ``train_len``)."""
     steps = check_int("steps", o["steps"], min=1, max=MAX_COUNT)
     train_len = check_int("train_len", o["train_len"], min=1, max=MAX_LENGTH)
-    eval_lens = _int_list("eval_lens", o["eval_lens"])
     random_positions = o["random_positions"]
     if random_positions is not None:
         random_positions = check_int(
             "random_positions", random_positions, min=train_len, max=MAX_LENGTH
         )
     batch_size = check_int("batch_size", o["batch_size"], min=1, max=MAX_COUNT)
-    if batch_size % world_size:
-        raise PosEncError(
-            f"batch_size must be divisible by the number of processes ({world_size}), "
-            f"got {batch_size}"
-        )
-    # Explicit choices win over the preset's: the preset's RoPE extension is dropped when
-    # the study has no RoPE model or nothing past train_len to extend to, and its fine-tune
-    # with it; only a conflict the caller wrote (extend or finetune_steps given) is an error.
-    extend_given, finetune_given = (
-        options.get("extend") is not None,
-        options.get("finetune_steps") is not None,
+    warmup = steps // 10
+    if o["warmup"] is not None:
+        warmup = min(check_int("warmup", o["warmup"], min=0, max=MAX_COUNT), steps)
+    return TrainSettings(
+        steps=steps,
+        batch_size=batch_size,
+        seq_len=train_len,
+        lr=check_float("lr", o["lr"], min=0.0, min_exclusive=True),
+        warmup=warmup,
+        optimizer=check_choice("optimizer", o["optimizer"], OPTIMIZERS),
+        random_positions=random_positions,
+        seed=seed,
+        checkpoint_every=check_int("checkpoint_every", o["checkpoint_every"], min=0, max=MAX_COUNT),
     )
+
+
+def _extension(
+    o: Mapping[str, Any],
+    given: Mapping[str, Any],
+    labels: tuple[str, ...],
+    train_len: int,
+    eval_lens: tuple[int, ...],
+) -> tuple[tuple[str, ...], float, int]:
+    """``(extend, extend_factor, finetune_steps)``. Explicit choices win over the preset's:
+    the preset's RoPE extension is dropped when the study has no RoPE model or nothing past
+    train_len to extend to, and its fine-tune with it; only a conflict the caller wrote
+    (``extend`` or ``finetune_steps`` given) is an error."""
     extend = tuple(o["extend"].split(",") if isinstance(o["extend"], str) else o["extend"])
     extend = tuple(check_choice("extend", m, tuple(EXTENSIONS)) for m in extend if m)
     factor = o["extend_factor"]
     if factor is None:
         factor = max(eval_lens) / train_len
     factor = check_float("extend_factor", factor, min=1.0, max=float(MAX_LENGTH))
-    if extend and not extend_given and ("rope" not in labels or factor <= 1.0):
+    if extend and given["extend"] is None and ("rope" not in labels or factor <= 1.0):
         extend = ()
     if extend and "rope" not in labels:
         raise PosEncError(f"extend needs 'rope' among the encodings, got {', '.join(labels)}")
@@ -232,17 +350,34 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
             f"extend needs an eval length beyond train_len ({train_len}) or an extend_factor "
             f"> 1, got eval_lens {list(eval_lens)}"
         )
-    warmup = steps // 10
-    if o["warmup"] is not None:
-        warmup = min(check_int("warmup", o["warmup"], min=0, max=MAX_COUNT), steps)
     finetune_steps = check_int("finetune_steps", o["finetune_steps"], min=0, max=MAX_COUNT)
     if finetune_steps and not extend:
-        if finetune_given:
+        if given["finetune_steps"] is not None:
             raise PosEncError(
                 "finetune_steps needs extend (pi, ntk or yarn), got no extend methods"
             )
         finetune_steps = 0  # the preset's fine-tune belongs to the extension just dropped
-    specs = tuple(encoding_spec(e, train_len=train_len) for e in encodings)
+    return extend, factor, finetune_steps
+
+
+def _model_settings(o: Mapping[str, Any]) -> ModelSettings:
+    return ModelSettings(
+        check_int("dim", o["dim"], min=1, max=2**16),
+        check_int("num_layers", o["num_layers"], min=1, max=2**10),
+        check_int("num_heads", o["num_heads"], min=1, max=2**10),
+    )
+
+
+def _specs(
+    names: list[Any],
+    labels: tuple[str, ...],
+    train_len: int,
+    drope_at: float | None,
+    num_layers: int,
+) -> tuple[dict[str, Any], ...]:
+    """Each encoding's config, completed with what the study knows (``encoding_spec``),
+    ``drope_at`` set on the ``drope`` variant, a schedule checked against the depth."""
+    specs = tuple(encoding_spec(e, train_len=train_len) for e in names)
     if drope_at is not None:
         if not any("drope_at" in spec for spec in specs):
             raise PosEncError(
@@ -250,48 +385,50 @@ def resolve(task: str, encodings: Any, options: dict[str, Any], world_size: int)
                 f"encodings ({', '.join(labels)})"
             )
         specs = tuple({**sp, "drope_at": drope_at} if "drope_at" in sp else sp for sp in specs)
-    num_layers = check_int("num_layers", o["num_layers"], min=1, max=2**10)
     for label, spec in zip(labels, specs, strict=True):
         if spec.get("schedule") in ("nope-every-4", "llama4") and num_layers < 4:
             raise PosEncError(
                 f"{label} needs at least 4 layers (NoPE on every 4th), got num_layers={num_layers}"
             )
-    return Study(
-        task=task,
-        labels=labels,
-        specs=specs,
-        train_len=train_len,
-        eval_lens=eval_lens,
-        model=ModelSettings(
-            check_int("dim", o["dim"], min=1, max=2**16),
-            num_layers,
-            check_int("num_heads", o["num_heads"], min=1, max=2**10),
-        ),
-        train=TrainSettings(
-            steps=steps,
-            batch_size=batch_size,
-            seq_len=train_len,
-            lr=check_float("lr", o["lr"], min=0.0, min_exclusive=True),
-            warmup=warmup,
-            optimizer=check_choice("optimizer", o["optimizer"], OPTIMIZERS),
-            random_positions=random_positions,
-            seed=seeds[0],
-            checkpoint_every=check_int(
-                "checkpoint_every", o["checkpoint_every"], min=0, max=MAX_COUNT
-            ),
-        ),
-        extend=extend,
-        extend_factor=factor,
-        finetune_steps=finetune_steps,
-        eval_tokens=check_int("eval_tokens", o["eval_tokens"], min=1, max=_MAX_EVAL_TOKENS),
-        eval_examples=check_int("eval_examples", o["eval_examples"], min=1, max=MAX_COUNT),
-        seeds=seeds,
-        task_options=tuple(sorted(task_options.items())),
-        layer=layer,
+    return specs
+
+
+def make_study_task(study: StudySettings) -> Task:
+    """The study's task, with its eval sizes and its own options."""
+    return make_task(
+        study.task,
+        eval_tokens=study.eval_tokens,
+        eval_examples=study.eval_examples,
+        **dict(study.task_options),
     )
 
 
-def study_bytes(study: Study, *, eval_max_tokens: int = 8192, world_size: int = 1) -> int:
+def resolve(
+    task: str, encodings: Any, options: Mapping[str, Any], world_size: int
+) -> StudySettings:
+    """:meth:`StudySettings.from_options` with ``options["preset"]`` as the preset, checked
+    for ``world_size`` processes too (:meth:`StudySettings.check_processes`)."""
+    options = dict(options)
+    settings = StudySettings.from_options(
+        task, encodings, preset=options.pop("preset", "default"), **options
+    )
+    settings.check_processes(world_size)
+    return settings
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Study":  # StudySettings' name in 0.1.0: PEP 562, for one release
+        warnings.warn(
+            "posenc.experiments.settings.Study is now StudySettings; the old name will be "
+            "removed in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return StudySettings
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def study_bytes(study: StudySettings, *, eval_max_tokens: int = 8192, world_size: int = 1) -> int:
     """A generous estimate of the memory one process of ``study`` needs at its peak, in
     bytes: the weights with their gradients and AdamW moments, plus the larger of one
     training step's saved activations (every layer, attention probabilities included), one
