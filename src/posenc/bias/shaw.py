@@ -283,13 +283,19 @@ class ShawRelativeBias(BiasEncoding):
         if self.rel_v is not None:
             nn.init.normal_(self.rel_v, std=0.02)
 
-    def _check_heads(self, name: str, x: torch.Tensor, what: str) -> None:
+    def _check_input(
+        self, name: str, x: torch.Tensor, what: str, table_name: str, table: torch.Tensor
+    ) -> None:
+        """``x`` (``what``: ``[b, h, ., .]`` with ``num_heads`` heads) and the module's table
+        it meets: the table holds values and lives on ``x``'s device."""
         _check_4d(name, x, what)
         if x.shape[1] != self.num_heads:
             raise PosEncError(
                 f"{name} must have {self.num_heads} heads (num_heads) in dim 1, got shape "
                 f"{tuple(x.shape)}"
             )
+        check_module_device(table.device)
+        check_same_device((name, f"the module's table {table_name}"), x, table)
 
     def bias(
         self,
@@ -302,9 +308,7 @@ class ShawRelativeBias(BiasEncoding):
     ) -> torch.Tensor:
         """The key term ``q_i . a^K_ij`` ``[b, h, q, k]`` (float32) for the scaled queries ``q``."""
         q = self._query(q)
-        self._check_heads("q", q, "[b, h, q, d]")
-        check_module_device(self.rel_k.device)
-        check_same_device(("q", "the module's table rel_k"), q, self.rel_k)
+        self._check_input("q", q, "[b, h, q, d]", "rel_k", self.rel_k)
         if q.shape[2] != q_len:
             raise PosEncError(
                 f"q must have q_len ({q_len}) queries in dim 2, got shape {tuple(q.shape)}"
@@ -337,10 +341,7 @@ class ShawRelativeBias(BiasEncoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The value term ``sum_j p_ij a^V_ij`` ``[b, h, q, d]`` (float32), added to ``probs @ v``."""
-        table = self._value_table()
-        self._check_heads("probs", probs, "[b, h, q, k]")
-        check_module_device(table.device)
-        check_same_device(("probs", "the module's table rel_v"), probs, table)
+        self._check_input("probs", probs, "[b, h, q, k]", "rel_v", self._value_table())
         b, _, q_len, k_len = probs.shape
         qpos, kpos = resolve_pair(
             q_len, k_len, q_positions, k_positions, device=probs.device, batch=b
