@@ -182,19 +182,14 @@ def _shaw_row(i: float, j: float, max_distance: int) -> int:
     return int(min(max(j - i, -max_distance), max_distance)) + max_distance
 
 
-def _shaw_rows(q_positions, k_positions, batch: int, max_distance: int) -> np.ndarray:
-    """``rows[b, i, j] = clip(j - i, -K, K) + K``, the table row of every pair of batch ``b``.
-
-    Shape: ``[batch, q, k]`` int64 (unbatched positions serve every ``b``).
-    """
+def _shaw_pairs(q_positions, k_positions, table: np.ndarray, shape: tuple[int, ...]):
+    """``(b, h, i, j, table[clip(j - i) + K])`` for every index of ``shape = (batch, heads, q,
+    k)``, in order (unbatched positions serve every ``b``)."""
     qp, kp, _ = _batched(q_positions, k_positions)
-    rows = np.empty((batch, qp.shape[1], kp.shape[1]), dtype=np.int64)
-    for b in range(batch):
+    max_distance = (table.shape[0] - 1) // 2
+    for b, h, i, j in np.ndindex(*shape):
         row = b if qp.shape[0] > 1 else 0
-        for i in range(qp.shape[1]):
-            for j in range(kp.shape[1]):
-                rows[b, i, j] = _shaw_row(qp[row, i], kp[row, j], max_distance)
-    return rows
+        yield b, h, i, j, table[_shaw_row(qp[row, i], kp[row, j], max_distance)]
 
 
 def shaw_relative_logits(q, table, q_positions, k_positions) -> np.ndarray:
@@ -204,14 +199,10 @@ def shaw_relative_logits(q, table, q_positions, k_positions) -> np.ndarray:
     """
     q = np.asarray(q, dtype=np.float64)
     table = np.asarray(table, dtype=np.float64)
-    batch, heads, q_len, _ = q.shape
-    rows = _shaw_rows(q_positions, k_positions, batch, (table.shape[0] - 1) // 2)
-    out = np.empty((batch, heads, q_len, rows.shape[2]), dtype=np.float64)
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(q_len):
-                for j in range(rows.shape[2]):
-                    out[b, h, i, j] = np.dot(q[b, h, i], table[rows[b, i, j]])
+    shape = (*q.shape[:3], np.shape(k_positions)[-1])
+    out = np.empty(shape, dtype=np.float64)
+    for b, h, i, j, a in _shaw_pairs(q_positions, k_positions, table, shape):
+        out[b, h, i, j] = np.dot(q[b, h, i], a)
     return out
 
 
@@ -222,14 +213,9 @@ def shaw_relative_values(probs, table, q_positions, k_positions) -> np.ndarray:
     """
     probs = np.asarray(probs, dtype=np.float64)
     table = np.asarray(table, dtype=np.float64)
-    batch, heads, q_len, k_len = probs.shape
-    rows = _shaw_rows(q_positions, k_positions, batch, (table.shape[0] - 1) // 2)
-    out = np.zeros((batch, heads, q_len, table.shape[1]), dtype=np.float64)
-    for b in range(batch):
-        for h in range(heads):
-            for i in range(q_len):
-                for j in range(k_len):
-                    out[b, h, i] += probs[b, h, i, j] * table[rows[b, i, j]]
+    out = np.zeros((*probs.shape[:3], table.shape[1]), dtype=np.float64)
+    for b, h, i, j, a in _shaw_pairs(q_positions, k_positions, table, probs.shape):
+        out[b, h, i] += probs[b, h, i, j] * a
     return out
 
 
