@@ -48,8 +48,7 @@ from typing import Any
 import torch
 
 import posenc
-from posenc.rotary import kernels
-from posenc.rotary.kernels import fused_rotary
+from posenc.rotary.kernels import backends, fused_rotary
 from posenc.rotary.kernels.plain import apply_rotary_torch
 
 # name -> (b, hq, hk, s, d)
@@ -71,15 +70,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @contextlib.contextmanager
 def _fast_path(on: bool, device: str):
     """posenc's fast path on or off (CPU loop or Triton, by device)."""
-    previous = (kernels._cpu_on, kernels._triton_on)
+    previous = (backends._cpu_on, backends._triton_on)
     if device == "cpu":
-        kernels._cpu_on = on
+        backends._cpu_on = on
     else:
-        kernels._triton_on = on and importlib.util.find_spec("triton") is not None
+        backends._triton_on = on and importlib.util.find_spec("triton") is not None
     try:
         yield
     finally:
-        kernels._cpu_on, kernels._triton_on = previous
+        backends._cpu_on, backends._triton_on = previous
 
 
 def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callable[..., Any]]:
@@ -339,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     device = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
-    if device == "cpu" and not kernels.cpu_fast_path_enabled():  # the default, where it builds
+    if device == "cpu" and not backends.cpu_fast_path_enabled():  # the default, where it builds
         print(
             "note: the fused CPU path is off here (see the 'posenc' log line); fused rows = plain"
         )

@@ -26,7 +26,8 @@ import torch
 
 import posenc
 from posenc.rotary import kernels
-from posenc.rotary.kernels import cpu
+from posenc.rotary.kernels import backends, cpu
+from posenc.rotary.kernels.plain import apply_rotary_torch
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="the CPU fast path needs a C compiler"
@@ -43,7 +44,7 @@ def good_library() -> Path:
 def fresh(monkeypatch, tmp_path):
     """A process state as if nothing had been decided, built or logged yet; the cache in
     ``tmp_path / "cache"``."""
-    monkeypatch.setattr(kernels, "_cpu_on", None)
+    monkeypatch.setattr(backends, "_cpu_on", None)
     monkeypatch.setattr(cpu, "_lib", None)
     monkeypatch.setattr(cpu, "_tmp_dir", None)
     monkeypatch.setattr(cpu, "_logged", set())
@@ -209,9 +210,7 @@ def test_a_planted_library_is_never_loaded(fresh, compiles, monkeypatch):
     assert loaded == [str(library)] and len(compiles) == 2
     rope = posenc.RotaryEmbedding(8)
     q = torch.randn(1, 2, 3, 8)
-    torch.testing.assert_close(
-        rope(q, q)[0], kernels.apply_rotary_torch(q, *rope.cos_sin(torch.arange(3)))
-    )
+    torch.testing.assert_close(rope(q, q)[0], apply_rotary_torch(q, *rope.cos_sin(torch.arange(3))))
 
 
 # --- the switch ----------------------------------------------------------------------------
@@ -239,7 +238,7 @@ def test_no_compiler_means_the_plain_path_and_one_log_line(fresh, monkeypatch, c
     assert "'/nonexistent' was not found" in record.getMessage()
     assert "POSENC_CPU_FAST_PATH=0" in record.getMessage()
     assert not fresh.exists()  # nothing built, nothing created
-    torch.testing.assert_close(q_out, kernels.apply_rotary_torch(q, *rope.cos_sin(torch.arange(3))))
+    torch.testing.assert_close(q_out, apply_rotary_torch(q, *rope.cos_sin(torch.arange(3))))
 
 
 def test_env_var_zero_opts_out_without_building(fresh, monkeypatch, caplog):
@@ -266,7 +265,7 @@ def test_decided_outside_the_trace_when_compiling_first(fresh, tmp_path, monkeyp
     compiled = torch.compile(rope, fullgraph=True, backend="aot_eager")
     q = torch.randn(1, 2, 5, 16)
     got = compiled(q, q)
-    assert kernels._cpu_on is True  # decided, and on: the library was built outside the trace
+    assert backends._cpu_on is True  # decided, and on: the library was built outside the trace
     assert all(torch.equal(a, b) for a, b in zip(got, rope(q, q)))
     torch._dynamo.reset()
 

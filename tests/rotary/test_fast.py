@@ -12,6 +12,7 @@ import torch
 import posenc
 from posenc.rotary import fast, kernels
 from posenc.rotary import module as rotary_module
+from posenc.rotary.kernels import backends
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="the CPU fast path needs a C compiler"
@@ -20,10 +21,10 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def cpu_path():
-    previous = kernels._cpu_on
+    previous = backends._cpu_on
     kernels.enable_cpu_fast_path(True)
     yield
-    kernels._cpu_on = previous
+    backends._cpu_on = previous
 
 
 def general(rope, *args, **kwargs):
@@ -37,7 +38,10 @@ def general(rope, *args, **kwargs):
 
 
 def served(rope, q, k, positions=None, seq_dim=-2):
-    return fast.fast_forward(rope, q, k, positions, seq_dim) is not None
+    """Whether the fast path serves the call: the module hands it a FastRotation (none for
+    xPos, M-RoPE and position-dependent scalings), and it accepts the call."""
+    plan = rope._fast
+    return plan is not None and fast.fast_forward(plan, q, k, positions, seq_dim) is not None
 
 
 def tensors(dtype, seq_dim, b=3, hq=4, hk=2, s=5, d=16, view="contiguous"):

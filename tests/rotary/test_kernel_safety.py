@@ -175,12 +175,12 @@ def ops_rotary_op_inplace_cos_meta():
 
 
 def _eager(q, k=None, cos=None, sin=None, *, inplace=False):
-    """``ops.rotate_eager`` on the CPU launcher, with the good cos/sin by default."""
+    """``ops.launch`` (what the eager calls take) on the CPU launcher, with the good
+    cos/sin by default."""
     if cos is None:
         cos, sin = _tables()
-    return ops.rotate_eager(
-        q, k, cos, sin, interleaved=False, seq_dim=-2, backend="cpu", inplace=inplace
-    )
+    xs = [q] if k is None else [q, k]
+    return ops.launch("cpu", xs, cos, sin, interleaved=False, seq_dim=-2, inplace=inplace)
 
 
 def ops_rotate_eager_cos_meta():

@@ -18,7 +18,7 @@ import torch
 import posenc
 from posenc import PosEncError
 from posenc.rotary import kernels
-from posenc.rotary.kernels import cpu, fused_rotary, select_backend
+from posenc.rotary.kernels import backends, cpu, fused_rotary, select_backend
 from posenc.rotary.kernels.plain import apply_rotary_torch
 
 from ._kernel_cases import (
@@ -43,10 +43,10 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def cpu_path():
     """The CPU fast path switched on for one test, and back to its previous state after."""
-    previous = kernels._cpu_on
+    previous = backends._cpu_on
     kernels.enable_cpu_fast_path(True)
     yield
-    kernels._cpu_on = previous
+    backends._cpu_on = previous
 
 
 @pytest.mark.parametrize("case", [case_param(c) for c in SMALL_CASES])
@@ -190,13 +190,13 @@ def test_auto_uses_the_cpu_path_when_enabled(cpu_path, monkeypatch):
 
 
 def test_env_var_turns_the_cpu_path_on(monkeypatch):
-    monkeypatch.setattr(kernels, "_cpu_on", None)
+    monkeypatch.setattr(backends, "_cpu_on", None)
     monkeypatch.setenv("POSENC_CPU_FAST_PATH", "1")
     assert kernels.cpu_fast_path_enabled()
 
 
 def test_env_var_with_a_failing_build_warns_and_keeps_plain(monkeypatch):
-    monkeypatch.setattr(kernels, "_cpu_on", None)
+    monkeypatch.setattr(backends, "_cpu_on", None)
     monkeypatch.setenv("POSENC_CPU_FAST_PATH", "1")
 
     def broken():
@@ -226,7 +226,7 @@ def test_unwritable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatc
 
 
 def test_enable_triton_without_triton_raises(monkeypatch):
-    monkeypatch.setattr(kernels.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ImportError, match=r"pip install 'posenc\[triton\]'"):
         kernels.enable_triton(True)
 

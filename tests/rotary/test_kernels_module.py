@@ -15,7 +15,7 @@ import torch
 
 import posenc
 from posenc.rotary import kernels
-from posenc.rotary.kernels import cpu
+from posenc.rotary.kernels import backends, cpu
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="the CPU fast path needs a C compiler"
@@ -33,7 +33,7 @@ CONFIGS = {
 
 def _run(rope, q, k, fast: bool, **call):
     """Forward and gradients with the CPU fast path on or off."""
-    previous = kernels._cpu_on
+    previous = backends._cpu_on
     kernels.enable_cpu_fast_path(fast)
     try:
         q = q.detach().clone().requires_grad_()
@@ -45,7 +45,7 @@ def _run(rope, q, k, fast: bool, **call):
         loss.backward()
         return q_out.detach(), k_out.detach(), q.grad, k.grad
     finally:
-        kernels._cpu_on = previous
+        backends._cpu_on = previous
 
 
 def _assert_identical(fast, slow):
@@ -93,7 +93,7 @@ def test_shared_positions_take_one_launch(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(cpu, "launch_cpu", counting)
-    previous = kernels._cpu_on
+    previous = backends._cpu_on
     kernels.enable_cpu_fast_path(True)
     try:
         rope = posenc.RotaryEmbedding(8)
@@ -105,11 +105,11 @@ def test_shared_positions_take_one_launch(monkeypatch):
         posenc.apply_rotary(q, *rope.cos_sin(torch.arange(5)))
         assert calls == [2, 1, 1, 1]
     finally:
-        kernels._cpu_on = previous
+        backends._cpu_on = previous
 
 
 def test_mixed_dtypes_rotate_separately():
-    previous = kernels._cpu_on
+    previous = backends._cpu_on
     kernels.enable_cpu_fast_path(True)
     try:
         rope = posenc.RotaryEmbedding(8)
@@ -118,7 +118,7 @@ def test_mixed_dtypes_rotate_separately():
         kernels.enable_cpu_fast_path(False)
         q_plain, k_plain = rope(q, k)
     finally:
-        kernels._cpu_on = previous
+        backends._cpu_on = previous
     assert (q_fast.dtype, k_fast.dtype) == (torch.float32, torch.bfloat16)
     torch.testing.assert_close(q_fast, q_plain, atol=0, rtol=0)
     torch.testing.assert_close(k_fast, k_plain, atol=0, rtol=0)

@@ -44,15 +44,13 @@ from posenc._errors import (
     check_finite,
     check_float,
     check_int,
-    check_last_dim,
     check_positions,
     check_tensor,
     tracing,
 )
-from posenc.rotary.kernels import dispatch_rotary
-from posenc.rotary.kernels.plain import check_cos_sin
+from posenc.rotary.kernels.dispatch import dispatch_rotary
+from posenc.rotary.kernels.plain import check_cos_sin, check_rotary_dim, check_rotary_input
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout
-from posenc.rotary.rotation import Rotation
 
 __all__ = [
     "LAYOUTS",
@@ -65,8 +63,6 @@ __all__ = [
     "SectionMap",
     "apply_rotary",
     "check_placement",
-    "check_qk",
-    "check_rotation",
     "check_sections",
     "place_frequencies",
     "rotary_cos_sin",
@@ -216,40 +212,6 @@ def place_frequencies(inv_freq: torch.Tensor, kernel_dim: int, partial: str) -> 
     return torch.cat(parts[::-1] if partial == "trailing" else parts)
 
 
-def check_qk(q: Any, k: Any, seq_dim: int, head_dim: int) -> None:
-    """Queries and keys: floating ``[b, h, s, d]`` (``[b, s, h, d]``) with ``d = head_dim``."""
-    for name, x in (("q", q), ("k", k)):
-        check_tensor(name, x, floating=True)
-        if x.ndim != 4:
-            layout = "[b, h, s, d]" if seq_dim == -2 else "[b, s, h, d]"
-            raise PosEncError(
-                f"{name} must be {layout} (seq_dim={seq_dim}), got shape {tuple(x.shape)}"
-            )
-        check_last_dim(name, x, head_dim)
-
-
-def check_rotation(
-    q: torch.Tensor, k: torch.Tensor, rotation: Any, seq_dim: int, half: int
-) -> None:
-    """``RotaryEmbedding.rotate``'s rules for ``rotation``: a :class:`Rotation` whose cos/sin
-    fit ``q`` and ``k`` (on one device) and hold ``half`` frequencies each."""
-    if not isinstance(rotation, Rotation):
-        raise PosEncError(
-            f"rotation must be a Rotation from RotaryEmbedding.rotation, got "
-            f"{type(rotation).__name__}"
-        )
-    if k.device != q.device:
-        raise PosEncError(f"k must be on q's device {q.device}, got {k.device}")
-    check_cos_sin(q, rotation.cos_q, rotation.sin_q, seq_dim, name="q")
-    check_cos_sin(k, rotation.cos_k, rotation.sin_k, seq_dim, name="k")
-    for name, t in (("cos_q", rotation.cos_q), ("cos_k", rotation.cos_k)):
-        if t.shape[-1] != half:
-            raise PosEncError(
-                f"rotation.{name} must have {half} frequencies (len(inv_freq)), got "
-                f"shape {tuple(t.shape)}"
-            )
-
-
 @dataclasses.dataclass(frozen=True)
 class SectionMap:
     """Which axis each M-RoPE frequency takes its coordinate from: frequencies
@@ -368,23 +330,7 @@ def apply_rotary(
         >>> posenc.apply_rotary(x, cos, sin, layout="interleaved").round(decimals=6) + 0.0  # 0 with 1
         tensor([[[[0., 1., 0., 0.]]]])
     """
-    check_tensor("x", x, floating=True)
-    check_choice("layout", layout, LAYOUTS)
-    check_choice("seq_dim", seq_dim, SEQ_DIMS)
-    if x.ndim != 4:
-        raise PosEncError(
-            f"x must be [b, h, s, d] (seq_dim=-2) or [b, s, h, d] (seq_dim=-3), "
-            f"got shape {tuple(x.shape)}"
-        )
+    check_rotary_input("x", x, layout, seq_dim)
     check_cos_sin(x, cos, sin, seq_dim)
-    half = cos.shape[-1]
-    if rotary_dim is None:
-        rotary_dim = 2 * half
-    rotary_dim = check_int("rotary_dim", rotary_dim, min=2)
-    if rotary_dim != 2 * half:
-        raise PosEncError(f"rotary_dim must equal 2 * cos.shape[-1] = {2 * half}, got {rotary_dim}")
-    if rotary_dim > x.shape[-1]:
-        raise PosEncError(
-            f"rotary_dim must be <= x's last dimension {x.shape[-1]}, got {rotary_dim}"
-        )
+    check_rotary_dim("x", x, cos, 2 * cos.shape[-1] if rotary_dim is None else rotary_dim)
     return dispatch_rotary(x, None, cos, sin, layout=layout, seq_dim=seq_dim)[0]

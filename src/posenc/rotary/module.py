@@ -15,6 +15,7 @@ Shapes: ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (``seq_dim=-2``), or
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -31,7 +32,6 @@ from posenc._errors import (
     check_float,
     check_int,
     check_positions,
-    tracing,
 )
 from posenc.rotary.apply import (
     PARTIALS,
@@ -39,21 +39,22 @@ from posenc.rotary.apply import (
     SectionLayout,
     _cos_sin,
     check_placement,
-    check_qk,
-    check_rotation,
     place_frequencies,
 )
 from posenc.rotary.cache import CosSinTable
-from posenc.rotary.fast import fast_forward
+from posenc.rotary.call_frequencies import CallFrequencies
+from posenc.rotary.fast import FastRotation, fast_forward
 from posenc.rotary.frequencies import Scaling, parse_scaling, rotated_frequencies
-from posenc.rotary.kernels import dispatch_rotary
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout, check_rotary_dims
-from posenc.rotary.rotation import Rotation, check_cos_sin_dtype, renamed_positions
+from posenc.rotary.rotation import (
+    Rotation,
+    check_cos_sin_dtype,
+    check_qk,
+    check_rotation,
+    rotate_qk,
+)
 
 __all__ = ["PARTIALS", "Partial", "RotaryEmbedding", "Rotation"]
-
-
-_CACHE_SIZE = 16  # (device, seq_len) frequency copies kept for dynamic scaling
 
 
 class RotaryEmbedding(RotaryEncoding):
@@ -169,21 +170,18 @@ class RotaryEmbedding(RotaryEncoding):
         self._section_layout = section_layout
         self._base = check_float("base", base, min=1.0, min_exclusive=True)
         self._scaling = parse_scaling(scaling)
-        # Frequencies are computed on the CPU in float64 even under `with torch.device("meta")`.
-        with torch.device("cpu"):
-            inv_freq, scale = self._frequencies(None)
-            # those a position-dependent scaling chooses among per call (longrope's long set)
-            lengths = () if self._scaling is None else self._scaling.precomputed_lengths()
-            self._precomputed: dict[float, torch.Tensor] = {
-                n: self._frequencies(n)[0] for n in lengths
-            }
-        self._inv_freq64 = inv_freq  # a plain attribute: .to(dtype) never casts it
-        self._attention_scale = scale
-        self._device_cache: dict[Any, torch.Tensor] = {}
-        fixed = self._scaling is None or not self._scaling.position_dependent
-        self._table = CosSinTable(inv_freq, scale) if fixed and self._sections is None else None
+        self._freqs = CallFrequencies(self._frequencies, self._scaling)
+        tabled = self._freqs.fixed and self._sections is None
+        self._table = (
+            CosSinTable(self._freqs.inv_freq, self._freqs.attention_scale) if tabled else None
+        )
         # forward's fast path serves rotations computed here (not a subclass's own, xPos')
-        self._fast = type(self).rotation_at is RotaryEmbedding.rotation_at
+        own = type(self).rotation_at is RotaryEmbedding.rotation_at
+        self._fast = (
+            FastRotation(self._table, self._head_dim, layout == "interleaved")
+            if own and self._table is not None
+            else None
+        )
         self._set_config(
             head_dim=self._head_dim,
             base=self._base,
@@ -233,11 +231,11 @@ class RotaryEmbedding(RotaryEncoding):
     def inv_freq(self) -> torch.Tensor:
         """The float64 frequencies at construction (CPU): ``[rotary_dim / 2]``, or
         ``[head_dim / 2]`` with zeros for ``partial="whole_head"`` (layout ``"half"``)."""
-        return self._inv_freq64
+        return self._freqs.inv_freq
 
     @property
     def attention_scale(self) -> float:
-        return self._attention_scale
+        return self._freqs.attention_scale
 
     @property
     def cos_sin_table(self) -> CosSinTable | None:
@@ -262,53 +260,12 @@ class RotaryEmbedding(RotaryEncoding):
         )
         return place_frequencies(inv_freq, self._kernel_dim, self._partial), scale
 
-    def _on_device(self, key: Any, device: torch.device, make) -> torch.Tensor:
-        """A copy of a float64 CPU tensor on ``device``, kept per ``(key, device)``.
-
-        Traced (``torch.compile``, ``torch.export``) the cache is neither read nor filled:
-        a graph that inserted into it would fail its own guards on the next call (a
-        recompile), and one that read it would recompile whenever eager calls change it."""
-        if tracing():
-            return make().to(device)
-        slot = (key, device)
-        if slot not in self._device_cache:
-            if len(self._device_cache) >= _CACHE_SIZE:
-                self._device_cache.clear()
-            self._device_cache[slot] = make().to(device)
-        return self._device_cache[slot]
-
-    def _frequencies_at(self, seq_len: float | None, device: torch.device) -> torch.Tensor:
-        """The float64 frequencies on ``device`` for a call whose largest position is
-        ``seq_len - 1`` (``None``: those of construction), computed once per
-        ``(seq_len, device)``."""
-        if seq_len is None:
-            return self._on_device("inv_freq", device, lambda: self._inv_freq64)
-        if seq_len in self._precomputed:
-            return self._on_device(("seq_len", seq_len), device, lambda: self._precomputed[seq_len])
-
-        def make() -> torch.Tensor:
-            with torch.device("cpu"):
-                return self._frequencies(seq_len)[0]
-
-        return self._on_device(("seq_len", seq_len), device, make)
-
     def _call_frequencies(
         self, positions: Sequence[torch.Tensor], device: torch.device
     ) -> tuple[torch.Tensor, float]:
-        """The frequencies (on ``device``) and cos/sin scale for a call with these positions:
-        those of construction, unless the scaling is position-dependent; then its
-        ``call_frequencies`` chooses them from the largest position (a device scalar)."""
-        scaling = self._scaling
-        if scaling is not None and scaling.position_dependent:
-            maxima = [p.max().to(torch.float64) for p in positions if p.numel()]
-            if maxima:
-                largest = torch.stack(maxima).max()  # a device scalar
-                return scaling.call_frequencies(
-                    largest,
-                    lambda seq_len: self._frequencies_at(seq_len, device),
-                    self._attention_scale,
-                )
-        return self._frequencies_at(None, device), self._attention_scale
+        """The frequencies (on ``device``) and cos/sin scale for a call with these positions
+        (:meth:`posenc.rotary.call_frequencies.CallFrequencies.of_call`)."""
+        return self._freqs.of_call(positions, device)
 
     # --- forward ------------------------------------------------------------------------------
 
@@ -370,12 +327,12 @@ class RotaryEmbedding(RotaryEncoding):
         seq_dim: int = -2,
         positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if k_positions is None and positions is None:  # the common call, checked for itself
-            fast = fast_forward(self, q, k, q_positions, seq_dim)
+        if self._fast is not None and k_positions is None and positions is None:
+            fast = fast_forward(self._fast, q, k, q_positions, seq_dim)  # the common call
             if fast is not None:
                 return fast
         # the caller, past nn.Module.__call__ -> _wrapped_call_impl -> _call_impl -> forward
-        q_positions = renamed_positions(q_positions, positions, stacklevel=5)
+        q_positions = _renamed_positions(q_positions, positions, stacklevel=5)
         check_choice("seq_dim", seq_dim, SEQ_DIMS)
         check_qk(q, k, seq_dim, self._head_dim)
         if q.shape[0] != k.shape[0]:
@@ -388,7 +345,7 @@ class RotaryEmbedding(RotaryEncoding):
         sq, sk, batch, device = q.shape[seq_dim], k.shape[seq_dim], q.shape[0], q.device
         q_pos, k_pos = self._resolve(q_positions, k_positions, sq, sk, batch, device)
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
-        return self._rotate_qk(q, k, self.rotation_at(q_pos, k_pos, dtype=dtype), seq_dim)
+        return rotate_qk(q, k, self.rotation_at(q_pos, k_pos, dtype=dtype), self._layout, seq_dim)
 
     def rotation(
         self,
@@ -430,7 +387,7 @@ class RotaryEmbedding(RotaryEncoding):
             >>> [torch.equal(a, b) for a, b in zip(rope.rotate(q, k, rot), rope(q, k))]
             [True, True]
         """
-        q_positions = renamed_positions(q_positions, positions, stacklevel=3)
+        q_positions = _renamed_positions(q_positions, positions, stacklevel=3)
         sq = check_int("q_len", q_len, min=1)
         sk = sq if k_len is None else check_int("k_len", k_len, min=1)
         check_cos_sin_dtype(dtype)
@@ -476,23 +433,23 @@ class RotaryEmbedding(RotaryEncoding):
         """
         check_choice("seq_dim", seq_dim, SEQ_DIMS)
         check_qk(q, k, seq_dim, self._head_dim)
-        check_rotation(q, k, rotation, seq_dim, self._inv_freq64.shape[0])
-        return self._rotate_qk(q, k, rotation, seq_dim)
+        check_rotation(q, k, rotation, seq_dim, self._freqs.inv_freq.shape[0])
+        return rotate_qk(q, k, rotation, self._layout, seq_dim)
 
-    def _rotate_qk(
-        self, q: torch.Tensor, k: torch.Tensor, rotation: Rotation, seq_dim: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`rotate` on validated arguments."""
-        layout = self._layout
-        if rotation.cos_k is rotation.cos_q:  # the same tokens: q and k in one fused pass
-            q_out, k_out = dispatch_rotary(
-                q, k, rotation.cos_q, rotation.sin_q, layout=layout, seq_dim=seq_dim
-            )
-            return q_out, k_out
-        q_out, _ = dispatch_rotary(
-            q, None, rotation.cos_q, rotation.sin_q, layout=layout, seq_dim=seq_dim
+
+def _renamed_positions(q_positions: Any, positions: Any, stacklevel: int) -> Any:
+    """``q_positions``, or the deprecated keyword ``positions`` (its 0.1.0 name) if given;
+    ``stacklevel`` points the warning at the caller's line."""
+    if positions is None:
+        return q_positions
+    if q_positions is not None:
+        raise PosEncError(
+            "q_positions and positions (its deprecated old name) were both given; "
+            "pass q_positions only"
         )
-        k_out, _ = dispatch_rotary(
-            k, None, rotation.cos_k, rotation.sin_k, layout=layout, seq_dim=seq_dim
-        )
-        return q_out, k_out
+    warnings.warn(
+        "positions= is renamed q_positions=; positions= will be removed in the next release",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+    return positions

@@ -9,7 +9,7 @@ the inverse rotation (sin negated): the Jacobian of a rotation is its transpose.
 ``backend`` names the launcher: ``"triton"`` (any device Triton runs on, including CPU
 tensors under ``TRITON_INTERPRET=1``) or ``"cpu"`` (the compiled C loop).
 
-Every launch passes through ``_launch``, which checks everything a launcher reads
+Every launch passes through :func:`launch`, which checks everything a launcher reads
 (:func:`check_launch`: devices, dtypes, shapes, memory overlap in place) from metadata
 alone, before any data pointer is taken: a bad call raises
 :class:`~posenc._errors.PosEncError` instead of reading or writing the wrong memory.
@@ -20,7 +20,7 @@ would otherwise be dispatched to them and return uninitialised memory.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -31,18 +31,11 @@ from posenc.rotary.kernels.plain import (
     check_inplace_memory,
     memory_range,
 )
-from posenc.rotary.layout import bshd_order
 
-__all__ = ["bshd", "check_launch", "rotary_op", "rotary_op_", "rotate_eager"]
+__all__ = ["KERNEL_DTYPES", "check_launch", "launch", "rotary_op", "rotary_op_"]
 
 _COMPUTE = {torch.float64: torch.float64}
-_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-
-
-def bshd(x: torch.Tensor, seq_dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Sizes ``(B, S, H, D)`` and element strides of ``x`` (``[b, h, s, d]`` for
-    ``seq_dim=-2``, ``[b, s, h, d]`` for ``seq_dim=-3``): the kernels' view, no copy."""
-    return bshd_order(x.shape, x.stride(), seq_dim)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
 
 def _tables(
@@ -90,6 +83,20 @@ def check_launch(
         raise PosEncError(f"a launch rotates q (and k), got {len(xs)} tensors")
     q = xs[0]
     k = xs[1] if len(xs) == 2 else None
+    _check_device(backend, q, k, cos, sin)
+    if q.dtype not in KERNEL_DTYPES:
+        raise PosEncError(
+            f"backend={backend!r} supports float32, bfloat16, float16 and float64, got {q.dtype}"
+        )
+    _check_shapes(q, k, cos, sin, seq_dim)
+    if inplace:
+        check_inplace_memory(xs)
+
+
+def _check_device(
+    backend: str, q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
+) -> None:
+    """:func:`check_launch`'s device rules: one device, one the ``backend`` runs on."""
     if backend == "cpu":  # is_cpu is False for meta and every accelerator
         if not (q.is_cpu and cos.is_cpu and sin.is_cpu and (k is None or k.is_cpu)):
             check_devices(q, k, cos, sin)  # a mismatch raises here; else all on q's device
@@ -108,19 +115,20 @@ def check_launch(
             )
     else:
         raise PosEncError(f"backend must be one of 'cpu', 'triton', got {backend!r}")
-    dtype = q.dtype
-    if dtype not in _KERNEL_DTYPES:
-        raise PosEncError(
-            f"backend={backend!r} supports float32, bfloat16, float16 and float64, got {dtype}"
-        )
+
+
+def _check_shapes(
+    q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int
+) -> None:
+    """:func:`check_launch`'s shape rules: k fits q, cos/sin fit both, ``r <= d``."""
     shape = q.shape
     if len(shape) != 4:
         raise PosEncError(f"q must be 4-D, got shape {tuple(shape)}")
     seq_axis = 2 if seq_dim == -2 else 1
     b, s, d = shape[0], shape[seq_axis], shape[3]
     if k is not None:
-        if k.dtype != dtype:
-            raise PosEncError(f"k must have q's dtype {dtype}, got {k.dtype}")
+        if k.dtype != q.dtype:
+            raise PosEncError(f"k must have q's dtype {q.dtype}, got {k.dtype}")
         k_shape = k.shape
         if len(k_shape) != 4 or (k_shape[0], k_shape[seq_axis], k_shape[3]) != (b, s, d):
             raise PosEncError(
@@ -142,61 +150,65 @@ def check_launch(
             f"rotary_dim (2 * cos.shape[-1]) must be <= q's last dimension {d}, "
             f"got {2 * c_shape[-1]}"
         )
-    if inplace:
-        check_inplace_memory(xs)
 
 
-def _launch(
+def _apart(
+    xs: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, copied if they share memory with a tensor rotated in place (the
+    launch would otherwise read values it has already overwritten)."""
+    spans = [memory_range(x) for x in xs]
+    for t in (cos, sin):
+        t0, t_end = memory_range(t)
+        if any(t0 < x_end and x0 < t_end for x0, x_end in spans):
+            return cos.clone(), sin.clone()
+    return cos, sin
+
+
+def _launcher(backend: str) -> Callable[..., None]:
+    """The ``backend``'s launch function, imported when first used (the C loader and
+    triton stay out of ``import posenc``; read at each call, so tests may replace it)."""
+    if backend == "cpu":
+        from posenc.rotary.kernels.cpu import launch_cpu
+
+        return launch_cpu
+    from posenc.rotary.kernels.triton_rope import launch_triton
+
+    return launch_triton
+
+
+def launch(
     backend: str,
-    xs: list[torch.Tensor],
+    xs: Sequence[torch.Tensor],
     cos: torch.Tensor,
     sin: torch.Tensor,
     *,
     interleaved: bool,
-    conjugate: bool,
     seq_dim: int,
     inplace: bool,
+    conjugate: bool = False,
 ) -> list[torch.Tensor]:
-    """Check (:func:`check_launch`), then rotate ``xs`` into new tensors (or in place)
-    with the ``backend``'s launcher; returns the outputs."""
+    """Check (:func:`check_launch`), then rotate ``xs`` (q, or q and k) into new tensors
+    (or in place) with the ``backend``'s launcher; returns the outputs, one per input.
+
+    Called directly (no custom-op layers: tens of microseconds per call, which decoding
+    steps notice) for calls that need neither autograd nor tracing, and by the custom ops.
+    ``conjugate``: rotate by minus the angles (the backward pass).
+    """
     check_launch(backend, xs, cos, sin, seq_dim=seq_dim, inplace=inplace)
     if inplace:
-        ys = xs
-        spans = [memory_range(x) for x in xs]
-        for t in (cos, sin):
-            t0, t_end = memory_range(t)
-            if any(t0 < x_end and x0 < t_end for x0, x_end in spans):
-                cos, sin = cos.clone(), sin.clone()  # in q's or k's memory: read a copy
-                break
+        ys = list(xs)
+        cos, sin = _apart(xs, cos, sin)
     else:
         ys = [_empty_like(x) for x in xs]
-    compute = _COMPUTE.get(xs[0].dtype, torch.float32)
-    cos, sin, cs = _tables(cos, sin, compute)
-    if backend == "cpu":
-        from posenc.rotary.kernels import cpu
-
-        cpu.launch_cpu(
-            xs,
-            ys,
-            cos,
-            sin,
-            cs,
-            seq_dim=seq_dim,
-            interleaved=interleaved,
-            conjugate=conjugate,
-            inplace=inplace,
-        )
-        return ys
-    from posenc.rotary.kernels.triton_rope import launch_triton
-
-    launch_triton(
-        [bshd(x, seq_dim) for x in xs],
+    cos, sin, cs = _tables(cos, sin, _COMPUTE.get(xs[0].dtype, torch.float32))
+    _launcher(backend)(
         xs,
-        [bshd(y, seq_dim)[1] for y in ys],
         ys,
         cos,
         sin,
         cs,
+        seq_dim=seq_dim,
         interleaved=interleaved,
         conjugate=conjugate,
         inplace=inplace,
@@ -204,30 +216,28 @@ def _launch(
     return ys
 
 
-def rotate_eager(
+def _op_launch(
     q: torch.Tensor,
     k: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    *,
-    interleaved: bool,
-    seq_dim: int,
-    backend: str,
+    options: tuple[bool, bool, int, str],
     inplace: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The launch without the custom-op layers (tens of microseconds per call, which
-    decoding steps notice), for calls that need neither autograd nor tracing."""
-    ys = _launch(
+) -> list[torch.Tensor]:
+    """:func:`launch` of the custom ops' arguments: ``options`` are their
+    ``(interleaved, conjugate, seq_dim, backend)``."""
+    interleaved, conjugate, seq_dim, backend = options
+    xs = [q] if k is None else [q, k]
+    return launch(
         backend,
-        [q] if k is None else [q, k],
+        xs,
         cos,
         sin,
         interleaved=interleaved,
-        conjugate=False,
+        conjugate=conjugate,
         seq_dim=seq_dim,
         inplace=inplace,
     )
-    return ys[0], ys[1] if k is not None else None
 
 
 @torch.library.custom_op("posenc::rotary", mutates_args=())
@@ -242,16 +252,7 @@ def rotary_op(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated copies of q and k (an empty tensor in place of k when k is None)."""
-    ys = _launch(
-        backend,
-        [q] if k is None else [q, k],
-        cos,
-        sin,
-        interleaved=interleaved,
-        conjugate=conjugate,
-        seq_dim=seq_dim,
-        inplace=False,
-    )
+    ys = _op_launch(q, k, cos, sin, (interleaved, conjugate, seq_dim, backend), False)
     return ys[0], ys[1] if k is not None else q.new_empty(0)
 
 
@@ -290,16 +291,7 @@ def rotary_op_(
     backend: str,
 ) -> None:
     """Rotate q (and k) in place; channels past rotary_dim are not touched."""
-    _launch(
-        backend,
-        [q] if k is None else [q, k],
-        cos,
-        sin,
-        interleaved=interleaved,
-        conjugate=conjugate,
-        seq_dim=seq_dim,
-        inplace=True,
-    )
+    _op_launch(q, k, cos, sin, (interleaved, conjugate, seq_dim, backend), True)
 
 
 @rotary_op_.register_fake

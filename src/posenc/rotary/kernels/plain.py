@@ -17,18 +17,52 @@ in memory of their own: no expanded or overlapping views, ``k`` not sharing ``q`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_tensor
+from posenc._errors import PosEncError, check_choice, check_int, check_tensor
+from posenc.rotary.layout import LAYOUTS, SEQ_DIMS
 
 __all__ = [
     "apply_rotary_torch",
     "check_cos_sin",
     "check_devices",
     "check_inplace_memory",
+    "check_rotary_dim",
+    "check_rotary_input",
     "memory_range",
 ]
+
+
+def check_rotary_input(name: str, x: Any, layout: Any, seq_dim: Any) -> None:
+    """The tensor a public rotation takes (``x`` of :func:`posenc.apply_rotary`, ``q`` of
+    :func:`posenc.rotary.kernels.fused_rotary`) and its options: floating, 4-D, a known
+    ``layout`` and ``seq_dim``."""
+    check_tensor(name, x, floating=True)
+    check_choice("layout", layout, LAYOUTS)
+    check_choice("seq_dim", seq_dim, SEQ_DIMS)
+    if x.ndim != 4:
+        raise PosEncError(
+            f"{name} must be [b, h, s, d] (seq_dim=-2) or [b, s, h, d] (seq_dim=-3), "
+            f"got shape {tuple(x.shape)}"
+        )
+
+
+def check_rotary_dim(name: str, x: torch.Tensor, cos: torch.Tensor, rotary_dim: Any) -> None:
+    """``rotary_dim`` (``None``: not given) equals ``2 * cos.shape[-1]``, which is at most
+    the last dimension of ``x`` (called ``name`` in messages)."""
+    half = cos.shape[-1]
+    if rotary_dim is not None:
+        rotary_dim = check_int("rotary_dim", rotary_dim, min=2)
+        if rotary_dim != 2 * half:
+            raise PosEncError(
+                f"rotary_dim must equal 2 * cos.shape[-1] = {2 * half}, got {rotary_dim}"
+            )
+    if 2 * half > x.shape[-1]:
+        raise PosEncError(
+            f"rotary_dim must be <= {name}'s last dimension {x.shape[-1]}, got {2 * half}"
+        )
 
 
 def check_cos_sin(

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from posenc.rotary.layout import bshd_order
+
 __all__ = ["launch_triton"]
 
 # Enough programs to keep every SM of a large GPU busy before heads are split.
@@ -203,42 +205,36 @@ def _rope_kernel(
 
 
 def launch_triton(
-    xs: list[tuple[tuple[int, ...], tuple[int, ...]]],
     x_tensors: list[torch.Tensor],
-    y_strides: list[tuple[int, ...]],
     y_tensors: list[torch.Tensor],
     cos: torch.Tensor,
     sin: torch.Tensor,
     cos_strides: tuple[int, int],
     *,
+    seq_dim: int,
     interleaved: bool,
     conjugate: bool,
     inplace: bool,
 ) -> None:
-    """Rotate ``x_tensors`` (q, and k if given) into ``y_tensors`` in one launch.
+    """Rotate ``x_tensors`` (q, and k if given) into ``y_tensors`` in one launch, checked
+    beforehand by :func:`posenc.rotary.kernels.ops.check_launch` (the CPU launcher's
+    arguments: :func:`posenc.rotary.kernels.cpu.launch_cpu`).
 
-    ``xs`` holds the ``(B, S, H, D)`` sizes and (b, s, h, d) element strides of each x,
-    ``y_strides`` those of each y; cos/sin ``[.., S, R/2]`` with a
-    contiguous last dimension and (b, s) strides ``cos_strides``.
+    Tensors are ``[b, h, s, d]`` (``seq_dim=-2``) or ``[b, s, h, d]`` (``-3``) with any
+    strides; cos/sin ``[.., S, R/2]`` with a contiguous last dimension and (b, s) element
+    strides ``cos_strides``.
     """
-    (bsz, seq, hq, d), q_strides = xs[0]
     has_k = len(x_tensors) == 2
-    hk = xs[1][0][2] if has_k else 0
+    (bsz, seq, hq, d), q_strides = bshd_order(x_tensors[0].shape, x_tensors[0].stride(), seq_dim)
+    q, qo = x_tensors[0], y_tensors[0]
+    k, ko = (x_tensors[1], y_tensors[1]) if has_k else (q, qo)
+    (_, _, hk, _), k_strides = bshd_order(k.shape, k.stride(), seq_dim)
+    hk = hk if has_k else 0
     r2 = cos.shape[-1]
     tokens = bsz * seq
     if tokens == 0 or max(hq, hk) == 0:
         return
-    block_f = triton.next_power_of_2(r2)
-    max_heads = max(hq, hk)
-    block_h = max(1, min(triton.next_power_of_2(max_heads), _TILE // block_f))
-    # Split heads into groups only when there are too few tokens to fill the GPU.
-    groups = max(1, min(triton.cdiv(max_heads, block_h), triton.cdiv(_TARGET_PROGRAMS, tokens)))
-    rest = d - 2 * r2
-    block_p = triton.next_power_of_2(max(rest, 1))
-    q, qo = x_tensors[0], y_tensors[0]
-    k, ko = (x_tensors[1], y_tensors[1]) if has_k else (q, qo)
-    k_strides = xs[1][1] if has_k else q_strides
-    ko_strides = y_strides[1] if has_k else y_strides[0]
+    block_h, block_f, block_p, groups = _blocks(tokens, max(hq, hk), r2, d - 2 * r2)
     _rope_kernel[(tokens, groups)](
         q,
         qo,
@@ -254,14 +250,14 @@ def launch_triton(
         triton.cdiv(hq, groups),
         triton.cdiv(hk, groups),
         *q_strides,
-        *y_strides[0],
+        *bshd_order(qo.shape, qo.stride(), seq_dim)[1],
         *k_strides,
-        *ko_strides,
+        *bshd_order(ko.shape, ko.stride(), seq_dim)[1],
         *cos_strides,
         COMPUTE=tl.float64 if q.dtype == torch.float64 else tl.float32,
         CONJUGATE=conjugate,
         INTERLEAVED=interleaved,
-        COPY_REST=(not inplace) and rest > 0,
+        COPY_REST=(not inplace) and d > 2 * r2,
         HAS_K=has_k,
         BLOCK_H=block_h,
         BLOCK_F=block_f,
@@ -269,3 +265,13 @@ def launch_triton(
         num_warps=4,
         enable_fp_fusion=False,
     )
+
+
+def _blocks(tokens: int, max_heads: int, r2: int, rest: int) -> tuple[int, int, int, int]:
+    """``(BLOCK_H, BLOCK_F, BLOCK_P, head groups)`` of a launch: a ``[heads, r/2]`` tile
+    of at most ``_TILE`` elements, ``rest`` pass-through channels copied ``BLOCK_P`` at a
+    time, and heads split into groups only when too few tokens would fill the GPU."""
+    block_f = triton.next_power_of_2(r2)
+    block_h = max(1, min(triton.next_power_of_2(max_heads), _TILE // block_f))
+    groups = max(1, min(triton.cdiv(max_heads, block_h), triton.cdiv(_TARGET_PROGRAMS, tokens)))
+    return block_h, block_f, triton.next_power_of_2(max(rest, 1)), groups
