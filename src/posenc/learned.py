@@ -151,44 +151,70 @@ def _resample(
         raise PosEncError(f"align_corners must be True or False, got {align_corners!r}")
     if antialias is not None and not isinstance(antialias, bool):
         raise PosEncError(f"antialias must be True, False or None, got {antialias!r}")
-    dim = table.shape[1]
     compute = torch.promote_types(table.dtype, torch.float32)
     body = table[prefix:].to(compute)  # [n - prefix, dim]
     if hw is None:
-        if isinstance(size, Sequence) and not isinstance(size, str):
-            raise PosEncError(
-                f"{size_name} must be a length (an int) for a 1-D table, got {size!r}; "
-                "give the table a grid=(H, W) to resample it in 2-D"
-            )
-        new_len = check_int(size_name, size, min=prefix + 1)
-        check_alloc(size_name, size, (2, new_len, dim), compute, table.device)
-        mode = check_choice("mode", "linear" if mode is None else mode, MODES_1D)
-        if antialias:
-            raise PosEncError(
-                "antialias applies to 2-D grids only, got antialias=True for a 1-D table"
-            )
-        out = F.interpolate(
-            body.T[None], size=new_len - prefix, mode=mode, align_corners=align_corners
-        )  # [1, dim, new_len - prefix]
-        out = out[0].T  # [new_len - prefix, dim]
+        out = _resample_1d(body, size, size_name, prefix, mode, align_corners, antialias)
     else:
-        if isinstance(size, (str, bytes)) or not isinstance(size, (Sequence, torch.Size)):
-            raise PosEncError(
-                f"{size_name} must be a grid (H', W') for a table with grid={hw}, got {size!r}"
-            )
-        new_hw = _check_grid(size_name, size)
-        check_alloc(size_name, size, (2, new_hw[0] * new_hw[1], dim), compute, table.device)
-        mode = check_choice("mode", "bicubic" if mode is None else mode, MODES_2D)
-        body = body.reshape(1, *hw, dim).permute(0, 3, 1, 2)  # [1, dim, H, W]
-        out = F.interpolate(
-            body,
-            size=new_hw,
-            mode=mode,
-            align_corners=align_corners,
-            antialias=True if antialias is None else antialias,
-        )  # [1, dim, H', W']
-        out = out.permute(0, 2, 3, 1).reshape(new_hw[0] * new_hw[1], dim)  # [H' * W', dim]
+        out = _resample_2d(body, hw, size, size_name, mode, align_corners, antialias)
     return torch.cat([table[:prefix], out.to(table.dtype)], dim=0)
+
+
+def _resample_1d(
+    body: torch.Tensor,
+    size: Any,
+    size_name: str,
+    prefix: int,
+    mode: Any,
+    align_corners: bool,
+    antialias: bool | None,
+) -> torch.Tensor:
+    """The rows after the prefix, ``body [n - prefix, dim]``, interpolated to ``size - prefix``
+    rows (a length)."""
+    if isinstance(size, Sequence) and not isinstance(size, str):
+        raise PosEncError(
+            f"{size_name} must be a length (an int) for a 1-D table, got {size!r}; "
+            "give the table a grid=(H, W) to resample it in 2-D"
+        )
+    new_len = check_int(size_name, size, min=prefix + 1)
+    check_alloc(size_name, size, (2, new_len, body.shape[1]), body.dtype, body.device)
+    mode = check_choice("mode", "linear" if mode is None else mode, MODES_1D)
+    if antialias:
+        raise PosEncError("antialias applies to 2-D grids only, got antialias=True for a 1-D table")
+    out = F.interpolate(
+        body.T[None], size=new_len - prefix, mode=mode, align_corners=align_corners
+    )  # [1, dim, new_len - prefix]
+    return out[0].T  # [new_len - prefix, dim]
+
+
+def _resample_2d(
+    body: torch.Tensor,
+    hw: tuple[int, int],
+    size: Any,
+    size_name: str,
+    mode: Any,
+    align_corners: bool,
+    antialias: bool | None,
+) -> torch.Tensor:
+    """The grid rows after the prefix, ``body [H * W, dim]``, interpolated to the grid
+    ``size = (H', W')``: ``[H' * W', dim]``."""
+    dim = body.shape[1]
+    if isinstance(size, (str, bytes)) or not isinstance(size, (Sequence, torch.Size)):
+        raise PosEncError(
+            f"{size_name} must be a grid (H', W') for a table with grid={hw}, got {size!r}"
+        )
+    new_hw = _check_grid(size_name, size)
+    check_alloc(size_name, size, (2, new_hw[0] * new_hw[1], dim), body.dtype, body.device)
+    mode = check_choice("mode", "bicubic" if mode is None else mode, MODES_2D)
+    grid = body.reshape(1, *hw, dim).permute(0, 3, 1, 2)  # [1, dim, H, W]
+    out = F.interpolate(
+        grid,
+        size=new_hw,
+        mode=mode,
+        align_corners=align_corners,
+        antialias=True if antialias is None else antialias,
+    )  # [1, dim, H', W']
+    return out.permute(0, 2, 3, 1).reshape(new_hw[0] * new_hw[1], dim)  # [H' * W', dim]
 
 
 class LearnedEmbedding(AdditiveEncoding):
