@@ -335,7 +335,7 @@ T = posenc.sinusoidal_table
         (lambda: T(torch.arange(3), True), "dim must be an integer, got True"),
         (
             lambda: T(torch.arange(3), 4, layout="diagonal"),
-            "layout must be one of 'interleaved', 'half', got 'diagonal'",
+            "layout must be one of 'half', 'interleaved', got 'diagonal'",
         ),
         (
             lambda: T(torch.arange(3), 4, order="sin"),

@@ -26,12 +26,11 @@ from posenc._errors import (
     check_float,
     check_int,
 )
+from posenc._layouts import LAYOUTS, Layout
 
 __all__ = ["LAYOUTS", "ORDERS", "SinusoidalEmbedding", "sinusoidal_table", "sinusoidal_table_nd"]
 
-Layout = Literal["interleaved", "half"]
 Order = Literal["sin_cos", "cos_sin"]
-LAYOUTS = ("interleaved", "half")
 ORDERS = ("sin_cos", "cos_sin")
 
 

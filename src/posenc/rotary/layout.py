@@ -8,21 +8,22 @@ and the rule for ``head_dim`` / ``rotary_dim``.
 
 ``seq_dim=-2`` means queries and keys are ``[b, h, s, d]``, ``seq_dim=-3`` ``[b, s, h, d]``.
 
-This module is the bottom of :mod:`posenc.rotary`: it imports nothing from it, so every
-other rotary module (the kernels included) may import it.
+``LAYOUTS`` and ``Layout`` are :mod:`posenc._layouts`' (the one layout tuple, shared with
+the sinusoidal tables), re-exported here. This module is the bottom of
+:mod:`posenc.rotary`: it imports nothing from it, so every other rotary module (the kernels
+included) may import it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from posenc._errors import PosEncError, check_int
+from posenc._layouts import LAYOUTS, Layout
 
 __all__ = ["LAYOUTS", "SEQ_DIMS", "Layout", "bshd_order", "check_rotary_dims"]
 
-Layout = Literal["half", "interleaved"]
-LAYOUTS: tuple[Layout, ...] = ("half", "interleaved")
 SEQ_DIMS = (-2, -3)
 
 
