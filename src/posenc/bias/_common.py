@@ -171,8 +171,12 @@ def renamed(module: str, name: str, classes: Mapping[str, type]) -> type:
     return classes[name]
 
 
-def pairs(qpos: torch.Tensor, kpos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Query positions ``[.., q, 1]`` and key positions ``[.., 1, k]``: they broadcast to pairs."""
+def pairs(
+    qpos: torch.Tensor, kpos: torch.Tensor, device: torch.device | str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query positions ``[.., q, 1]`` and key positions ``[.., 1, k]``, :func:`canonical`
+    (int64 / float64) on ``device``: they broadcast to pairs."""
+    qpos, kpos = canonical_pair(qpos, kpos, device)
     return qpos.unsqueeze(-1), kpos.unsqueeze(-2)
 
 

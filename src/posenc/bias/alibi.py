@@ -19,7 +19,6 @@ from posenc._errors import PosEncError, check_choice, check_device, check_int, c
 from posenc.bias._common import (
     ExactConstants,
     PositionBias,
-    canonical_pair,
     check_pair,
     distance,
     head_first,
@@ -128,7 +127,7 @@ def _alibi_pairs(
     qpos: torch.Tensor, kpos: torch.Tensor, slopes: torch.Tensor, causal: bool
 ) -> torch.Tensor:
     """:func:`alibi_bias` of checked positions and slopes, on the slopes' device."""
-    qp, kp = pairs(*canonical_pair(qpos, kpos, slopes.device))
+    qp, kp = pairs(qpos, kpos, slopes.device)
     d = distance(qp, kp)  # [q, k] or [b, q, k]
     m = head_first(slopes.to(torch.float32), d.ndim)  # [h, 1, 1] or [1, h, 1, 1]
     return _alibi(m, d.unsqueeze(-3), causal)

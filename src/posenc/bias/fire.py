@@ -29,7 +29,6 @@ from posenc._errors import (
 )
 from posenc.bias._common import (
     PositionBias,
-    canonical_pair,
     check_pair,
     distance,
     pairs,
@@ -120,7 +119,7 @@ def _normalized_pairs(
 ) -> torch.Tensor:
     """:func:`fire_normalized_distance` of checked arguments: ``[q, k]`` or ``[b, q, k]``."""
     device = c.device if isinstance(c, torch.Tensor) else qpos.device
-    qp, kp = pairs(*canonical_pair(qpos, kpos, device))
+    qp, kp = pairs(qpos, kpos, device)
     return _normalized(qp, kp, c, threshold, eps)
 
 

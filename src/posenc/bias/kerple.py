@@ -29,7 +29,6 @@ from posenc._errors import (
 )
 from posenc.bias._common import (
     PositionBias,
-    canonical_pair,
     check_pair,
     distance,
     head_first,
@@ -86,7 +85,7 @@ def kerple_bias(
 
 
 def _kerple_pairs(qpos, kpos, r1, r2) -> torch.Tensor:
-    qp, kp = pairs(*canonical_pair(qpos, kpos, r1.device))
+    qp, kp = pairs(qpos, kpos, r1.device)
     d = distance(qp, kp).unsqueeze(-3)  # [1, q, k] or [b, 1, q, k]
     return _kerple(head_first(r1, d.ndim - 1), head_first(r2, d.ndim - 1), d)
 

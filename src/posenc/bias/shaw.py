@@ -31,7 +31,7 @@ from posenc._errors import (
     check_tensor,
 )
 from posenc.bias._common import (
-    canonical,
+    canonical_pair,
     check_integer_positions,
     check_module_device,
     check_pair,
@@ -95,7 +95,7 @@ def _index(
     device: torch.device,
 ) -> torch.Tensor:
     """Row of the table for every pair, ``clip(j - i) + K``, expanded to ``[b, h, q, k]``."""
-    qp, kp = pairs(qpos.to(device, torch.long), kpos.to(device, torch.long))
+    qp, kp = pairs(qpos, kpos, device)  # integers: int64
     rows = (kp - qp).clamp(-max_distance, max_distance) + max_distance  # [q, k] or [b', q, k]
     rows = rows.unsqueeze(-3)  # [1, q, k] or [b', 1, q, k]
     return rows.expand(shape)
@@ -378,7 +378,7 @@ class ShawRelativeBias(BiasEncoding):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Resolved positions on ``device`` as int64, refusing floating ones (they index a
         table): the one check of the positions here, on the dtype alone (no host sync)."""
-        qpos, kpos = canonical(qpos).to(device), canonical(kpos).to(device)
+        qpos, kpos = canonical_pair(qpos, kpos, device)
         check_integer_positions("Shaw relative positions", qpos, kpos)
         return qpos, kpos
 

@@ -204,7 +204,7 @@ def t5_relative_bias(
         raise PosEncError("table must hold values, got a tensor on the meta device")
     _check_options(table.shape[0], max_distance, causal)  # max_distance, before the table
     lut = _lookup_table(table.shape[0], max_distance, causal).to(table.device)
-    qp, kp = pairs(*canonical_pair(qpos, kpos, table.device))  # integers: int64
+    qp, kp = pairs(qpos, kpos, table.device)  # integers: int64
     return _gather(table, _buckets(qp, kp, lut))
 
 
@@ -320,14 +320,14 @@ class T5RelativeBias(ExactConstants, PositionBias):
         """The bucket of every (query, key) pair: ``[q, k]`` (or ``[b, q, k]``) int64."""
         qpos, kpos = self._resolve(q_len, k_len, q_positions, k_positions)
         check_integer_positions("T5 buckets", qpos, kpos)
-        return _buckets(*pairs(qpos, kpos), self.bucket_lut)
+        return _buckets(*pairs(qpos, kpos, self._device), self.bucket_lut)
 
     def _position_bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         """The table entries of the pairs' buckets; resolved positions must be integers (the
         one rule checked here: a table lookup)."""
         qpos, kpos = canonical_pair(q_positions, k_positions, self._device)
         check_integer_positions("T5 buckets", qpos, kpos)
-        return _gather(self.weight, _buckets(*pairs(qpos, kpos), self.bucket_lut))
+        return _gather(self.weight, _buckets(*pairs(qpos, kpos, self._device), self.bucket_lut))
 
     def score_mod_at(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor
