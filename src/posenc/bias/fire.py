@@ -27,13 +27,7 @@ from posenc._errors import (
     check_int,
     check_same_device,
 )
-from posenc.bias._common import (
-    PositionBias,
-    check_pair,
-    distance,
-    pairs,
-    renamed,
-)
+from posenc.bias._common import PositionBias, check_pair, distance, pairs, renamed
 
 __all__ = ["FIREBias", "fire_bias", "fire_normalized_distance"]
 

@@ -27,14 +27,7 @@ from posenc._errors import (
     check_traced,
     tracing,
 )
-from posenc.bias._common import (
-    PositionBias,
-    check_pair,
-    distance,
-    head_first,
-    pairs,
-    renamed,
-)
+from posenc.bias._common import PositionBias, check_pair, distance, head_first, pairs, renamed
 
 __all__ = ["KerpleBias", "kerple_bias"]
 
