@@ -1,4 +1,5 @@
-"""What every bias encoding shares: query/key positions, pairwise distances, exact constants.
+"""What every bias encoding shares: query/key positions, pairwise distances, exact constants,
+and :class:`PositionBias`, the public methods of a bias of positions alone, written once.
 
 Shapes: query positions ``[q]`` or ``[b, q]``, key positions ``[k]`` or ``[b, k]``; a pair
 of them broadcasts to ``[q, k]`` or ``[b, q, k]``, and a bias is ``[h, q, k]`` or
