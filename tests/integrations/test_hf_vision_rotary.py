@@ -33,7 +33,7 @@ import torch
 from tests.rotary.test_transformers_parity import REF_ATOL, TF_ANGLE_ERROR_PER_POSITION
 
 from posenc import AxialRotaryEmbedding, PosEncError, reference
-from posenc.integrations import _hf_families
+from posenc.integrations import _hf_vision
 from posenc.integrations.transformers import rotary_from_config
 
 pytest.importorskip("transformers")
@@ -122,9 +122,9 @@ def test_discovery_finds_the_families() -> None:
     assert len(FAMILIES) >= 30
     for name in ("qwen2_vl_vision", "qwen3_vl_vision", "glm4v_vision", "paddleocr_vl_vision"):
         assert name in FAMILIES, name
-    assert set(FAMILIES) == set(_hf_families.AXIAL_DEFAULT)
+    assert set(FAMILIES) == set(_hf_vision.AXIAL_DEFAULT)
     assert set(REFUSED) <= set(FAMILIES)
-    assert set(REFUSED) == set(_hf_families.AXIAL_UNSUPPORTED)
+    assert set(REFUSED) == set(_hf_vision.AXIAL_UNSUPPORTED)
     # every family posenc reproduces has a rotary module to compare with
     assert all(FAMILIES[m][1] is not None for m in set(FAMILIES) - set(REFUSED))
 

@@ -14,7 +14,10 @@ With the other ``_hf_*`` modules, this is the only place that knows transformers
 posenc's only. The public names are :mod:`posenc.integrations.transformers`'.
 
 A config dict (``config.to_dict()`` or a ``config.json`` loaded with ``json``) needs no
-transformers installed; a ``PretrainedConfig`` object is read through its attributes.
+transformers installed; a ``PretrainedConfig`` object is read through its attributes (both
+by :class:`~._hf_reader.ConfigReader`). A vision tower's axial rotary is read by
+:mod:`._hf_vision`; :func:`rotary_from_config` reads the 1-D ones here, step by step (the
+rope type, theta, the partial factor, the head and rotary dims, the scaling).
 """
 
 from __future__ import annotations
@@ -25,149 +28,19 @@ from typing import Any
 
 from posenc._errors import PosEncError, check_choice, check_float, check_int
 from posenc.integrations import _hf_families as _families
+from posenc.integrations import _hf_vision as _vision
+from posenc.integrations._hf_reader import ConfigReader, first, rope_parameters
 from posenc.rotary.frequencies import SCALINGS, Scaling, parse_scaling
 from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
-from posenc.rotary.nd import AxialRotaryEmbedding
 
-__all__ = ["rope_layer_types", "rotary_from_config", "scaling_from_transformers"]
+__all__ = ["rotary_from_config", "scaling_from_transformers"]
 
 # Keys of rope_parameters that are not scaling parameters.
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section")
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn", "longrope")  # transformers fills the original context
 _DEFAULT_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
 _REQUIRED = {"yarn": ("factor",)}  # keys transformers' rope functions index (a KeyError there)
-
-
-class _Reader:
-    """Uniform access to a config object's attributes or a config dict's keys."""
-
-    def __init__(self, config: Any) -> None:
-        if not isinstance(config, Mapping) and not hasattr(config, "to_dict"):
-            raise PosEncError(
-                f"config must be a transformers config (PretrainedConfig) or its dict, got "
-                f"{type(config).__name__}"
-            )
-        if not isinstance(config, Mapping):
-            if hasattr(config, "get_text_config"):  # multimodal configs keep RoPE in the text part
-                config = config.get_text_config()
-            self._get = _object_getter(config)
-            self.is_dict = False
-        else:
-            text = config.get("text_config")
-            rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size")
-            if isinstance(text, Mapping) and not any(k in config for k in rope_keys):
-                config = {**text, "model_type": text.get("model_type", config.get("model_type"))}
-            legacy = _families.legacy_per_layer(str(config.get("model_type")), config.get)
-            if legacy is not None:
-                config = {**config, "rope_parameters": legacy, "rope_scaling": None}
-            self._get = _dict_getter(config)
-            self.is_dict = True
-        self._config = config
-
-    def get(self, key: str) -> Any:
-        return self._get(key)
-
-    def for_layer(self, layer_type: str | None, model_type: str) -> _Reader:
-        """The reader of one layer type's config where attributes vary per layer (Gemma 4's
-        ``per_layer_config``: the full-attention layers' ``head_dim``); else this reader."""
-        config = self._config
-        if layer_type is None:
-            return self
-        if not self.is_dict:
-            varying = getattr(config, "per_layer_attributes", None) or ()
-            if not set(varying) & set(_families.PER_LAYER_ROPE_KEYS):
-                return self  # what varies per layer (NeoMME: sliding_window) is not read here
-            try:
-                return _Reader(config.per_layer_config[layer_type])
-            except ValueError as error:  # not one of layer_types, or not alike across them
-                raise PosEncError(f"layer_type {layer_type!r}: {error}") from None
-        overrides = _families.layer_overrides(model_type, config.get, layer_type)
-        return self if not overrides else _Reader({**config, **overrides})
-
-
-def _object_getter(config: Any) -> Any:
-    """``getattr(config, key, None)``, with transformers' refusal to read a per-layer
-    attribute on the global config (``AmbiguousGlobalPerLayerAttributeError``) as
-    :class:`PosEncError`."""
-
-    def get(key: str) -> Any:
-        try:
-            return getattr(config, key, None)
-        except RuntimeError as error:
-            if type(error).__name__ != "AmbiguousGlobalPerLayerAttributeError":
-                raise
-            raise PosEncError(
-                f"config attribute {key!r} varies per layer (config.per_layer_config); pass "
-                f"layer_type="
-            ) from None
-
-    return get
-
-
-def _dict_getter(config: Mapping[str, Any]) -> Any:
-    """``config.get`` that also answers a key by its GPT-2-style alias (``n_embd``, ...)."""
-
-    def get(key: str) -> Any:
-        value = config.get(key)
-        for alias in _families.DICT_ALIASES.get(key, ()) if value is None else ():
-            value = config.get(alias)
-            if value is not None:
-                break
-        return value
-
-    return get
-
-
-def _rope_parameters(cfg: _Reader, layer_type: str | None, model_type: str) -> dict[str, Any]:
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if not isinstance(rope, Mapping):
-        raise PosEncError(f"config rope_parameters must be a dict, got {type(rope).__name__}")
-    if model_type in _families.PER_LAYER_TYPE_ONLY:
-        rope = _families.per_layer_type_rope(dict(rope), cfg.get("layer_types"))
-    nested = [k for k, v in rope.items() if isinstance(v, Mapping) or v is None]
-    if nested and len(nested) == len(rope):  # one dict per layer type (Gemma 3, ...)
-        if layer_type is None:
-            raise PosEncError(
-                f"config has RoPE parameters per layer type; pass layer_type= one of "
-                f"{', '.join(map(repr, nested))}"
-            )
-        check_choice("layer_type", layer_type, nested)
-        if rope[layer_type] is None:
-            raise PosEncError(f"layer_type {layer_type!r} has no RoPE (its parameters are None)")
-        return dict(rope[layer_type])
-    if layer_type is not None:
-        raise PosEncError(
-            f"layer_type must be None for a config with one set of RoPE "
-            f"parameters, got {layer_type!r}"
-        )
-    return dict(rope)
-
-
-def rope_layer_types(config: Any) -> list[str | None]:
-    """The ``layer_type=`` values :func:`rotary_from_config` takes for ``config``: the layer
-    types with RoPE parameters of their own (Gemma 3: ``"sliding_attention"``,
-    ``"full_attention"``), or ``[None]`` for one set of parameters.
-
-    Examples:
-        >>> from posenc.integrations.transformers import rope_layer_types
-        >>> rope_layer_types({"rope_parameters": {"full_attention": {"rope_theta": 1e6},
-        ...                   "sliding_attention": {"rope_theta": 1e4}}})
-        ['full_attention', 'sliding_attention']
-        >>> rope_layer_types({"rope_theta": 1e4})
-        [None]
-    """
-    rope = _Reader(config).get("rope_parameters") or _Reader(config).get("rope_scaling") or {}
-    if not isinstance(rope, Mapping):
-        return [None]
-    nested = [k for k, v in rope.items() if isinstance(v, Mapping) or v is None]
-    if nested and len(nested) == len(rope):
-        return [k for k in nested if rope[k] is not None]
-    return [None]
-
-
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
 
 
 # --- transformers' scaling dicts -------------------------------------------------------------
@@ -226,11 +99,8 @@ def scaling_from_transformers(rope_scaling: Mapping[str, Any] | None) -> Scaling
     kind = kinds.pop()
     kind = _TYPE_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
     check_choice("scaling type", kind, ("default", *SCALINGS))
-    if kind == "default":
-        extra = sorted(k for k, v in spec.items() if v is not None)
-        if extra:
-            raise PosEncError(f"scaling type 'default' takes no parameters, got {extra}")
-        return None
+    if kind == "default":  # no scaling: parse_scaling refuses any parameter given
+        return parse_scaling({"type": "default", **spec})
     cls, _ = SCALINGS[kind]
     fields = [f.name for f in dataclasses.fields(cls) if f.init]
     args: dict[str, Any] = {}
@@ -341,7 +211,7 @@ def rotary_from_config(
     """
     if layout is not None:
         check_choice("layout", layout, LAYOUTS)
-    cfg = _Reader(config)
+    cfg = ConfigReader(config)
     model_type = cfg.get("model_type")
     try:
         return _from_config(cfg, str(model_type), layer_type, layout)
@@ -352,25 +222,52 @@ def rotary_from_config(
 
 
 def _from_config(
-    cfg: _Reader, model_type: str, layer_type: str | None, layout: Layout | None
+    cfg: ConfigReader, model_type: str, layer_type: str | None, layout: Layout | None
 ) -> RotaryEmbedding:
     reason = _families.unsupported(model_type)
     if reason is not None:
         raise PosEncError(f"posenc cannot express this family's RoPE: {reason}")
-    rope = _rope_parameters(cfg, layer_type, model_type)
-    kind = _first(rope.get("rope_type"), rope.get("type"))
-    if kind == "axial" or (kind is None and model_type in _families.AXIAL_DEFAULT):
-        d, n, dims, pairs, base = _families.axial_layout(model_type, cfg.get, rope)
-        return AxialRotaryEmbedding(d, n, base=base, layout=layout or pairs, axis_dims=dims)
+    rope = rope_parameters(cfg, layer_type, model_type)
+    if _vision.is_axial(model_type, rope):
+        return _vision.axial_from_config(model_type, cfg.get, rope, layout)
     cfg = cfg.for_layer(layer_type, model_type)
-    defaults = _families.MODEL_DEFAULTS.get(model_type, {})
-    pairing: Layout = (
+    pairing = (
         layout
         if layout is not None
-        else _families.layout_of(model_type, cfg.get("rope_interleave"))  # type: ignore[assignment]
+        else _families.layout_of(model_type, cfg.get("rope_interleave"))
+    )
+    kind = _rope_type(rope)
+    base = _rope_theta(cfg, rope, model_type)
+    partial = _partial_factor(cfg, rope, model_type)
+    trailing = model_type in _families.TRAILING_ROTARY  # [nope | rope]: the whole head
+    head_dim, mla = _head_dim(cfg, trailing)
+    if kind == "proportional":
+        _require_theta(cfg, rope)
+    rotary_dim = _rotary_dim(cfg, model_type, kind, head_dim, mla, partial)
+    base, rotary_dim = _odd_rotary_dim(kind, base, rotary_dim, head_dim, partial.factor)
+    sections = first(
+        rope.get("mrope_section"),
+        cfg.get("mrope_section"),
+        _families.MROPE_DEFAULT_SECTIONS.get(model_type),
+    )
+    interleaved_sections = model_type in _families.MROPE_INTERLEAVED
+    return RotaryEmbedding(
+        head_dim,
+        base=base,
+        rotary_dim=rotary_dim,
+        layout=pairing,
+        scaling=_scaling(cfg, kind, _scaling_parameters(rope, model_type)),
+        sections=None if sections is None else list(sections),
+        partial="whole_head" if kind == "proportional" else "trailing" if trailing else "leading",
+        section_layout="interleaved" if interleaved_sections and sections else "contiguous",
     )
 
-    kind = _first(rope.get("rope_type"), rope.get("type"), "default")  # rope_type wins
+
+def _rope_type(rope: dict[str, Any]) -> Any:
+    """The rope type (``rope_type`` wins over ``type``; ``"default"`` when neither), with
+    the keys transformers' function for it indexes checked; any value but a known type's
+    name is refused by :func:`scaling_from_transformers`, naming it as given."""
+    kind = first(rope.get("rope_type"), rope.get("type"), "default")
     if kind == "mrope":  # Qwen2-VL's legacy spelling of default RoPE with sections
         kind = "default"
     missing = [k for k in _REQUIRED.get(kind, ()) if k not in rope]
@@ -379,9 +276,14 @@ def _from_config(
             f"rope type {kind!r} requires the key(s) {missing} in rope_parameters "
             f"(transformers raises KeyError), got keys {sorted(rope)}"
         )
-    base = check_float(
+    return kind
+
+
+def _rope_theta(cfg: ConfigReader, rope: dict[str, Any], model_type: str) -> float:
+    defaults = _families.MODEL_DEFAULTS.get(model_type, {})
+    return check_float(
         "rope_theta",
-        _first(
+        first(
             rope.get("rope_theta"),
             cfg.get("rope_theta"),
             cfg.get("rotary_emb_base"),
@@ -391,24 +293,36 @@ def _from_config(
         min=1.0,
         min_exclusive=True,
     )
-    partial_given = _first(
+
+
+@dataclasses.dataclass(frozen=True)
+class _Partial:
+    """``partial_rotary_factor`` as the config gives it (None: nowhere) and as used (1.0 then)."""
+
+    given: float | None
+    factor: float
+
+
+def _partial_factor(cfg: ConfigReader, rope: dict[str, Any], model_type: str) -> _Partial:
+    defaults = _families.MODEL_DEFAULTS.get(model_type, {})
+    given = first(
         rope.get("partial_rotary_factor"),
         cfg.get("partial_rotary_factor"),
         rope.get("rotary_pct"),
         cfg.get("rotary_pct"),
         defaults.get("partial_rotary_factor"),
     )
-    partial = check_float(
-        "partial_rotary_factor",
-        _first(partial_given, 1.0),
-        min=0.0,
-        max=1.0,
-        min_exclusive=True,
+    factor = check_float(
+        "partial_rotary_factor", first(given, 1.0), min=0.0, max=1.0, min_exclusive=True
     )
+    return _Partial(given, factor)
 
-    trailing = model_type in _families.TRAILING_ROTARY  # [nope | rope]: the whole head
+
+def _head_dim(cfg: ConfigReader, trailing: bool) -> tuple[int, int | None]:
+    """The module's head dim (MLA: the rope part of each head, ``qk_rope_head_dim``, which
+    transformers' attention rotates) and that rope part (None where not MLA)."""
     mla = None if trailing else cfg.get("qk_rope_head_dim")
-    head_dim = _first(mla, cfg.get("head_dim"))  # MLA: the rope part
+    head_dim = first(mla, cfg.get("head_dim"))
     if head_dim is None:
         hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
         if hidden is None or heads is None:
@@ -416,81 +330,87 @@ def _from_config(
         head_dim = check_int("hidden_size", hidden, min=1) // check_int(
             "num_attention_heads", heads, min=1
         )
-    head_dim = check_int("head_dim", head_dim, min=2)
+    return check_int("head_dim", head_dim, min=2), mla
+
+
+def _require_theta(cfg: ConfigReader, rope: dict[str, Any]) -> None:
+    if rope.get("rope_theta") is None and cfg.get("rope_theta") is None:
+        raise PosEncError(
+            f"rope type 'proportional' requires the key 'rope_theta' in rope_parameters "
+            f"(transformers raises KeyError), got keys {sorted(rope)}"
+        )
+
+
+def _rotary_dim(
+    cfg: ConfigReader, model_type: str, kind: str, head_dim: int, mla: int | None, partial: _Partial
+) -> int:
+    """The rotated channels, as the family's rotary module counts them."""
     if kind == "proportional":  # transformers: int(partial * head_dim // 2) rotated pairs
-        if rope.get("rope_theta") is None and cfg.get("rope_theta") is None:
-            raise PosEncError(
-                f"rope type 'proportional' requires the key 'rope_theta' in rope_parameters "
-                f"(transformers raises KeyError), got keys {sorted(rope)}"
-            )
-        rotary_dim = 2 * int(partial * head_dim // 2)
-    elif model_type in _families.ROTARY_DIM_ATTRIBUTE and cfg.get("rotary_dim") is not None:
-        rotary_dim = check_int("rotary_dim", cfg.get("rotary_dim"), min=2, max=head_dim)
-    elif mla is not None and model_type in _families.MLA_PARTIAL_OF:
+        return 2 * int(partial.factor * head_dim // 2)
+    if model_type in _families.ROTARY_DIM_ATTRIBUTE and cfg.get("rotary_dim") is not None:
+        return check_int("rotary_dim", cfg.get("rotary_dim"), min=2, max=head_dim)
+    if mla is not None and model_type in _families.MLA_PARTIAL_OF:
         # Mistral 4 (head_dim = qk_nope + qk_rope), dots.3 (its head_dim): a factor of more
         if _families.MLA_PARTIAL_OF[model_type] == "head_dim":
             full = check_int("head_dim", cfg.get("head_dim"), min=2)
         else:
             full = check_int("qk_nope_head_dim", cfg.get("qk_nope_head_dim"), min=0) + head_dim
-        fraction = head_dim / full if partial_given is None else partial
-        rotary_dim = check_int("the rotary dim", int(full * fraction), max=head_dim)
-    else:
-        rotary_dim = int(head_dim * partial)
+        fraction = head_dim / full if partial.given is None else partial.factor
+        return check_int("the rotary dim", int(full * fraction), max=head_dim)
+    return int(head_dim * partial.factor)
+
+
+def _odd_rotary_dim(
+    kind: str, base: float, rotary_dim: int, head_dim: int, partial: float
+) -> tuple[float, int]:
+    """``(base, rotary_dim)``: an odd rotary dim of default RoPE with a spare channel as
+    transformers rotates it, else as given; anything else odd, or below 2, refused."""
     if rotary_dim % 2 and kind == "default" and rotary_dim + 1 <= head_dim:
         # transformers: inv_freq = base ** -(arange(0, dim, 2) / dim), (dim + 1) / 2 of them,
         # rotating dim + 1 channels; the same numbers as base ** ((dim + 1) / dim) over dim + 1
-        base, rotary_dim = base ** ((rotary_dim + 1) / rotary_dim), rotary_dim + 1
+        return base ** ((rotary_dim + 1) / rotary_dim), rotary_dim + 1
     if rotary_dim < 2 or rotary_dim % 2:
         raise PosEncError(
             f"the rotary dim int(head_dim * partial_rotary_factor) = int({head_dim} * {partial}) "
             f"must be even and >= 2 (odd: only for rope type 'default' with a spare channel), "
             f"got {rotary_dim}"
         )
+    return base, rotary_dim
 
-    sections = _first(
-        rope.get("mrope_section"),
-        cfg.get("mrope_section"),
-        _families.MROPE_DEFAULT_SECTIONS.get(model_type),
-    )
-    if model_type in _families.LLAMA4_SCALING_BETA:  # a query scale: query_scale_from_config
-        rope.pop("llama_4_scaling_beta", None)
-    interleaved_sections = model_type in _families.MROPE_INTERLEAVED
-    if interleaved_sections:
+
+def _scaling_parameters(rope: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """The RoPE parameters less those the family reads elsewhere (``llama_4_scaling_beta``:
+    a query scale, :func:`query_scale_from_config`) or ignores (M-RoPE's interleave flags)."""
+    if model_type in _families.LLAMA4_SCALING_BETA:
+        rope = {k: v for k, v in rope.items() if k != "llama_4_scaling_beta"}
+    if model_type in _families.MROPE_INTERLEAVED:
         rope = {k: v for k, v in rope.items() if k not in _families.MROPE_IGNORED_KEYS}
+    return rope
 
-    scaling: Scaling | None = None
-    if kind != "default":
-        spec = {k: v for k, v in rope.items() if k not in (*_GENERAL_KEYS, "rotary_pct")}
-        spec["type"] = kind
-        max_position = cfg.get("max_position_embeddings")
-        if kind in _ORIGINAL_CONTEXT_TYPES:
-            original = _first(
-                cfg.get("original_max_position_embeddings"),  # Phi-3: the attribute wins
-                rope.get("original_max_position_embeddings"),
-                rope.get("original_max_position"),
-                max_position,
-            )
-            spec.pop("original_max_position", None)
-            spec["original_max_position_embeddings"] = original
-        if max_position is not None and (
-            kind == "dynamic" or (kind in ("yarn", "longrope") and rope.get("factor") is None)
-        ):
-            spec["max_position_embeddings"] = max_position
-        scaling = scaling_from_transformers(spec)
-    else:
+
+def _scaling(cfg: ConfigReader, kind: str, rope: dict[str, Any]) -> Scaling | None:
+    """posenc's scaling for the rope type: its parameters in transformers' spelling, with
+    the context lengths transformers fills from the config."""
+    if kind == "default":
         extra = sorted(
             k for k, v in rope.items() if v is not None and k not in (*_GENERAL_KEYS, "rotary_pct")
         )
         if extra:
             raise PosEncError(f"rope type 'default' takes no scaling parameters, got {extra}")
-
-    return RotaryEmbedding(
-        head_dim,
-        base=base,
-        rotary_dim=rotary_dim,
-        layout=pairing,
-        scaling=scaling,
-        sections=None if sections is None else list(sections),
-        partial="whole_head" if kind == "proportional" else "trailing" if trailing else "leading",
-        section_layout="interleaved" if interleaved_sections and sections else "contiguous",
-    )
+        return None
+    spec = {k: v for k, v in rope.items() if k not in (*_GENERAL_KEYS, "rotary_pct")}
+    spec["type"] = kind
+    max_position = cfg.get("max_position_embeddings")
+    if kind in _ORIGINAL_CONTEXT_TYPES:
+        spec.pop("original_max_position", None)
+        spec["original_max_position_embeddings"] = first(
+            cfg.get("original_max_position_embeddings"),  # Phi-3: the attribute wins
+            rope.get("original_max_position_embeddings"),
+            rope.get("original_max_position"),
+            max_position,
+        )
+    if max_position is not None and (
+        kind == "dynamic" or (kind in ("yarn", "longrope") and rope.get("factor") is None)
+    ):
+        spec["max_position_embeddings"] = max_position
+    return scaling_from_transformers(spec)

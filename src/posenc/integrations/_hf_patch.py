@@ -21,22 +21,31 @@ import inspect
 import sys
 import types
 from collections.abc import Callable, Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
 
 from posenc._errors import PosEncError
-from posenc.integrations._hf_config import rope_layer_types, rotary_from_config
+from posenc.integrations import _hf_families as _families
+from posenc.integrations._hf_config import rotary_from_config
+from posenc.integrations._hf_forward import forward_chain, rebuild_forward
+from posenc.integrations._hf_reader import rope_layer_types
 from posenc.rotary.frequencies import Scaling, parse_scaling
 from posenc.rotary.kernels import fused_rotary
+from posenc.rotary.layout import Layout
 from posenc.rotary.module import RotaryEmbedding
 
 __all__ = ["PATCHABLE_FAMILIES", "PatchedRotaryEmbedding", "patch", "unpatch"]
 
-_HALF, _INTERLEAVED, _DEINTERLEAVE = "half", "interleaved", "deinterleave"
+# The pairing of an apply function: a layout, or DeepSeek-V3's de-interleaving (interleaved
+# pairs rotated in the half layout, the output left de-interleaved).
+_Pairing = Layout | Literal["deinterleave"]
 _STANDARD = ("q", "k", "cos", "sin", "unsqueeze_dim")
 _WITH_POSITION_IDS = ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim")
+# The apply function the attention of a rope_interleave family (DeepSeek-V3) calls when
+# config.rope_interleave is true, instead of apply_rotary_pos_emb.
+_INTERLEAVE_APPLY = "apply_rotary_pos_emb_interleave"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,33 +54,32 @@ class _Family:
     its attention calls, that function's pairing and parameters (checked when patching)."""
 
     module: str
-    applies: Mapping[str, tuple[str, tuple[str, ...]]]
+    applies: Mapping[str, tuple[_Pairing, tuple[str, ...]]]
 
 
-def _standard(module: str, pairing: str = _HALF) -> _Family:
-    return _Family(module, {"apply_rotary_pos_emb": (pairing, _STANDARD)})
+def _family(model_type: str, module: str | None = None) -> _Family:
+    """The apply functions of a family (whose modeling module is ``module``, default its
+    ``model_type``): ``apply_rotary_pos_emb`` pairs as the family's attention does without
+    ``rope_interleave`` (:func:`~._hf_families.layout_of`: Cohere and GLM interleaved, ...),
+    and a ``rope_interleave`` family also has :data:`_INTERLEAVE_APPLY`."""
+    applies: dict[str, tuple[_Pairing, tuple[str, ...]]] = {
+        "apply_rotary_pos_emb": (_families.layout_of(model_type, False), _STANDARD)
+    }
+    if model_type in _families.ROPE_INTERLEAVE_DEFAULT:
+        applies[_INTERLEAVE_APPLY] = ("deinterleave", _WITH_POSITION_IDS)
+    return _Family(module or model_type, applies)
 
 
-# model_type -> family. The pairings are transformers' (facts of its modeling code):
-# Cohere rotates (2i, 2i + 1) with cos/sin repeated per pair; GLM-4 the same pairs over its
-# first rotary_dim channels; DeepSeek-V3's apply_rotary_pos_emb_interleave de-interleaves
-# the pairs and rotates in the half layout (its output stays de-interleaved).
-_HALF_FAMILIES = (
+# The families whose attention and apply functions have been checked against posenc's
+# (tests/integrations/test_hf_patch.py builds a tiny model of each), by model_type.
+_PATCHABLE = (
     "llama mistral ministral mixtral qwen2 qwen2_moe qwen3 qwen3_moe gemma gemma2 phi phi3 "
     "gpt_neox olmo olmo2 olmo3 olmoe granite granitemoe stablelm starcoder2 smollm3 arcee "
-    "exaone4 seed_oss"
+    "exaone4 seed_oss cohere cohere2 glm glm4 deepseek_v3"
 ).split()
 _FAMILIES: dict[str, _Family] = {
-    **{t: _standard(t) for t in _HALF_FAMILIES},
-    "gemma3_text": _standard("gemma3"),
-    **{t: _standard(t, _INTERLEAVED) for t in ("cohere", "cohere2", "glm", "glm4")},
-    "deepseek_v3": _Family(
-        "deepseek_v3",
-        {
-            "apply_rotary_pos_emb": (_HALF, _STANDARD),
-            "apply_rotary_pos_emb_interleave": (_DEINTERLEAVE, _WITH_POSITION_IDS),
-        },
-    ),
+    **{t: _family(t) for t in _PATCHABLE},
+    "gemma3_text": _family("gemma3_text", "gemma3"),
 }
 
 PATCHABLE_FAMILIES: tuple[str, ...] = tuple(sorted(_FAMILIES))
@@ -135,12 +143,12 @@ class PatchedRotaryEmbedding(nn.Module):
         return rope.cos_sin(position_ids, dtype=dtype)
 
 
-def _make_apply(pairing: str, params: tuple[str, ...]) -> Callable[..., Any]:
+def _make_apply(pairing: _Pairing, params: tuple[str, ...]) -> Callable[..., Any]:
     """posenc's stand-in for one of transformers' apply functions: ``(q, k, cos, sin)`` with
     ``q: [b, hq, s, d]``, ``k: [b, hk, s, d]`` (``unsqueeze_dim=2``: ``[b, s, h, d]``) and
     cos/sin from :class:`PatchedRotaryEmbedding`; the first ``2 * cos.shape[-1]`` channels
     rotate, the rest pass through (GPT-NeoX, Phi-3, GLM-4 partial rotary)."""
-    layout = _HALF if pairing == _DEINTERLEAVE else pairing
+    layout: Layout = "half" if pairing == "deinterleave" else pairing
 
     def rotate(
         q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
@@ -148,7 +156,7 @@ def _make_apply(pairing: str, params: tuple[str, ...]) -> Callable[..., Any]:
         seq_dim = _SEQ_DIMS.get(unsqueeze_dim)
         if seq_dim is None:
             raise PosEncError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim!r}")
-        if pairing == _DEINTERLEAVE:  # (x0, x1), (x2, x3), ... -> x0, x2, ..., x1, x3, ...
+        if pairing == "deinterleave":  # (x0, x1), (x2, x3), ... -> x0, x2, ..., x1, x3, ...
             q = q.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
             k = k.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
         if q.dtype != k.dtype:  # one pass each (the fused pass takes one dtype)
@@ -182,52 +190,6 @@ def _make_apply(pairing: str, params: tuple[str, ...]) -> Callable[..., Any]:
         return rotate(q, k, cos, sin, unsqueeze_dim)
 
     return apply
-
-
-def _copy_function(fn: types.FunctionType, globals_: dict[str, Any], closure: Any) -> Any:
-    new = types.FunctionType(fn.__code__, globals_, fn.__name__, fn.__defaults__, closure)
-    new.__kwdefaults__ = fn.__kwdefaults__
-    new.__dict__.update(fn.__dict__)
-    new.__qualname__, new.__module__, new.__doc__ = fn.__qualname__, fn.__module__, fn.__doc__
-    new.__annotations__ = dict(fn.__annotations__)
-    return new
-
-
-def _cell_is(cell: Any, value: Any) -> bool:
-    try:
-        return cell.cell_contents is value
-    except ValueError:  # an empty cell
-        return False
-
-
-def _forward_chain(cls: type, module_dict: dict[str, Any]) -> list[Any] | None:
-    """``cls.forward`` and the functions its decorators wrap (``__wrapped__``), down to the
-    one defined in the modeling module; ``None`` where the chain leads elsewhere (a forward
-    inherited from outside the module, or a wrapper that does not name what it wraps)."""
-    chain = [getattr(cls, "forward", None)]
-    while isinstance(chain[-1], types.FunctionType):
-        if chain[-1].__globals__ is module_dict:
-            return chain
-        chain.append(getattr(chain[-1], "__wrapped__", None))
-    return None
-
-
-def _rebuild_forward(chain: list[Any], globals_: dict[str, Any], model_type: str) -> Any:
-    """A copy of ``chain[0]`` (``cls.forward``) whose innermost function reads ``globals_``:
-    each decorator's wrapper is rebuilt with its closure cell pointing to the copy."""
-    new = _copy_function(chain[-1], globals_, chain[-1].__closure__)
-    for wrapper, inner in zip(reversed(chain[:-1]), reversed(chain[1:])):
-        closure = wrapper.__closure__ or ()
-        if not any(_cell_is(c, inner) for c in closure):
-            raise PosEncError(
-                f"model_type {model_type!r}: the decorator {wrapper.__qualname__} does not "
-                f"hold the function it wraps in its closure; patch cannot rebuild it"
-            )
-        copied = new
-        cells = tuple(types.CellType(copied) if _cell_is(c, inner) else c for c in closure)
-        new = _copy_function(wrapper, wrapper.__globals__, cells)
-        new.__dict__["__wrapped__"] = copied
-    return new
 
 
 # --- patch / unpatch --------------------------------------------------------------------------
@@ -348,6 +310,20 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
     if _PATCH_ATTR in model.__dict__:
         raise PosEncError(f"model is already patched ({type(model).__name__}); unpatch it first")
     model_type = str(getattr(config, "model_type", None))
+    # validate and build everything first, then change the model (nothing there can fail)
+    target = _Target(model_type, *_family_module(model, model_type))
+    target.check_applies()
+    record = target.plan(model, _ropes(config, model_type, scaling))
+    for parent, child_name, _, new in record.rotary:
+        parent._modules[child_name] = new
+    for layer, attr, forward, _ in record.attention:
+        layer.__dict__[attr] = forward
+    model.__dict__[_PATCH_ATTR] = record
+    return model
+
+
+def _family_module(model: nn.Module, model_type: str) -> tuple[_Family, types.ModuleType]:
+    """The family of ``model_type`` and its loaded modeling module; refused by name."""
     family = _FAMILIES.get(model_type)
     if family is None:
         why = _REFUSED.get(model_type, "its attention has not been checked against posenc's")
@@ -361,19 +337,11 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
             f"model_type {model_type!r}: transformers.models.{family.module} is not loaded; "
             f"is {type(model).__name__} a transformers model?"
         )
-    module_dict = vars(modeling)
+    return family, modeling
 
-    # --- validate and build everything first ---------------------------------------------
-    for name, (_, params) in family.applies.items():
-        original = module_dict.get(name)
-        if original is None:
-            continue
-        got = tuple(inspect.signature(original).parameters)
-        if got != params:
-            raise PosEncError(
-                f"model_type {model_type!r}: {modeling.__name__}.{name} takes {got}, "
-                f"patch expects {params} (a transformers version patch does not know)"
-            )
+
+def _ropes(config: Any, model_type: str, scaling: Any) -> dict[str | None, RotaryEmbedding]:
+    """posenc's rotary module of each layer type, from the config and ``scaling=``."""
     layer_types = rope_layer_types(config)
     try:
         scalings = _parse_scalings(scaling, layer_types)
@@ -388,64 +356,95 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
     for rope in ropes.values():
         if rope.sections is not None:
             raise PosEncError(f"model_type {model_type!r}: M-RoPE sections are not supported")
+    return ropes
 
-    rotary: list[tuple[nn.Module, str, nn.Module, PatchedRotaryEmbedding]] = []
-    attention: list[tuple[nn.Module, str, Any, Any]] = []
-    apply_names = set(family.applies)
-    globals_ = vars(_patched_module(modeling, family))
-    forwards: dict[type, Any] = {}
-    for parent in model.modules():
-        for child_name, child in parent.named_children():
-            cls = type(child)
-            if isinstance(child, PatchedRotaryEmbedding):
-                raise PosEncError(f"model is already patched ({child_name} is posenc's)")
-            if cls.__module__ != modeling.__name__:
+
+@dataclasses.dataclass
+class _Target:
+    """One model's family and modeling module, and the forwards rebuilt for its classes."""
+
+    model_type: str
+    family: _Family
+    modeling: types.ModuleType
+    forwards: dict[type, Any] = dataclasses.field(default_factory=dict)
+
+    def check_applies(self) -> None:
+        """Refuse a transformers version whose apply functions take other parameters."""
+        for name, (_, params) in self.family.applies.items():
+            original = vars(self.modeling).get(name)
+            if original is None:
                 continue
-            if cls.__name__.endswith("RotaryEmbedding"):
-                if any(word in cls.__name__ for word in ("Vision", "Audio")):
-                    continue
-                rotary.append((parent, child_name, child, PatchedRotaryEmbedding(ropes, child)))
-                continue
-            if cls not in forwards:
-                chain = _forward_chain(cls, module_dict)
-                if chain is None and cls.__name__.endswith("Attention"):
-                    raise PosEncError(
-                        f"model_type {model_type!r}: {cls.__name__}.forward is not a function "
-                        f"of {modeling.__name__} (or a decorator naming it); patch cannot copy it"
-                    )
-                uses = chain is not None and apply_names & set(chain[-1].__code__.co_names)
-                forwards[cls] = (
-                    _rebuild_forward(chain, globals_, model_type) if chain and uses else None
+            got = tuple(inspect.signature(original).parameters)
+            if got != params:
+                raise PosEncError(
+                    f"model_type {self.model_type!r}: {self.modeling.__name__}.{name} takes "
+                    f"{got}, patch expects {params} (a transformers version patch does not know)"
                 )
-            if forwards[cls] is None:
-                continue
-            attr = "forward"
-            if "forward" in child.__dict__:
-                # accelerate's hooks (device_map=...): the instance forward is the hook, which
-                # calls the class forward kept as _old_forward; that one is replaced
-                hooked = hasattr(child, "_hf_hook") and "_old_forward" in child.__dict__
-                if not hooked:
-                    raise PosEncError(
-                        f"model_type {model_type!r}: the attention layer {child_name!r} already "
-                        f"has a forward of its own (not accelerate's hook); patch refuses it"
-                    )
-                attr = "_old_forward"
-            new_forward = types.MethodType(forwards[cls], child)
-            attention.append((child, attr, new_forward, child.__dict__.get(attr)))
-    if not rotary or not attention:
-        found = "rotary module" if not rotary else "attention layer calling apply_rotary_pos_emb"
-        raise PosEncError(
-            f"model_type {model_type!r}: found no {found} in {type(model).__name__}; "
-            f"patch cannot replace its RoPE"
-        )
 
-    # --- change the model (nothing below can fail) ----------------------------------------
-    for parent, child_name, _, new in rotary:
-        parent._modules[child_name] = new
-    for layer, attr, forward, _ in attention:
-        layer.__dict__[attr] = forward
-    model.__dict__[_PATCH_ATTR] = _Record(rotary, attention)
-    return model
+    def plan(self, model: nn.Module, ropes: dict[str | None, RotaryEmbedding]) -> _Record:
+        """What patching changes (nothing is changed yet): each text rotary module of the
+        modeling module with its replacement, each attention layer calling an apply
+        function with its own forward."""
+        record = _Record([], [])
+        globals_ = vars(_patched_module(self.modeling, self.family))
+        for parent in model.modules():
+            for child_name, child in parent.named_children():
+                cls = type(child)
+                if isinstance(child, PatchedRotaryEmbedding):
+                    raise PosEncError(f"model is already patched ({child_name} is posenc's)")
+                if cls.__module__ != self.modeling.__name__:
+                    continue
+                if cls.__name__.endswith("RotaryEmbedding"):
+                    if not any(word in cls.__name__ for word in ("Vision", "Audio")):
+                        new = PatchedRotaryEmbedding(ropes, child)
+                        record.rotary.append((parent, child_name, child, new))
+                    continue
+                forward = self.forward_of(cls, globals_)
+                if forward is not None:
+                    record.attention.append(self.attention_entry(child_name, child, forward))
+        if not record.rotary or not record.attention:
+            found = "rotary module" if not record.rotary else _NO_ATTENTION
+            raise PosEncError(
+                f"model_type {self.model_type!r}: found no {found} in {type(model).__name__}; "
+                f"patch cannot replace its RoPE"
+            )
+        return record
+
+    def forward_of(self, cls: type, globals_: dict[str, Any]) -> Any:
+        """``cls.forward`` rebuilt to read ``globals_`` (posenc's apply functions; once per
+        class), or None where it calls none of them."""
+        if cls not in self.forwards:
+            module_dict = vars(self.modeling)
+            chain = forward_chain(cls, module_dict)
+            if chain is None and cls.__name__.endswith("Attention"):
+                raise PosEncError(
+                    f"model_type {self.model_type!r}: {cls.__name__}.forward is not a function "
+                    f"of {self.modeling.__name__} (or a decorator naming it); patch cannot copy it"
+                )
+            uses = chain is not None and set(self.family.applies) & set(chain[-1].__code__.co_names)
+            self.forwards[cls] = (
+                rebuild_forward(chain, globals_, self.model_type) if chain and uses else None
+            )
+        return self.forwards[cls]
+
+    def attention_entry(
+        self, child_name: str, child: nn.Module, forward: Any
+    ) -> tuple[nn.Module, str, Any, Any]:
+        """``(layer, attribute, its new forward, the value before)`` of one attention layer:
+        ``forward``, or the ``_old_forward`` accelerate's hook (``device_map=...``) calls."""
+        attr = "forward"
+        if "forward" in child.__dict__:
+            hooked = hasattr(child, "_hf_hook") and "_old_forward" in child.__dict__
+            if not hooked:
+                raise PosEncError(
+                    f"model_type {self.model_type!r}: the attention layer {child_name!r} already "
+                    f"has a forward of its own (not accelerate's hook); patch refuses it"
+                )
+            attr = "_old_forward"
+        return (child, attr, types.MethodType(forward, child), child.__dict__.get(attr))
+
+
+_NO_ATTENTION = "attention layer calling apply_rotary_pos_emb"
 
 
 def unpatch(model: Any) -> Any:

@@ -27,7 +27,7 @@ import torch
 
 from posenc._errors import PosEncError, check_float, check_int, check_positions, check_tensor
 from posenc.integrations import _hf_families as _families
-from posenc.integrations._hf_config import _Reader, _rope_parameters
+from posenc.integrations._hf_reader import ConfigReader, rope_parameters
 
 __all__ = ["QueryScale", "query_scale_from_config", "rope_layers", "softmax_scale_factor"]
 
@@ -103,7 +103,7 @@ def query_scale_from_config(config: Any, *, layer_idx: int | None = None) -> Que
         ...                         layer_idx=0) is None  # a RoPE layer
         True
     """
-    cfg = _Reader(config)
+    cfg = ConfigReader(config)
     model_type = str(cfg.get("model_type"))
     try:
         return _query_scale(cfg, model_type, layer_idx)
@@ -111,7 +111,7 @@ def query_scale_from_config(config: Any, *, layer_idx: int | None = None) -> Que
         raise PosEncError(f"model_type {model_type!r}: {error}") from None
 
 
-def _query_scale(cfg: _Reader, model_type: str, layer_idx: int | None) -> QueryScale | None:
+def _query_scale(cfg: ConfigReader, model_type: str, layer_idx: int | None) -> QueryScale | None:
     if model_type in _families.LLAMA4_SCALING_BETA:
         rope = cfg.get("rope_parameters") or {}
         missing = [
@@ -142,7 +142,7 @@ def _query_scale(cfg: _Reader, model_type: str, layer_idx: int | None) -> QueryS
     )
 
 
-def _layer(cfg: _Reader, layer_idx: Any) -> int:
+def _layer(cfg: ConfigReader, layer_idx: Any) -> int:
     layers = check_int("num_hidden_layers", cfg.get("num_hidden_layers"), min=1)
     return check_int("layer_idx", layer_idx, min=0, max=layers - 1)
 
@@ -161,7 +161,7 @@ def rope_layers(config: Any) -> list[bool]:
         >>> rope_layers({"model_type": "llama", "num_hidden_layers": 2})
         [True, True]
     """
-    cfg = config if isinstance(config, _Reader) else _Reader(config)
+    cfg = config if isinstance(config, ConfigReader) else ConfigReader(config)
     layers = check_int("num_hidden_layers", cfg.get("num_hidden_layers"), min=1)
     model_type = str(cfg.get("model_type"))
     flags = cfg.get("no_rope_layers")
@@ -216,12 +216,12 @@ def softmax_scale_factor(config: Any, *, layer_type: str | None = None) -> float
         ...     "type": "yarn", "factor": 40, "mscale_all_dim": 1.0}})
         1.0
     """
-    cfg = _Reader(config)
+    cfg = ConfigReader(config)
     model_type = str(cfg.get("model_type"))
     if model_type not in _families.MLA_SOFTMAX_MSCALE:
         return 1.0
     try:
-        rope = _rope_parameters(cfg, layer_type, model_type)
+        rope = rope_parameters(cfg, layer_type, model_type)
         kind = rope.get("rope_type", rope.get("type", "default"))
         mscale_all_dim = rope.get("mscale_all_dim") or 0
         if kind == "default" or not mscale_all_dim:

@@ -20,11 +20,7 @@ a config dict needs no transformers installed; :func:`patch` needs it (the ``hf`
 
 from __future__ import annotations
 
-from posenc.integrations._hf_config import (
-    rope_layer_types,
-    rotary_from_config,
-    scaling_from_transformers,
-)
+from posenc.integrations._hf_config import rotary_from_config, scaling_from_transformers
 from posenc.integrations._hf_patch import (
     PATCHABLE_FAMILIES,
     PatchedRotaryEmbedding,
@@ -37,6 +33,7 @@ from posenc.integrations._hf_query_scale import (
     rope_layers,
     softmax_scale_factor,
 )
+from posenc.integrations._hf_reader import rope_layer_types
 
 __all__ = [
     "PATCHABLE_FAMILIES",
