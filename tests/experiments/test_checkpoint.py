@@ -10,28 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.experiments._checkpoint_state import CONFIG, checkpoint_state
 
 from posenc import PosEncError
 from posenc.experiments import checkpoint as ckpt
-
-CONFIG = {"task": "copy", "train": {"steps": 10}, "eval_lens": [8, 16]}
-
-
-def _state(step: int = 3) -> dict:
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(4, 3)).sum().backward()
-    opt.step()
-    return {
-        "config": json.dumps(CONFIG, sort_keys=True),
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "rng": [ckpt.get_rng_state()],
-        "data": {"next_step": step},
-        "seconds": 1.5,
-        "loss": [2.0, 1.5],
-    }
 
 
 def _assert_same(a, b) -> None:
@@ -50,7 +32,7 @@ def _assert_same(a, b) -> None:
 
 
 def test_round_trip(tmp_path: Path) -> None:
-    state = _state()
+    state = checkpoint_state()
     path = tmp_path / "sub" / "run.pt"
     ckpt.save_checkpoint(path, state)
     loaded = ckpt.load_checkpoint(path, config=json.loads(json.dumps(CONFIG)))
@@ -60,7 +42,7 @@ def test_round_trip(tmp_path: Path) -> None:
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch) -> None:
     path = tmp_path / "run.pt"
-    ckpt.save_checkpoint(path, _state(step=3))
+    ckpt.save_checkpoint(path, checkpoint_state(step=3))
     before = path.read_bytes()
 
     def killed(*args, **kwargs):
@@ -68,7 +50,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
 
     monkeypatch.setattr(os, "replace", killed)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.save_checkpoint(path, _state(step=4))
+        ckpt.save_checkpoint(path, checkpoint_state(step=4))
     assert path.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.pt"]
     monkeypatch.undo()
@@ -78,7 +60,7 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatc
 @pytest.mark.parametrize("keep", [0, 10, 0.5, -1])
 def test_truncated_checkpoints_are_refused(tmp_path: Path, keep: float) -> None:
     path = tmp_path / "run.pt"
-    ckpt.save_checkpoint(path, _state())
+    ckpt.save_checkpoint(path, checkpoint_state())
     data = path.read_bytes()
     cut = data[: int(len(data) * keep)] if isinstance(keep, float) else data[:keep]
     path.write_bytes(cut)
@@ -110,18 +92,18 @@ def test_other_files_and_formats_are_refused(tmp_path: Path) -> None:
     torch.save({"weights": torch.zeros(2)}, path)
     with pytest.raises(PosEncError, match=r"has no sha256 trailer.* not a posenc checkpoint"):
         ckpt.load_checkpoint(path, config=CONFIG)
-    ckpt.save_checkpoint(path, {**_state(), "format": 99})
+    ckpt.save_checkpoint(path, {**checkpoint_state(), "format": 99})
     with pytest.raises(PosEncError, match="has format 99, this posenc reads 2"):
         ckpt.load_checkpoint(path, config=CONFIG)
     with pytest.raises(PosEncError, match="does not exist"):
         ckpt.load_checkpoint(tmp_path / "missing.pt", config=CONFIG)
     with pytest.raises(PosEncError, match=r"state must hold the keys .* missing \['seconds'\]"):
-        ckpt.save_checkpoint(path, {k: v for k, v in _state().items() if k != "seconds"})
+        ckpt.save_checkpoint(path, {k: v for k, v in checkpoint_state().items() if k != "seconds"})
 
 
 def test_a_different_configuration_is_refused_naming_the_difference(tmp_path: Path) -> None:
     path = tmp_path / "run.pt"
-    ckpt.save_checkpoint(path, _state())
+    ckpt.save_checkpoint(path, checkpoint_state())
     other = {**CONFIG, "train": {"steps": 20}}
     with pytest.raises(
         PosEncError,

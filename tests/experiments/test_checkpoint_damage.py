@@ -17,34 +17,11 @@ from typing import Any
 
 import pytest
 import torch
+from tests.experiments._checkpoint_state import CONFIG, checkpoint_state, model_and_optimizer
 
 from posenc import PosEncError
 from posenc.experiments import checkpoint as ckpt
 from posenc.experiments.checkpoint_fields import check_fits
-
-CONFIG = {"task": "copy", "train": {"steps": 10}, "eval_lens": [8, 16], "world_size": 1}
-
-
-def _model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    return model, torch.optim.AdamW(model.parameters())
-
-
-def _state(step: int = 3) -> dict[str, Any]:
-    model, opt = _model_and_optimizer()
-    model(torch.randn(4, 3)).sum().backward()
-    opt.step()
-    return {
-        "config": json.dumps(CONFIG, sort_keys=True),
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "rng": [ckpt.get_rng_state()],
-        "data": {"next_step": step},
-        "seconds": 1.5,
-        "loss": [2.0, 1.5],
-    }
 
 
 def _one_line(error: pytest.ExceptionInfo[PosEncError]) -> str:
@@ -57,7 +34,7 @@ def _one_line(error: pytest.ExceptionInfo[PosEncError]) -> str:
 @pytest.fixture(scope="module")
 def sealed(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     path = tmp_path_factory.mktemp("sealed") / "run.pt"
-    ckpt.save_checkpoint(path, _state())
+    ckpt.save_checkpoint(path, checkpoint_state())
     return path.read_bytes()
 
 
@@ -66,7 +43,7 @@ def test_a_sealed_checkpoint_loads_with_weights_only(sealed: bytes, tmp_path: Pa
     path.write_bytes(sealed)
     plain = torch.load(path, weights_only=True)  # the trailer is invisible to torch
     assert plain["format"] == ckpt.FORMAT and torch.equal(
-        plain["model"]["weight"], _state()["model"]["weight"]
+        plain["model"]["weight"], checkpoint_state()["model"]["weight"]
     )
     assert ckpt.load_checkpoint(path, config=CONFIG)["step"] == 3
     assert sealed[-(len(ckpt.TRAILER) + 65) :].startswith(ckpt.TRAILER)
@@ -204,7 +181,7 @@ def _write_crafted(path: Path, state: dict[str, Any]) -> None:
 @pytest.mark.parametrize("case", list(CRAFTED))
 def test_crafted_fields_are_refused_in_one_line(tmp_path: Path, case: str) -> None:
     change, pattern = CRAFTED[case]
-    state = {"format": ckpt.FORMAT, **_state()}
+    state = {"format": ckpt.FORMAT, **checkpoint_state()}
     change(state)
     path = tmp_path / "run.pt"
     _write_crafted(path, state)
@@ -219,7 +196,7 @@ def test_a_sealed_pickle_is_refused_as_pickled_objects(tmp_path: Path) -> None:
             return (print, ("a checkpoint must never run code",))
 
     path = tmp_path / "run.pt"
-    _write_crafted(path, {**_state(), "format": ckpt.FORMAT, "model": Payload()})
+    _write_crafted(path, {**checkpoint_state(), "format": ckpt.FORMAT, "model": Payload()})
     with pytest.raises(PosEncError, match="is refused: it holds pickled Python objects") as info:
         ckpt.load_checkpoint(path, config=CONFIG)
     assert "truncated" not in _one_line(info)
@@ -254,14 +231,14 @@ FITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
 @pytest.mark.parametrize("case", list(FITS))
 def test_weights_and_optimizer_must_fit_the_model(case: str) -> None:
     change, pattern = FITS[case]
-    state = _state()
+    state = checkpoint_state()
     change(state)
-    model, opt = _model_and_optimizer()
+    model, opt = model_and_optimizer()
     with pytest.raises(PosEncError, match=pattern) as info:
         check_fits("checkpoint 'run.pt'", state, model, opt)
     _one_line(info)
 
 
 def test_a_fitting_state_passes() -> None:
-    model, opt = _model_and_optimizer()
-    check_fits("checkpoint 'run.pt'", _state(), model, opt)
+    model, opt = model_and_optimizer()
+    check_fits("checkpoint 'run.pt'", checkpoint_state(), model, opt)

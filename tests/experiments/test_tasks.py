@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.experiments._task_checks import check_train_batch, whole_eval_set
 
 from posenc import PosEncError
 from posenc.experiments.data import Corpus
@@ -63,8 +64,7 @@ def _expected(task: str, fed: list[int]) -> tuple[list[int], int]:
 def test_train_batches_follow_the_task_rule(name: str, seq_len: int) -> None:
     task = make_task(name)
     batch = task.train_batch(3, 24, seq_len, seed=7)
-    assert batch.tokens.shape == batch.targets.shape == (24, seq_len)
-    assert batch.tokens.dtype == batch.targets.dtype == torch.int64
+    check_train_batch(task, batch, 24, seq_len)
     sizes = set()
     for tokens, targets in zip(batch.tokens, batch.targets):
         fed, answer, first = _parts(tokens, targets)
@@ -81,10 +81,7 @@ def test_train_batches_follow_the_task_rule(name: str, seq_len: int) -> None:
 @pytest.mark.parametrize("length", [12, 40])
 def test_eval_batches_use_the_largest_size_that_fits(name: str, length: int) -> None:
     task = make_task(name, eval_examples=10)
-    batches = list(task.eval_batches(length, seed=1, max_tokens=4 * length))
-    assert [b.tokens.shape[0] for b in batches] == [4, 4, 2]
-    index = torch.cat([b.index for b in batches])
-    assert torch.equal(index, torch.arange(10))
+    batches, _, _ = whole_eval_set(task, length, [4, 4, 2])
     n = task.size_for(length)
     for batch in batches:
         for tokens, targets in zip(batch.tokens, batch.targets):
@@ -93,15 +90,18 @@ def test_eval_batches_use_the_largest_size_that_fits(name: str, length: int) -> 
             assert answer == _expected(name, [*fed, answer[-1]])[0]
 
 
-@pytest.mark.parametrize("name", [*SYNTHETIC, "lm"])
-def test_batches_depend_on_seed_and_step_only(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "seq_len"),
+    [*((name, 20) for name in [*SYNTHETIC, "lm"]), ("counting", 40), ("flipflop", 40)],
+)
+def test_batches_depend_on_seed_and_step_only(name: str, seq_len: int) -> None:
     task = make_task(name)
-    a = task.train_batch(5, 8, 20, seed=3)
-    task.train_batch(6, 8, 20, seed=3)  # drawing other steps in between changes nothing
-    b = task.train_batch(5, 8, 20, seed=3)
+    a = task.train_batch(5, 8, seq_len, seed=3)
+    task.train_batch(6, 8, seq_len, seed=3)  # drawing other steps in between changes nothing
+    b = task.train_batch(5, 8, seq_len, seed=3)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
-    assert not torch.equal(a.tokens, task.train_batch(6, 8, 20, seed=3).tokens)
-    assert not torch.equal(a.tokens, task.train_batch(5, 8, 20, seed=4).tokens)
+    assert not torch.equal(a.tokens, task.train_batch(6, 8, seq_len, seed=3).tokens)
+    assert not torch.equal(a.tokens, task.train_batch(5, 8, seq_len, seed=4).tokens)
 
 
 def _toy_lm() -> LMTask:

@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from tests.experiments._task_checks import check_train_batch, whole_eval_set
 
 from posenc import PosEncError
 from posenc.experiments.tasks import (
@@ -67,9 +68,8 @@ def _counting_expected(task: CountingTask, tokens: torch.Tensor) -> tuple[torch.
 def test_counting_train_answers_are_the_interpreted_values(num_vars: int, seq_len: int) -> None:
     task = CountingTask(num_vars=num_vars)
     batch = task.train_batch(2, 96, seq_len, seed=5)
-    assert batch.tokens.shape == batch.targets.shape == (96, seq_len)
-    assert batch.tokens.dtype == batch.targets.dtype == torch.int64
-    assert int(batch.tokens.max()) < task.vocab_size == len(COUNTING_WORDS)
+    check_train_batch(task, batch, 96, seq_len)
+    assert task.vocab_size == len(COUNTING_WORDS)
     want, rows = _counting_expected(task, batch.tokens)
     assert torch.equal(batch.targets, want)  # one scored token a row: the answer
     statements = [n for _, n, _ in rows]
@@ -81,12 +81,9 @@ def test_counting_train_answers_are_the_interpreted_values(num_vars: int, seq_le
 @pytest.mark.parametrize("length", [12, 100, 300])
 def test_counting_eval_rows_fill_the_length(num_vars: int, length: int) -> None:
     task = CountingTask(num_vars=num_vars, eval_examples=40)
-    batches = list(task.eval_batches(length, seed=1, max_tokens=16 * length))
-    assert [b.tokens.shape[0] for b in batches] == [16, 16, 8]
-    assert torch.equal(torch.cat([b.index for b in batches]), torch.arange(40))
-    tokens = torch.cat([b.tokens for b in batches])
+    _, tokens, targets = whole_eval_set(task, length, [16, 16, 8])
     want, rows = _counting_expected(task, tokens)
-    assert torch.equal(torch.cat([b.targets for b in batches]), want)
+    assert torch.equal(targets, want)
     # cut after the last statement that fits: at most a set's 4 tokens short, minus one
     assert all(length - 3 <= fed <= length for *_, fed in rows)
 
@@ -161,9 +158,8 @@ def _flipflop_expected(tokens: torch.Tensor) -> torch.Tensor:
 def test_flipflop_train_reads_are_the_last_written_bits(p_ignore: float, seq_len: int) -> None:
     task = FlipFlopTask(train_p_ignore=p_ignore)
     batch = task.train_batch(4, 50, seq_len, seed=11)
-    assert batch.tokens.shape == batch.targets.shape == (50, seq_len)
-    assert batch.tokens.dtype == batch.targets.dtype == torch.int64
-    assert int(batch.tokens.max()) < task.vocab_size == len(FLIPFLOP_WORDS)
+    check_train_batch(task, batch, 50, seq_len)
+    assert task.vocab_size == len(FLIPFLOP_WORDS)
     assert torch.equal(batch.targets, _flipflop_expected(batch.tokens))
     # every row full length: 2 T + 1 tokens, one pad when the length is even
     full = 2 * task.size_for(seq_len) + 1
@@ -175,11 +171,8 @@ def test_flipflop_train_reads_are_the_last_written_bits(p_ignore: float, seq_len
 @pytest.mark.parametrize("length", [9, 64, 301])
 def test_flipflop_eval_reads_are_the_last_written_bits(split: str, length: int) -> None:
     task = FlipFlopTask(eval_split=split, eval_examples=10)
-    batches = list(task.eval_batches(length, seed=1, max_tokens=4 * length))
-    assert [b.tokens.shape[0] for b in batches] == [4, 4, 2]
-    assert torch.equal(torch.cat([b.index for b in batches]), torch.arange(10))
-    tokens = torch.cat([b.tokens for b in batches])
-    assert torch.equal(torch.cat([b.targets for b in batches]), _flipflop_expected(tokens))
+    _, tokens, targets = whole_eval_set(task, length, [4, 4, 2])
+    assert torch.equal(targets, _flipflop_expected(tokens))
 
 
 @pytest.mark.parametrize(("split", "p_ignore"), [("train", 0.8), ("sparse", 0.98), ("dense", 0.1)])
@@ -208,17 +201,6 @@ def test_flipflop_scores_only_read_bits() -> None:
     assert torch.equal(scored, is_read)
     # a read's target is the bit fed right after it
     assert torch.equal(batch.targets[:, :-1][scored[:, :-1]], batch.tokens[:, 1:][scored[:, :-1]])
-
-
-@pytest.mark.parametrize("name", ["counting", "flipflop"])
-def test_batches_depend_on_seed_and_step_only(name: str) -> None:
-    task = make_task(name)
-    a = task.train_batch(5, 8, 40, seed=3)
-    task.train_batch(6, 8, 40, seed=3)  # drawing other steps in between changes nothing
-    b = task.train_batch(5, 8, 40, seed=3)
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.targets, b.targets)
-    assert not torch.equal(a.tokens, task.train_batch(6, 8, 40, seed=3).tokens)
-    assert not torch.equal(a.tokens, task.train_batch(5, 8, 40, seed=4).tokens)
 
 
 @pytest.mark.parametrize("name", ["counting", "flipflop"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.experiments._training import assert_state_equal, kill_and_resume
 
 from posenc import PosEncError
 from posenc.experiments.tasks import make_task
@@ -24,20 +25,6 @@ def _model(encoding: str = "rope", seed: int = 0, dropout: float = 0.1) -> TinyT
 def _settings(**kw) -> TrainSettings:
     base = dict(steps=7, batch_size=4, seq_len=12, lr=1e-2, warmup=2, checkpoint_every=3, seed=5)
     return TrainSettings(**{**base, **kw})
-
-
-def _stop_after(k: int):
-    def hook(info: StepInfo) -> None:
-        if info.step == k:
-            raise KeyboardInterrupt  # what Ctrl-C (or a kill) does after step k
-
-    return hook
-
-
-def _assert_state_equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
 
 
 @pytest.mark.parametrize(
@@ -60,37 +47,31 @@ def test_resumed_run_equals_uninterrupted_run_bit_for_bit(
     whole = _model(encoding)
     done = train(whole, task, settings, checkpoint=tmp_path / "whole.pt", config=config)
 
-    path = tmp_path / "killed.pt"
-    first = _model(encoding)
-    with pytest.raises(KeyboardInterrupt):
-        train(first, task, settings, checkpoint=path, config=config, on_step=_stop_after(5))
-    # The last checkpoint is from step 3; steps 4-5 are lost with the process.
-    assert torch.load(path, weights_only=True)["data"] == {"next_step": 3}
-    torch.manual_seed(123)  # the generator state is restored from the checkpoint
-    resumed_model = _model(encoding, seed=99)  # other weights: the checkpoint replaces them
     steps_seen: list[int] = []
-    resumed = train(
-        resumed_model,
+    resumed_model, resumed = kill_and_resume(
+        _model(encoding),
+        lambda: _model(encoding, seed=99),  # other weights: the checkpoint replaces them
         task,
         settings,
-        checkpoint=path,
+        tmp_path / "killed.pt",
         config=config,
-        resume=True,
+        stop=5,
+        saved=3,  # the last checkpoint is from step 3; steps 4-5 are lost with the process
         on_step=lambda info: steps_seen.append(info.step),
     )
     assert steps_seen == [4, 5, 6, 7]  # no step lost, none repeated twice in the result
-    _assert_state_equal(whole.state_dict(), resumed_model.state_dict())
+    assert_state_equal(whole.state_dict(), resumed_model.state_dict())
     assert resumed.final_loss == done.final_loss
     assert resumed.resumed_from == 3 and done.resumed_from is None
     saved_whole = torch.load(tmp_path / "whole.pt", weights_only=True)["optimizer"]
-    saved_resumed = torch.load(path, weights_only=True)["optimizer"]
+    saved_resumed = torch.load(tmp_path / "killed.pt", weights_only=True)["optimizer"]
     parts = ("adamw", "muon") if optimizer == "muon" else (None,)
     for part in parts:
         whole_state = saved_whole[part]["state"] if part else saved_whole["state"]
         resumed_state = saved_resumed[part]["state"] if part else saved_resumed["state"]
         assert whole_state.keys() == resumed_state.keys() and whole_state
         for index in whole_state:
-            _assert_state_equal(whole_state[index], resumed_state[index])
+            assert_state_equal(whole_state[index], resumed_state[index])
 
 
 def test_training_is_deterministic_and_learns() -> None:
@@ -100,7 +81,7 @@ def test_training_is_deterministic_and_learns() -> None:
     losses: list[float] = []
     result = train(a, task, settings, on_step=lambda info: losses.append(info.loss))
     train(b, task, settings)
-    _assert_state_equal(a.state_dict(), b.state_dict())
+    assert_state_equal(a.state_dict(), b.state_dict())
     assert result.steps == 30 and result.seconds > 0 and result.tokens_per_second > 0
     assert result.final_loss == pytest.approx(sum(losses[-10:]) / 10)
     assert sum(losses[-5:]) < sum(losses[:5])  # copying letters: loss falls from ln(26)
@@ -123,31 +104,26 @@ def test_a_finished_checkpoint_is_not_trained_again(tmp_path: Path) -> None:
         on_step=calls.append,
     )
     assert calls == []
-    _assert_state_equal(model.state_dict(), again_model.state_dict())
+    assert_state_equal(model.state_dict(), again_model.state_dict())
     assert again.final_loss == first.final_loss and again.seconds == first.seconds
 
 
 def test_resume_refuses_another_configuration(tmp_path: Path) -> None:
     task = make_task("copy")
     train(_model(), task, _settings(steps=3), checkpoint=tmp_path / "c.pt", config={"label": "a"})
-    with pytest.raises(PosEncError, match=r"different configuration \(train: .*\"steps\": 3"):
-        train(
-            _model(),
-            task,
-            _settings(steps=4),
-            checkpoint=tmp_path / "c.pt",
-            config={"label": "a"},
-            resume=True,
-        )
-    with pytest.raises(PosEncError, match=r'different configuration \(label: "a" != "b"\)'):
-        train(
-            _model(),
-            task,
-            _settings(steps=3),
-            checkpoint=tmp_path / "c.pt",
-            config={"label": "b"},
-            resume=True,
-        )
+    for steps, label, difference in (
+        (4, "a", r"train: .*\"steps\": 3"),
+        (3, "b", r'label: "a" != "b"\)'),
+    ):
+        with pytest.raises(PosEncError, match=rf"different configuration \({difference}"):
+            train(
+                _model(),
+                task,
+                _settings(steps=steps),
+                checkpoint=tmp_path / "c.pt",
+                config={"label": label},
+                resume=True,
+            )
     saved = json.loads(torch.load(tmp_path / "c.pt", weights_only=True)["config"])
     assert saved["world_size"] == 1 and saved["train"]["steps"] == 3
 
