@@ -7,13 +7,17 @@ Runs the same under ``torchrun --nproc_per_node=N -m posenc lengthgen ...``
 from __future__ import annotations
 
 import os
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from posenc._errors import PosEncError, check_choice, check_int
-from posenc.cli import app, fail
+from posenc.cli._app import app, fail
 from posenc.cli._checks import byte_limit, check_out_dir, choice, integer, number, text
+
+if TYPE_CHECKING:
+    from posenc.experiments.settings import StudySettings
 
 _DEFAULT_ENCODINGS = "none,sinusoidal,learned,rope,alibi,t5"
 _COUNT = 10**7  # steps, examples: as experiments.settings.MAX_COUNT (not imported: slow)
@@ -189,288 +193,271 @@ def _summary(results: dict) -> None:
     Console().print(table)
 
 
+# --- the options, one alias each (the command's signature reads as their list) ---------
+
+
+def _count(option: str, help: str, low: int = 1, high: int = _COUNT) -> Any:
+    """An integer option, checked in ``[low, high]`` when it is parsed."""
+    return typer.Option(help=help, callback=_int(option, low, high))
+
+
+def _option(help: str, callback: Any) -> Any:
+    return typer.Option(help=help, callback=callback)
+
+
+_Out = Annotated[str, typer.Option("--out", help="Output directory.", callback=text("--out"))]
+_Task = Annotated[
+    str | None, _option("lm, copy, reverse, recall, addition, counting or flipflop [lm].", _task)
+]
+_Encodings = Annotated[
+    str | None,
+    _option(
+        "Comma-separated registry names or variants (prope-0.25, prope-0.75, drope), "
+        "each optionally NAME@SCHEDULE (nope-every-4, nope-every-2, llama4, local-global).",
+        text("--encodings"),
+    ),
+]
+_Study = Annotated[
+    str | None,
+    _option(
+        "A named study of the literature (counting, flipflop, prope, nope-layers, "
+        "drope): its task, encodings and settings, which other options override.",
+        _study,
+    ),
+]
+_Scale = Annotated[
+    str,
+    _option(
+        "--study at cpu scale (2 cores, <= 10 min) or paper scale (a GPU run, e.g. "
+        "under torchrun).",
+        _scale,
+    ),
+]
+_TrainLen = Annotated[int | None, _count("--train-len", "Training length L [preset].", 1, _LEN)]
+_EvalLens = Annotated[
+    str | None, _option("e.g. 64,128 or L,2L,4L,8L [preset].", text("--eval-lens"))
+]
+_Steps = Annotated[int | None, _count("--steps", "Training steps per encoding [preset].")]
+_Device = Annotated[str, _option("cpu or cuda.", _device)]
+_Seed = Annotated[
+    int | None,
+    _count("--seed", "Seed of initialisation, data and eval sets [0].", -(2**63), 2**63 - 1),
+]
+_Seeds = Annotated[
+    str | None,
+    _option("Several seeds, e.g. 0,1,2: every encoding trains once per seed.", _seeds),
+]
+_Jobs = Annotated[
+    int | None,
+    _count(
+        "--jobs",
+        "Worker processes for the (seed, encoding) runs [the CPU cores; 1 under torchrun].",
+        1,
+        1024,
+    ),
+]
+_Resume = Annotated[bool, typer.Option(help="Continue from the checkpoints in --out.")]
+_Preset = Annotated[str, _option("default or quick.", text("--preset"))]
+_BatchSize = Annotated[int | None, _count("--batch-size", "Sequences per step [preset].")]
+_Dim = Annotated[int | None, _count("--dim", "Model width [preset].", 1, 2**16)]
+_Layers = Annotated[int | None, _count("--layers", "Transformer layers [preset].", 1, 1024)]
+_Heads = Annotated[int | None, _count("--heads", "Attention heads [preset].", 1, 1024)]
+_Lr = Annotated[
+    float | None,
+    _option("Peak learning rate [preset].", number("--lr", min=0.0, exclusive=True)),
+]
+_Warmup = Annotated[int | None, _count("--warmup", "Warmup steps [preset].", 0)]
+_Optimizer = Annotated[
+    str | None,
+    _option(
+        "adamw, or muon (Muon on the hidden matrices, AdamW on the rest) [preset].", _optimizer
+    ),
+]
+_RandomPositions = Annotated[
+    int | None,
+    _count("--random-positions", "Train on randomized positions from [0, L_max).", 1, _LEN),
+]
+_Extend = Annotated[
+    str | None, _option("RoPE context extension: pi,ntk,yarn or none [preset].", _extend)
+]
+_ExtendFactor = Annotated[
+    float | None,
+    _option(
+        "Extension factor [max eval len / train len].",
+        number("--extend-factor", min=1.0, max=float(_LEN)),
+    ),
+]
+_FinetuneSteps = Annotated[
+    int | None, _count("--finetune-steps", "Fine-tune steps per extension, 0: none [preset].", 0)
+]
+_CheckpointEvery = Annotated[
+    int | None,
+    _count("--checkpoint-every", "Checkpoint every N steps, 0: at the end [preset].", 0),
+]
+_EvalTokens = Annotated[
+    int | None, _count("--eval-tokens", "Bytes scored per length (lm).", 1, 10**9)
+]
+_EvalExamples = Annotated[int | None, _count("--eval-examples", "Examples per length (synthetic).")]
+_NumVars = Annotated[
+    int | None, _count("--num-vars", "counting: variables in a program, 1-5 [3].", 1, 5)
+]
+_EvalSplit = Annotated[
+    str | None,
+    _option(
+        "flipflop: the main eval split, sparse, dense or train [sparse]; the others "
+        "are reported too.",
+        _split,
+    ),
+]
+_QkNorm = Annotated[
+    bool, typer.Option("--qk-norm", help="Every layer RMS-normalises queries and keys.")
+]
+_Temperature = Annotated[
+    str | None,
+    _option("Every layer's query temperature: llama4 or ssmax [none].", _temperature),
+]
+_DropeAt = Annotated[
+    float | None,
+    _option(
+        "drope: drop RoPE after this fraction of the steps [0.85].",
+        number("--drope-at", min=0.0, max=1.0),
+    ),
+]
+_Threads = Annotated[
+    int,
+    _count(
+        "--threads", "torch intra-op threads per process (1 is fastest for tiny models).", 1, 1024
+    ),
+]
+_Plot = Annotated[
+    bool | None,
+    typer.Option(
+        "--plot/--no-plot",
+        help="Write lengthgen.png (default: when matplotlib, the 'plot' extra, is installed).",
+    ),
+]
+_Quiet = Annotated[bool, typer.Option(help="No progress bar or summary table.")]
+
+
 @app.command()
 def lengthgen(
-    out: Annotated[str, typer.Option("--out", help="Output directory.", callback=text("--out"))],
-    task: Annotated[
-        str | None,
-        typer.Option(
-            help="lm, copy, reverse, recall, addition, counting or flipflop [lm].",
-            callback=_task,
-        ),
-    ] = None,
-    encodings: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated registry names or variants (prope-0.25, prope-0.75, drope), "
-            "each optionally NAME@SCHEDULE (nope-every-4, nope-every-2, llama4, local-global).",
-            callback=text("--encodings"),
-        ),
-    ] = None,
-    study: Annotated[
-        str | None,
-        typer.Option(
-            help="A named study of the literature (counting, flipflop, prope, nope-layers, "
-            "drope): its task, encodings and settings, which other options override.",
-            callback=_study,
-        ),
-    ] = None,
-    scale: Annotated[
-        str,
-        typer.Option(
-            help="--study at cpu scale (2 cores, <= 10 min) or paper scale (a GPU run, e.g. "
-            "under torchrun).",
-            callback=_scale,
-        ),
-    ] = "cpu",
-    train_len: Annotated[
-        int | None,
-        typer.Option(help="Training length L [preset].", callback=_int("--train-len", 1, _LEN)),
-    ] = None,
-    eval_lens: Annotated[
-        str | None,
-        typer.Option(help="e.g. 64,128 or L,2L,4L,8L [preset].", callback=text("--eval-lens")),
-    ] = None,
-    steps: Annotated[
-        int | None,
-        typer.Option(
-            help="Training steps per encoding [preset].", callback=_int("--steps", 1, _COUNT)
-        ),
-    ] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda.", callback=_device)] = "cpu",
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="Seed of initialisation, data and eval sets [0].",
-            callback=_int("--seed", -(2**63), 2**63 - 1),
-        ),
-    ] = None,
-    seeds: Annotated[
-        str | None,
-        typer.Option(
-            help="Several seeds, e.g. 0,1,2: every encoding trains once per seed.",
-            callback=_seeds,
-        ),
-    ] = None,
-    jobs: Annotated[
-        int | None,
-        typer.Option(
-            help="Worker processes for the (seed, encoding) runs [the CPU cores; 1 under torchrun].",
-            callback=_int("--jobs", 1, 1024),
-        ),
-    ] = None,
-    resume: Annotated[bool, typer.Option(help="Continue from the checkpoints in --out.")] = False,
-    preset: Annotated[str, typer.Option(help="default or quick.", callback=text("--preset"))] = (
-        "default"
-    ),
-    batch_size: Annotated[
-        int | None,
-        typer.Option(help="Sequences per step [preset].", callback=_int("--batch-size", 1, _COUNT)),
-    ] = None,
-    dim: Annotated[
-        int | None, typer.Option(help="Model width [preset].", callback=_int("--dim", 1, 2**16))
-    ] = None,
-    layers: Annotated[
-        int | None,
-        typer.Option(help="Transformer layers [preset].", callback=_int("--layers", 1, 1024)),
-    ] = None,
-    heads: Annotated[
-        int | None,
-        typer.Option(help="Attention heads [preset].", callback=_int("--heads", 1, 1024)),
-    ] = None,
-    lr: Annotated[
-        float | None,
-        typer.Option(
-            help="Peak learning rate [preset].", callback=number("--lr", min=0.0, exclusive=True)
-        ),
-    ] = None,
-    warmup: Annotated[
-        int | None,
-        typer.Option(help="Warmup steps [preset].", callback=_int("--warmup", 0, _COUNT)),
-    ] = None,
-    optimizer: Annotated[
-        str | None,
-        typer.Option(
-            help="adamw, or muon (Muon on the hidden matrices, AdamW on the rest) [preset].",
-            callback=_optimizer,
-        ),
-    ] = None,
-    random_positions: Annotated[
-        int | None,
-        typer.Option(
-            help="Train on randomized positions from [0, L_max).",
-            callback=_int("--random-positions", 1, _LEN),
-        ),
-    ] = None,
-    extend: Annotated[
-        str | None,
-        typer.Option(
-            help="RoPE context extension: pi,ntk,yarn or none [preset].", callback=_extend
-        ),
-    ] = None,
-    extend_factor: Annotated[
-        float | None,
-        typer.Option(
-            help="Extension factor [max eval len / train len].",
-            callback=number("--extend-factor", min=1.0, max=float(_LEN)),
-        ),
-    ] = None,
-    finetune_steps: Annotated[
-        int | None,
-        typer.Option(
-            help="Fine-tune steps per extension, 0: none [preset].",
-            callback=_int("--finetune-steps", 0, _COUNT),
-        ),
-    ] = None,
-    checkpoint_every: Annotated[
-        int | None,
-        typer.Option(
-            help="Checkpoint every N steps, 0: at the end [preset].",
-            callback=_int("--checkpoint-every", 0, _COUNT),
-        ),
-    ] = None,
-    eval_tokens: Annotated[
-        int | None,
-        typer.Option(
-            help="Bytes scored per length (lm).", callback=_int("--eval-tokens", 1, 10**9)
-        ),
-    ] = None,
-    eval_examples: Annotated[
-        int | None,
-        typer.Option(
-            help="Examples per length (synthetic).", callback=_int("--eval-examples", 1, _COUNT)
-        ),
-    ] = None,
-    num_vars: Annotated[
-        int | None,
-        typer.Option(
-            help="counting: variables in a program, 1-5 [3].", callback=_int("--num-vars", 1, 5)
-        ),
-    ] = None,
-    eval_split: Annotated[
-        str | None,
-        typer.Option(
-            help="flipflop: the main eval split, sparse, dense or train [sparse]; the others "
-            "are reported too.",
-            callback=_split,
-        ),
-    ] = None,
-    qk_norm: Annotated[
-        bool, typer.Option("--qk-norm", help="Every layer RMS-normalises queries and keys.")
-    ] = False,
-    temperature: Annotated[
-        str | None,
-        typer.Option(
-            help="Every layer's query temperature: llama4 or ssmax [none].",
-            callback=_temperature,
-        ),
-    ] = None,
-    drope_at: Annotated[
-        float | None,
-        typer.Option(
-            help="drope: drop RoPE after this fraction of the steps [0.85].",
-            callback=number("--drope-at", min=0.0, max=1.0),
-        ),
-    ] = None,
-    threads: Annotated[
-        int,
-        typer.Option(
-            help="torch intra-op threads per process (1 is fastest for tiny models).",
-            callback=_int("--threads", 1, 1024),
-        ),
-    ] = 1,
-    plot: Annotated[
-        bool | None,
-        typer.Option(
-            "--plot/--no-plot",
-            help="Write lengthgen.png (default: when matplotlib, the 'plot' extra, is installed).",
-        ),
-    ] = None,
-    quiet: Annotated[bool, typer.Option(help="No progress bar or summary table.")] = False,
+    ctx: typer.Context,
+    out: _Out,
+    task: _Task = None,
+    encodings: _Encodings = None,
+    study: _Study = None,
+    scale: _Scale = "cpu",
+    train_len: _TrainLen = None,
+    eval_lens: _EvalLens = None,
+    steps: _Steps = None,
+    device: _Device = "cpu",
+    seed: _Seed = None,
+    seeds: _Seeds = None,
+    jobs: _Jobs = None,
+    resume: _Resume = False,
+    preset: _Preset = "default",
+    batch_size: _BatchSize = None,
+    dim: _Dim = None,
+    layers: _Layers = None,
+    heads: _Heads = None,
+    lr: _Lr = None,
+    warmup: _Warmup = None,
+    optimizer: _Optimizer = None,
+    random_positions: _RandomPositions = None,
+    extend: _Extend = None,
+    extend_factor: _ExtendFactor = None,
+    finetune_steps: _FinetuneSteps = None,
+    checkpoint_every: _CheckpointEvery = None,
+    eval_tokens: _EvalTokens = None,
+    eval_examples: _EvalExamples = None,
+    num_vars: _NumVars = None,
+    eval_split: _EvalSplit = None,
+    qk_norm: _QkNorm = False,
+    temperature: _Temperature = None,
+    drope_at: _DropeAt = None,
+    threads: _Threads = 1,
+    plot: _Plot = None,
+    quiet: _Quiet = False,
 ) -> None:
     """Train a small model per encoding at --train-len and evaluate it at --eval-lens.
 
     Writes OUT/results.json and OUT/lengthgen.png; checkpoints go to OUT/checkpoints.
     """
-    from posenc.experiments.lengthgen import run_study
-
-    main_rank = int(os.environ.get("RANK", "0")) == 0
+    # Every option reaches the study by name through ctx.params: its settings are built
+    # from them in one place (_study_settings) and run whole.
+    show = not quiet and int(os.environ.get("RANK", "0")) == 0  # rank 0 prints
     try:
-        from posenc.experiments.settings import PRESETS
-
-        check_choice("--preset", preset, tuple(PRESETS))
-        if seed is not None and seeds is not None:
-            raise PosEncError(f"give --seed or --seeds, not both: got {seed} and {seeds!r}")
-        base_len = train_len if train_len is not None else PRESETS[preset]["train_len"]
-        lens = None if eval_lens is None else _lengths(eval_lens, base_len)
-        methods = None if extend is None else [] if extend.strip().lower() == "none" else extend
+        settings = _study_settings(ctx.params)
         plot = _plot_choice(plot)
-        # the path first: a folder that cannot be written is exit code 1 (OSError, in main)
+        # the path before anything is made: a folder that cannot be written is exit code 1
+        # (an OSError, in main)
         path = check_out_dir(out, create=False)
-        options: dict[str, Any] = dict(
-            train_len=train_len,
-            eval_lens=lens,
-            steps=steps,
+        results = _run(
+            settings,
+            progress=show,
             out_dir=path,
             device=device,
-            seed=seed,
-            seeds=seeds,
             jobs=_jobs(jobs),
-            preset=preset,
-            batch_size=batch_size,
-            dim=dim,
-            num_layers=layers,
-            num_heads=heads,
-            lr=lr,
-            warmup=warmup,
-            optimizer=optimizer,
-            random_positions=random_positions,
-            extend=methods,
-            extend_factor=extend_factor,
-            finetune_steps=finetune_steps,
-            checkpoint_every=checkpoint_every,
-            eval_tokens=eval_tokens,
-            eval_examples=eval_examples,
             resume=resume,
-            plot=plot,
             threads=threads,
+            plot=plot,
             max_bytes=_memory_limit(device),
-            num_vars=num_vars,
-            eval_split=eval_split,
-            qk_norm=qk_norm or None,
-            temperature=temperature,
-            drope_at=drope_at,
         )
-        if study is not None:
-            from posenc.experiments.studies import study_arguments
-
-            named = study_arguments(study, scale)
-            task = task if task is not None else named.pop("task")
-            encodings = encodings if encodings is not None else ",".join(named.pop("encodings"))
-            if seed is not None:  # one seed asked for: the study's seeds give way
-                named.pop("seeds", None)
-            for key, value in named.items():
-                if key in options and options[key] is None:
-                    options[key] = value
-        elif scale != "cpu":
-            raise PosEncError("--scale sets the size of a --study; give --study with it")
-        task = "lm" if task is None else task
-        encodings = _DEFAULT_ENCODINGS if encodings is None else encodings
-        if quiet or not main_rank:
-            results = run_study(task, encodings, **options)
-        else:
-            from posenc.experiments.progress import StudyProgress
-
-            with StudyProgress() as progress:
-                results = run_study(task, encodings, **options, on_event=progress)
     except PosEncError as e:
         fail(str(e))
         return
-    if main_rank and not quiet:
+    if show:
         _summary(results)
         typer.echo(
             f"wrote {path / 'results.json'}" + (f" and {path / 'lengthgen.png'}" if plot else "")
         )
+
+
+#: The options that are a study's settings under another name.
+_SETTING_NAMES = {"layers": "num_layers", "heads": "num_heads"}
+
+
+def _study_settings(params: Mapping[str, Any]) -> StudySettings:
+    """The study the command line asks for, checked once: its options, a ``--study``
+    filling what they leave out, the preset the rest (``--eval-lens`` in multiples of
+    ``--train-len``, the study's or the preset's)."""
+    from posenc.experiments.settings import PRESETS, STUDY_OPTIONS, StudySettings
+
+    preset = check_choice("--preset", params["preset"], tuple(PRESETS))
+    seed, seeds = params["seed"], params["seeds"]
+    if seed is not None and seeds is not None:
+        raise PosEncError(f"give --seed or --seeds, not both: got {seed} and {seeds!r}")
+    given = {_SETTING_NAMES.get(k, k): v for k, v in params.items()}
+    options = {k: given[k] for k in ("task", "encodings", *STUDY_OPTIONS)}
+    extend = options["extend"]
+    if extend is not None and extend.strip().lower() == "none":
+        options["extend"] = []
+    options["qk_norm"] = options["qk_norm"] or None  # a flag: unset is not False
+    if params["study"] is not None:
+        from posenc.experiments.studies import with_study
+
+        options = with_study(params["study"], params["scale"], options)
+    elif params["scale"] != "cpu":
+        raise PosEncError("--scale sets the size of a --study; give --study with it")
+    if params["eval_lens"] is not None:
+        train_len = options["train_len"]
+        base = PRESETS[preset]["train_len"] if train_len is None else train_len
+        options["eval_lens"] = _lengths(params["eval_lens"], base)
+    task = options.pop("task") or "lm"
+    encodings = options.pop("encodings") or _DEFAULT_ENCODINGS
+    return StudySettings.from_options(task, encodings, preset=preset, **options)
+
+
+def _run(settings: StudySettings, *, progress: bool, **run: Any) -> dict[str, Any]:
+    """``run_study(settings, **run)``, with progress bars when ``progress``."""
+    from posenc.experiments.lengthgen import run_study
+
+    if not progress:
+        return run_study(settings, **run)
+    from posenc.experiments.progress import StudyProgress
+
+    with StudyProgress() as bars:
+        return run_study(settings, **run, on_event=bars)
 
 
 def _plot_choice(plot: bool | None) -> bool:

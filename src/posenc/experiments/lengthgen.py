@@ -187,12 +187,13 @@ def run_study(
         units = study_units(settings)
         workers = min(jobs, len(units))
         _check_memory(settings, max_bytes, workers, dist.world_size)
+        task = make_study_task(settings)
+        settings.check_task(task)
         out = _open_out_dir(out_dir, resume, dist, held)
         if threads is None and workers > 1:  # the cores shared out, not each taking all
             threads = max(1, default_jobs() // workers)
         ckpt_dir = None if out is None else out / "checkpoints"
         context = UnitContext(settings, dist.device, ckpt_dir, resume, threads)
-        task = make_study_task(settings)
         validate_units(units, context, task=task, dist=dist)  # before anything trains
         runs = run_units(units, context, task=task, dist=dist, jobs=workers, on_event=on_event)
         seconds = time.perf_counter() - started

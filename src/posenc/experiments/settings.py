@@ -140,8 +140,7 @@ class StudySettings:
                 (0.85).
 
         Raises:
-            PosEncError: a bad or unknown option, naming it, the rule and the value; a
-                length the task cannot make.
+            PosEncError: a bad or unknown option, naming it, the rule and the value.
         """
         check_choice("task", task, tuple(TASKS))
         unknown = sorted(set(options) - set(STUDY_OPTIONS))
@@ -152,7 +151,7 @@ class StudySettings:
             )
         given = {name: options.get(name) for name in STUDY_OPTIONS}
         seeds = _seeds(given["seed"], given["seeds"])
-        task_obj, task_options = _task_options(task, given)
+        task_options = _task_options(task, given)
         layer = _layer_settings(given["qk_norm"], given["temperature"])
         drope_at = given["drope_at"]
         if drope_at is not None:
@@ -163,7 +162,7 @@ class StudySettings:
         eval_lens = _int_list("eval_lens", o["eval_lens"])
         extend, factor, finetune_steps = _extension(o, given, labels, train.seq_len, eval_lens)
         model = _model_settings(o)
-        settings = cls(
+        return cls(
             task=task,
             labels=labels,
             specs=_specs(names, labels, train.seq_len, drope_at, model.num_layers),
@@ -180,10 +179,13 @@ class StudySettings:
             task_options=task_options,
             layer=layer,
         )
-        task_obj.check_length("train_len", settings.train_len)
-        for length in settings.eval_lens:  # the fine-tune's length is the longest of them
-            task_obj.check_length("eval_lens entry", length)
-        return settings
+
+    def check_task(self, task: Task) -> None:
+        """Refuse a length ``task`` (:func:`make_study_task`) cannot make: shorter than a
+        synthetic task's shortest, longer than the ``lm`` corpus."""
+        task.check_length("train_len", self.train_len)
+        for length in self.eval_lens:  # the fine-tune's length is the longest of them
+            task.check_length("eval_lens entry", length)
 
     def check_processes(self, world_size: int) -> None:
         """Refuse a ``batch_size`` that ``world_size`` processes (torchrun) cannot share."""
@@ -259,11 +261,11 @@ def _seeds(seed: Any, seeds: Any) -> tuple[int, ...]:
     return out
 
 
-def _task_options(task: str, given: Mapping[str, Any]) -> tuple[Task, tuple[tuple[str, Any], ...]]:
-    """The task's own options that were given, and the task made with them (which refuses
-    an option of another task, or a bad value)."""
+def _task_options(task: str, given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The task's own options that were given (checked by the task)."""
     options = {k: given[k] for k in ("num_vars", "eval_split") if given[k] is not None}
-    return make_task(task, **options), tuple(sorted(options.items()))
+    make_task(task, **options)  # refuses an option of another task, or a bad value
+    return tuple(sorted(options.items()))
 
 
 def _layer_settings(qk_norm: Any, temperature: Any) -> tuple[tuple[str, Any], ...]:

@@ -3,8 +3,8 @@
 settings of its paper for a GPU run of the same command under ``torchrun``.
 
 ``posenc lengthgen --study NAME --out DIR`` runs one (``--scale paper`` for the paper's
-sizes); options given on the command line override the study's. From Python:
-``run_study(**study_arguments("counting"), out_dir=...)``. Each study records what its
+sizes); options given on the command line override the study's (:func:`with_study`). From
+Python: ``run_study(StudySettings.from_options(**study_arguments("counting")), out_dir=...)``. Each study records what its
 paper reported (:attr:`Study.paper`) and the check posenc's numbers are read against;
 the README sets the measured numbers beside them.
 """
@@ -12,11 +12,12 @@ the README sets the measured numbers beside them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from posenc._errors import check_choice
 
-__all__ = ["SCALES", "STUDIES", "NamedStudy", "study_arguments"]
+__all__ = ["SCALES", "STUDIES", "NamedStudy", "study_arguments", "with_study"]
 
 #: ``"cpu"``: fits two CPU cores in at most 10 minutes; ``"paper"``: the paper's sizes.
 SCALES = ("cpu", "paper")
@@ -233,3 +234,23 @@ def study_arguments(name: str, scale: str = "cpu") -> dict[str, Any]:
     study = STUDIES[check_choice("study", name, tuple(STUDIES))]
     settings = study.cpu if check_choice("scale", scale, SCALES) == "cpu" else study.paper
     return {"task": study.task, "encodings": list(study.encodings), **settings}
+
+
+def with_study(name: str, scale: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` (``task``, ``encodings`` and the settings' options; None: not given)
+    with the study ``name`` at ``scale`` filling each one left None, as ``posenc lengthgen
+    --study`` does; one seed given (``seed``) replaces the study's seeds.
+
+    Examples:
+        >>> options = with_study("counting", "cpu", {"task": None, "steps": 3, "seed": 4})
+        >>> options["task"], options["steps"], options["num_vars"], "seeds" in options
+        ('counting', 3, 1, False)
+    """
+    named = study_arguments(name, scale)
+    if options.get("seed") is not None:  # one seed asked for: the study's seeds give way
+        named.pop("seeds", None)
+    out = dict(options)
+    for key, value in named.items():
+        if out.get(key) is None:
+            out[key] = value
+    return out
