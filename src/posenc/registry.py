@@ -34,7 +34,7 @@ _ENTRIES: dict[str, str] = {
     # rotary
     "rope": "posenc.rotary.module:RotaryEmbedding",
     "xpos": "posenc.rotary.xpos:XPosEmbedding",
-    "mrope": "posenc.rotary.nd:MultimodalRotaryEmbedding",
+    "mrope": "posenc.rotary.nd:MultimodalRotaryEmbedding",  # deprecated: "rope" with sections=
     "axial_rope": "posenc.rotary.nd:AxialRotaryEmbedding",
     # bias
     "alibi": "posenc.bias.alibi:ALiBiBias",

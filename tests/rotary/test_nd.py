@@ -1,5 +1,7 @@
 """M-RoPE and axial N-D RoPE: the float64 reference, N-D offset invariance, Qwen2-VL vision."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -32,7 +34,7 @@ def _reference(q, k, q_pos, k_pos, inv_freq, sections, layout):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", list(TOL), ids=str)
 def test_mrope_matches_reference(dtype, layout, batched):
-    rope = MultimodalRotaryEmbedding(32, sections=(4, 6, 6), base=1e6, layout=layout)
+    rope = RotaryEmbedding(32, sections=(4, 6, 6), base=1e6, layout=layout)
     q, k = torch.randn(2, 4, 9, 32).to(dtype), torch.randn(2, 2, 9, 32).to(dtype)
     positions = torch.randint(0, 4096, (2, 9, 3) if batched else (9, 3))
     q_out, k_out = rope(q, k, positions)
@@ -44,7 +46,7 @@ def test_mrope_matches_reference(dtype, layout, batched):
 
 def test_mrope_partial_rotary_and_scaling_match_reference():
     scaling = {"type": "linear", "factor": 2.0}
-    rope = MultimodalRotaryEmbedding(32, sections=(2, 3, 3), rotary_dim=16, scaling=scaling)
+    rope = RotaryEmbedding(32, sections=(2, 3, 3), rotary_dim=16, scaling=scaling)
     q = torch.randn(1, 2, 5, 32, dtype=torch.float64)
     positions = torch.randint(0, 100, (5, 3))
     inv_freq, _ = ref.rope_frequencies(16, scaling=scaling)
@@ -54,7 +56,7 @@ def test_mrope_partial_rotary_and_scaling_match_reference():
 
 def test_mrope_text_tokens_are_plain_rope():
     """Equal coordinates on every axis (text) give exactly 1-D RoPE; None means that."""
-    mrope = MultimodalRotaryEmbedding(16, sections=(2, 3, 3))
+    mrope = RotaryEmbedding(16, sections=(2, 3, 3))
     rope = RotaryEmbedding(16)
     q, k = torch.randn(1, 2, 6, 16), torch.randn(1, 2, 6, 16)
     pos = torch.arange(6) + 40
@@ -64,13 +66,27 @@ def test_mrope_text_tokens_are_plain_rope():
     torch.testing.assert_close(mrope(q, k)[1], rope(q, k)[1], atol=0, rtol=0)
 
 
-def test_mrope_is_rotary_embedding_with_sections():
-    a = MultimodalRotaryEmbedding(16, sections=(2, 3, 3), layout="interleaved")
-    b = posenc.build("rope", head_dim=16, sections=(2, 3, 3), layout="interleaved")
+def test_mrope_spelling_is_deprecated_and_equal_to_rope_with_sections():
+    """MultimodalRotaryEmbedding / "mrope" warn and point to "rope" with sections=, compute
+    the same, and their saved config loads (without a warning) as the "rope" one."""
+    with pytest.warns(DeprecationWarning, match=r"RotaryEmbedding\(head_dim, sections=\.\.\.\)"):
+        a = MultimodalRotaryEmbedding(16, sections=(2, 3, 3), layout="interleaved")
+    with pytest.warns(DeprecationWarning, match="registry name 'rope' with sections="):
+        by_name = posenc.build("mrope", head_dim=16, sections=(2, 3, 3), layout="interleaved")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the kept spelling does not warn
+        b = posenc.build("rope", head_dim=16, sections=(2, 3, 3), layout="interleaved")
+        loaded = posenc.build(a.to_config())
+    assert type(loaded) is RotaryEmbedding and loaded.to_config() == b.to_config()
     q = torch.randn(1, 1, 4, 16)
     pos = torch.randint(0, 50, (4, 3))
-    torch.testing.assert_close(a(q, q, pos)[0], b(q, q, pos)[0], atol=0, rtol=0)
-    assert posenc.build(a.to_config()).to_config() == a.to_config()
+    for other in (by_name, b, loaded):
+        torch.testing.assert_close(a(q, q, pos)[0], other(q, q, pos)[0], atol=0, rtol=0)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(PosEncError, match="sections must be given"),
+    ):
+        MultimodalRotaryEmbedding(16, sections=None)
 
 
 @pytest.mark.parametrize(
@@ -136,7 +152,7 @@ def test_axial_matches_qwen2_vl_vision_rope():
 )
 def test_score_depends_only_on_nd_offset(kind, layout, m, n, shift):
     if kind == "mrope":
-        rope = MultimodalRotaryEmbedding(24, sections=(4, 4, 4), layout=layout)
+        rope = RotaryEmbedding(24, sections=(4, 4, 4), layout=layout)
     else:
         rope = AxialRotaryEmbedding(24, 3, layout=layout)
     q, k = torch.randn(2, 1, 1, 1, 24, dtype=torch.float64)
@@ -150,7 +166,7 @@ def test_score_depends_only_on_nd_offset(kind, layout, m, n, shift):
 
 
 def test_decoding_with_nd_positions_equals_full_pass():
-    rope = MultimodalRotaryEmbedding(16, sections=(2, 3, 3))
+    rope = RotaryEmbedding(16, sections=(2, 3, 3))
     q, k = torch.randn(1, 2, 7, 16), torch.randn(1, 1, 7, 16)
     positions = torch.randint(0, 30, (7, 3))
     q_full, k_full = rope(q, k, positions)
@@ -161,9 +177,9 @@ def test_decoding_with_nd_positions_equals_full_pass():
     torch.testing.assert_close(q_last, q_full[:, :, -2:], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["mrope", "axial_rope"])
+@pytest.mark.parametrize("name", ["rope", "axial_rope"])
 def test_registry_round_trip(name):
-    args = {"sections": (2, 3, 3)} if name == "mrope" else {"n_axes": 3, "axis_dims": (4, 6, 6)}
+    args = {"sections": (2, 3, 3)} if name == "rope" else {"n_axes": 3, "axis_dims": (4, 6, 6)}
     pe = posenc.build(name, head_dim=16, **args)
     again = posenc.build(pe.to_config())
     assert again.to_config() == pe.to_config() and type(again) is type(pe)
@@ -183,26 +199,25 @@ _Q = torch.randn(1, 2, 4, 16)
     ("call", "match"),
     [
         (
-            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 4)),
+            lambda: RotaryEmbedding(16, sections=(2, 3, 4)),
             r"sections must sum to rotary_dim / 2 = 8, got \[2, 3, 4\] \(sum 9\)",
         ),
-        (lambda: MultimodalRotaryEmbedding(16, sections=None), "sections must be given"),
-        (lambda: MultimodalRotaryEmbedding(16, sections=(4, 0, 4)), r"sections\[1\] must be >= 1"),
-        (lambda: MultimodalRotaryEmbedding(16, sections="448"), "sections must be a sequence"),
+        (lambda: RotaryEmbedding(16, sections=(4, 0, 4)), r"sections\[1\] must be >= 1"),
+        (lambda: RotaryEmbedding(16, sections="448"), "sections must be a sequence"),
         (
-            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(4)),
+            lambda: RotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(4)),
             r"positions must be \[s, 3\] or \[b, s, 3\]",
         ),
         (
-            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(5, 3)),
+            lambda: RotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(5, 3)),
             r"with s == 4, got shape \(5, 3\)",
         ),
         (
-            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(2, 4, 3)),
+            lambda: RotaryEmbedding(16, sections=(2, 3, 3))(_Q, _Q, torch.zeros(2, 4, 3)),
             r"must have b == 1",
         ),
         (
-            lambda: MultimodalRotaryEmbedding(16, sections=(2, 3, 3))(
+            lambda: RotaryEmbedding(16, sections=(2, 3, 3))(
                 _Q, _Q, torch.full((4, 3), float("nan"))
             ),
             "positions must be finite",

@@ -58,7 +58,9 @@ def test_upgrade_config(case):
     cls = get(config["name"])
     name, upgraded = cls.upgrade_config(dict(args))
     assert "xpos_scale_base" not in upgraded
-    if config["name"] != "rope":  # nothing of theirs was renamed
+    if config["name"] == "mrope":  # M-RoPE's one spelling: "rope" with sections
+        assert (name, upgraded) == ("rope", args)
+    elif config["name"] != "rope":  # nothing of theirs was renamed
         assert (name, upgraded) == (config["name"], args)
     elif args["xpos_scale_base"] is None:
         assert (name, upgraded) == (
@@ -128,7 +130,7 @@ def test_rope_no_longer_takes_xpos_scale_base():
 _ENCODINGS = {
     "rope": lambda: RotaryEmbedding(8),
     "xpos": lambda: XPosEmbedding(8, scale_base=64.0),
-    "mrope": lambda: posenc.MultimodalRotaryEmbedding(8, sections=(1, 1, 2)),
+    "mrope": lambda: RotaryEmbedding(8, sections=(1, 1, 2)),
     "axial_rope": lambda: posenc.AxialRotaryEmbedding(8, 2),
 }
 

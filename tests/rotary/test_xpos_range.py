@@ -82,7 +82,7 @@ def test_scale_base_none_is_refused():
 @pytest.mark.parametrize(
     "module",
     [
-        lambda: posenc.MultimodalRotaryEmbedding(8, (2, 1, 1)),
+        lambda: posenc.RotaryEmbedding(8, sections=(2, 1, 1)),
         lambda: posenc.AxialRotaryEmbedding(8),
     ],
     ids=["mrope", "axial"],

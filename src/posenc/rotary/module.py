@@ -76,9 +76,11 @@ class RotaryEmbedding(RotaryEncoding):
             :func:`posenc.rotary.frequencies.parse_scaling`; transformers' dicts go through
             :func:`posenc.integrations.transformers.scaling_from_transformers`) or a
             dataclass from :mod:`posenc.rotary.frequencies`.
-        sections: M-RoPE (Qwen2-VL): sizes summing to ``rotary_dim / 2``; positions are then
-            ``[..., s, len(sections)]`` and frequency ``j`` takes the coordinate of the axis
-            whose section holds ``j`` (see :class:`posenc.MultimodalRotaryEmbedding`);
+        sections: M-RoPE (Qwen2-VL; its one spelling, see :mod:`posenc.rotary.nd`): sizes
+            summing to ``rotary_dim / 2`` (Qwen2-VL: ``(16, 24, 24)`` for ``head_dim=128``,
+            axes time, height, width); positions are then ``[..., s, len(sections)]`` and
+            frequency ``j`` takes the coordinate of the axis whose section holds ``j``
+            (positions ``None``: ``arange(s)`` on every axis, plain RoPE);
             ``section_layout="interleaved"``: Qwen3-VL's interleaving (see
             :func:`posenc.rotary.apply.section_map`).
         partial: where a partial rotary's channels sit: ``"leading"``, the first
@@ -130,6 +132,12 @@ class RotaryEmbedding(RotaryEncoding):
         True
         >>> rope.state_dict()
         OrderedDict()
+        >>> mrope = posenc.RotaryEmbedding(16, sections=(2, 3, 3))  # M-RoPE: t, h, w
+        >>> text = torch.arange(3)[:, None].expand(3, 3)  # 3 text tokens: t = h = w
+        >>> image = posenc.positions.grid((1, 2, 2)).reshape(-1, 3) + 3  # 1 x 2 x 2 patches
+        >>> q = k = torch.randn(1, 2, 7, 16)
+        >>> mrope(q, k, torch.cat([text, image]))[0].shape  # positions [7, 3]
+        torch.Size([1, 2, 7, 16])
     """
 
     name: ClassVar[str] = "rope"
@@ -310,6 +318,12 @@ class RotaryEmbedding(RotaryEncoding):
         Shape: ``[*P]`` (with sections ``[*P, n_axes]``) -> ``[*P, rotary_dim / 2]`` each.
         """
         check_positions("positions", positions, ndims=None)
+        n = self.position_coords
+        if n is not None and (positions.ndim == 0 or positions.shape[-1] != n):
+            raise PosEncError(
+                f"positions must be [*P, {n}] (one coordinate per axis), got shape "
+                f"{tuple(positions.shape)}"
+            )
         check_dtype("dtype", dtype)  # any floating dtype (rotation() takes float32/64 only)
         hit = None if self._table is None else self._table.lookup(positions, dtype)
         if hit is not None:

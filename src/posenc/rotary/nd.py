@@ -4,11 +4,13 @@ Both give each frequency one axis of an N-D position, so ``q . k`` depends only 
 N-D offset between two tokens (each frequency contributes a rotation by its axis'
 coordinate difference). They differ in which frequencies each axis gets:
 
-- **M-RoPE** (Wang et al., 2024, Qwen2-VL): the 1-D RoPE frequencies of the whole rotary
-  dim, cut into ``sections``: the first ``sections[0]`` (highest) frequencies follow axis 0
-  (time), the next ``sections[1]`` axis 1 (height), and so on. Text tokens carry the same
-  position on every axis and then get exactly 1-D RoPE. Matches transformers'
-  ``Qwen2VLRotaryEmbedding`` + ``apply_multimodal_rotary_pos_emb`` (``mrope_section``).
+- **M-RoPE** (Wang et al., 2024, Qwen2-VL): ``RotaryEmbedding(head_dim, sections=...)``,
+  the 1-D RoPE frequencies of the whole rotary dim, cut into ``sections``: the first
+  ``sections[0]`` (highest) frequencies follow axis 0 (time), the next ``sections[1]`` axis
+  1 (height), and so on. Text tokens carry the same position on every axis and then get
+  exactly 1-D RoPE. Matches transformers' ``Qwen2VLRotaryEmbedding`` +
+  ``apply_multimodal_rotary_pos_emb`` (``mrope_section``). :class:`MultimodalRotaryEmbedding`
+  (``"mrope"``) is its deprecated second spelling.
 - **Axial RoPE** (Heo et al., 2024; EVA-02, FLUX, Qwen2-VL's vision tower): each axis gets
   its own share of the channels, ``axis_dims[a]``, with the full 1-D frequency range
   ``1 / base^(2i / axis_dims[a])`` over that share, so every axis sees both fine and coarse
@@ -20,12 +22,13 @@ Positions are coordinates ``[s, n_axes]`` or ``[b, s, n_axes]``, e.g. from
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
 
-from posenc._errors import PosEncError, check_alloc, check_float, check_int, check_positions
+from posenc._errors import PosEncError, check_alloc, check_float, check_int
 from posenc.rotary.frequencies import Scaling, rope_frequencies
 from posenc.rotary.layout import Layout, check_rotary_dims
 from posenc.rotary.module import RotaryEmbedding
@@ -71,52 +74,30 @@ def check_head_dim(head_dim: Any) -> int:
     return head_dim
 
 
-def _nd_cos_sin(
-    module: RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:meth:`RotaryEmbedding.cos_sin` of ``[*P, n_axes]`` positions, checked first (a 0-d
-    or wrongly sized last axis is a PosEncError, not an IndexError)."""
-    check_positions("positions", positions, ndims=None)
-    n = module.position_coords
-    if positions.ndim == 0 or positions.shape[-1] != n:
-        raise PosEncError(
-            f"positions must be [*P, {n}] (one coordinate per axis), got shape "
-            f"{tuple(positions.shape)}"
-        )
-    return RotaryEmbedding.cos_sin(module, positions, dtype=dtype)
-
-
 class MultimodalRotaryEmbedding(RotaryEmbedding):
-    """M-RoPE (Qwen2-VL): RoPE whose frequency sections follow different position axes.
+    """Deprecated: M-RoPE is ``RotaryEmbedding(head_dim, sections=sections, ...)`` (registry
+    name ``"rope"`` with ``sections=``), which also takes ``section_layout`` (Qwen3-VL)
+    and is what :func:`posenc.integrations.transformers.rotary_from_config` returns.
 
-    Equivalent to ``RotaryEmbedding(head_dim, sections=sections, ...)``, under the registry
-    name ``"mrope"``. Frequency ``j`` takes its position from the axis whose section holds
-    ``j``. Positions ``None`` give every axis ``arange(s)`` (text tokens), which reduces to
-    plain RoPE.
+    Constructing this class (or ``build("mrope", ...)``) warns (a
+    :class:`DeprecationWarning`) and builds the same rotation; it goes in the next release.
+    A saved ``"mrope"`` config loads, without a warning, as the ``"rope"`` config with the
+    same sections (:meth:`upgrade_config`).
 
     Args:
-        head_dim: channels per head.
-        sections: frequencies per axis, summing to ``rotary_dim / 2`` (Qwen2-VL:
-            ``(16, 24, 24)`` for ``head_dim=128``, axes time, height, width).
-        base, rotary_dim, layout, scaling: as in :class:`posenc.RotaryEmbedding`
-            (Qwen2-VL uses ``layout="half"``).
-
-    Shape:
-        ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]``; positions ``[s, n_axes]`` or
-        ``[b, s, n_axes]`` -> ``(q, k)``.
-
-    Examples:
-        >>> import torch, posenc
-        >>> rope = posenc.MultimodalRotaryEmbedding(16, sections=(2, 3, 3))
-        >>> text = torch.arange(3)[:, None].expand(3, 3)  # 3 text tokens: t = h = w
-        >>> image = posenc.positions.grid((1, 2, 2)).reshape(-1, 3) + 3  # 1 x 2 x 2 patches
-        >>> positions = torch.cat([text, image])  # [7, 3]
-        >>> q = k = torch.randn(1, 2, 7, 16)
-        >>> rope(q, k, positions)[0].shape
-        torch.Size([1, 2, 7, 16])
+        head_dim, sections, base, rotary_dim, layout, scaling: as in
+            :class:`posenc.RotaryEmbedding`.
     """
 
     name: ClassVar[str] = "mrope"
+
+    @classmethod
+    def upgrade_config(cls, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """A saved ``"mrope"`` config (it holds ``sections``) is the ``"rope"`` config of the
+        same arguments: the one spelling of M-RoPE."""
+        if "sections" not in args:
+            return cls.name, args
+        return RotaryEmbedding.name, dict(args)
 
     def __init__(
         self,
@@ -128,6 +109,13 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
         layout: Layout = "half",
         scaling: Scaling | Mapping[str, Any] | None = None,
     ) -> None:
+        warnings.warn(
+            "MultimodalRotaryEmbedding (registry name 'mrope') is deprecated: M-RoPE is "
+            "RotaryEmbedding(head_dim, sections=...) (registry name 'rope' with sections=); "
+            "the old spelling will be removed in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         if sections is None:
             raise PosEncError("sections must be given for M-RoPE (e.g. (16, 24, 24)), got None")
         check_head_dim(head_dim)
@@ -147,12 +135,6 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
             layout=layout,
             scaling=self.scaling,
         )
-
-    def cos_sin(
-        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin at ``[*P, 3]`` positions: ``[*P, rotary_dim / 2]`` each."""
-        return _nd_cos_sin(self, positions, dtype)
 
 
 def _axis_dims(head_dim: int, n_axes: Any, rotary_dim: Any, axis_dims: Any) -> tuple[int, ...]:
@@ -257,12 +239,6 @@ class AxialRotaryEmbedding(RotaryEmbedding):
     @property
     def axis_dims(self) -> tuple[int, ...]:
         return self._axis_dims
-
-    def cos_sin(
-        self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float32
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin at ``[*P, n_axes]`` positions: ``[*P, rotary_dim / 2]`` each."""
-        return _nd_cos_sin(self, positions, dtype)
 
     def _frequencies(self, seq_len: float | None) -> tuple[torch.Tensor, float]:
         return axial_frequencies(self._axis_dims, base=self._base), 1.0
