@@ -98,22 +98,13 @@ class ValueBias(QueryBias):
 
 
 def _registered(kind: str, skip: tuple[str, ...] = ()) -> list[str]:
-    out = []
-    for n in names():
-        try:
-            cls = get(n)
-        except ImportError:  # registered by a family that has not landed in this tree
-            continue
-        if cls.kind == kind and n not in skip:
-            out.append(n)
-    return out
+    return [n for n in names() if get(n).kind == kind and n not in skip]
 
 
 def _positional(name: str) -> bool:
     """A bias of positions alone: the contextual CoPE and the gated FoX have their own
-    reference tests (tests/bias/test_cope.py, tests/bias/test_fox.py)."""
-    cls = get(name)
-    return not (getattr(cls, "contextual", False) or getattr(cls, "gated", False))
+    reference tests (tests/contextual/test_cope.py, tests/gated/test_fox.py)."""
+    return issubclass(get(name), BiasEncoding)
 
 
 # mrope / axial_rope rotate by N-D positions ([..., s, n_axes]); attention's positions are 1-D.

@@ -20,6 +20,7 @@ from torch.utils._pytree import tree_leaves
 
 import posenc
 from posenc import registry
+from posenc._base import ContextualEncoding, GatedEncoding
 from posenc.models import TinyTransformer
 from posenc.rotary.kernels import cpu_fast_path_enabled, enable_cpu_fast_path
 
@@ -108,7 +109,7 @@ def _module_call(name: str, enc):
         return (lambda x: enc(x)), (lambda s: (torch.randn(B, s, D, requires_grad=True),))
     if kind == "rotary":
         return (lambda q, k: enc(q, k)), (lambda s: _qkv(s, 2))
-    if kind == "bias" and enc.contextual:  # CoPE: from the logits, queries and keys
+    if isinstance(enc, ContextualEncoding):  # CoPE: from the logits, queries and keys
 
         def contextual(q, k):
             return enc.contextual_bias_at(
@@ -116,7 +117,7 @@ def _module_call(name: str, enc):
             )
 
         return contextual, (lambda s: _qkv(s, 2))
-    if kind == "bias" and enc.gated:  # FoX: from the gates
+    if isinstance(enc, GatedEncoding):  # FoX: from the gates
         return (lambda g: enc.gate_bias_at(g, g.shape[-1])), (lambda s: (_gates(s),))
     if kind == "bias" and enc.query_dependent:  # Shaw: the key term needs the scaled queries
         return (lambda q: enc.bias(q.shape[-2], q=q * D**-0.5)), (lambda s: _qkv(s, 1))
@@ -138,7 +139,7 @@ ATTENTION = [n for n in registry.names() if registry.get(n).kind in ("rotary", "
 @pytest.mark.parametrize("name", ATTENTION)
 def test_attention_compiles_once_for_every_length(name):
     enc = _build(name)
-    if getattr(enc, "gated", False):  # FoX: its gates are an input of every call
+    if isinstance(enc, GatedEncoding):  # FoX: its gates are an input of every call
 
         def gated(q, k, v, g):
             return posenc.attention(q, k, v, encoding=enc, causal=True, gates=g)

@@ -13,7 +13,7 @@ import torch
 
 import posenc
 from posenc import _errors, registry
-from posenc._base import Encoding
+from posenc._base import Encoding, GatedEncoding
 from posenc.attend import prepared
 from posenc.models import TinyTransformer
 
@@ -79,7 +79,7 @@ def test_attention_with_an_instance_builds_nothing_and_validates_once(name, buil
     builds.clear()
     q, k, v = torch.randn(3, 2, H, S, D).unbind(0)
     qp, kp = _positions_for(enc)
-    gates = torch.zeros(2, H, S) if getattr(enc, "gated", False) else None  # FoX
+    gates = torch.zeros(2, H, S) if isinstance(enc, GatedEncoding) else None  # FoX
     posenc.attention(
         q, k, v, encoding=enc, causal=True, q_positions=qp, k_positions=kp, gates=gates
     )

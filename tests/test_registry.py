@@ -14,6 +14,7 @@ import torch
 
 import posenc
 from posenc import registry
+from posenc._base import ContextualEncoding, GatedEncoding
 
 KINDS = {"additive", "rotary", "bias", "none"}
 
@@ -55,12 +56,12 @@ def _outputs(module, generator_seed: int = 0):
         q = torch.randn(2, 3, 5, module.head_dim, generator=g)
         k = torch.randn(2, 3, 5, module.head_dim, generator=g)
         return torch.cat(module(q, k), dim=-1)
-    if getattr(module, "contextual", False):  # CoPE: from the logits, queries and keys
+    if isinstance(module, ContextualEncoding):  # CoPE: from the logits, queries and keys
         q = torch.randn(2, 3, 5, module.head_dim, generator=g)
         k = torch.randn(2, 3, 5, module.head_dim, generator=g)
         logits = (q * 0.25) @ k.transpose(-1, -2)
         return module.contextual_bias_at(logits, q, k, allowed=None, scale=0.25)
-    if getattr(module, "gated", False):  # FoX: from per-token gates
+    if isinstance(module, GatedEncoding):  # FoX: from per-token gates
         gates = torch.nn.functional.logsigmoid(torch.randn(2, module.num_heads, 5, generator=g))
         return module.gate_bias_at(gates, 5)
     if getattr(module, "query_dependent", False):

@@ -41,12 +41,14 @@ from posenc.rotary.xpos import XPosEmbedding, xpos_scale
 from posenc import bias as _bias
 from posenc.bias._common import renamed as _renamed
 from posenc.bias.alibi import ALiBiBias, alibi_bias, alibi_slopes
-from posenc.bias.cope import CoPEBias, cope_bias
 from posenc.bias.fire import FIREBias, fire_bias
-from posenc.bias.fox import FoXBias, fox_bias
 from posenc.bias.kerple import KerpleBias, kerple_bias
 from posenc.bias.shaw import ShawRelativeBias, shaw_relative_logits, shaw_relative_values
 from posenc.bias.t5 import T5RelativeBias, t5_relative_bias, t5_relative_bucket
+
+# --- contextual and gated ---------------------------------------------------
+from posenc.contextual import CoPEBias, cope_bias
+from posenc.gated import FoXBias, fox_bias
 
 # --- attention and models -----------------------------------------------------
 from posenc.attend import attention

@@ -5,8 +5,11 @@ plugs into a transformer:
 
 - ``additive``: ``forward(x, positions=None, *, offset=0) -> x + PE`` on embeddings ``[b, s, d]``;
 - ``rotary``: ``forward(q, k, positions=None, *, k_positions=None, seq_dim=-2) -> (q, k)``;
-- ``bias``: ``bias(q_len, k_len=None, *, q_positions=None, k_positions=None) -> [h, q, k]``
-  (or ``[b, h, q, k]`` when positions are batched), added to the scaled attention logits.
+- ``bias``: a term added to the scaled attention logits. Three protocols say how attention
+  gets it: :class:`BiasEncoding` from positions alone (``bias(q_len, k_len=None, *,
+  q_positions=None, k_positions=None) -> [h, q, k]``, or ``[b, h, q, k]`` when positions are
+  batched); :class:`ContextualEncoding` from the logits, queries and keys (CoPE);
+  :class:`GatedEncoding` from per-token gates the model computes (forgetting attention).
 
 A module records its constructor arguments with :meth:`Encoding._set_config`;
 :meth:`Encoding.to_config` returns them as a JSON-serialisable dict holding ``"name"``,
@@ -24,7 +27,16 @@ from torch import nn
 
 from posenc import positions as _positions
 
-__all__ = ["AdditiveEncoding", "BiasEncoding", "Encoding", "Kind", "RotaryEncoding"]
+__all__ = [
+    "LOGIT_PROTOCOLS",
+    "AdditiveEncoding",
+    "BiasEncoding",
+    "ContextualEncoding",
+    "Encoding",
+    "GatedEncoding",
+    "Kind",
+    "RotaryEncoding",
+]
 
 Kind = Literal["additive", "rotary", "bias", "none"]
 
@@ -118,7 +130,7 @@ class RotaryEncoding(Encoding):
 
 
 class BiasEncoding(Encoding):
-    """An encoding that adds a bias to the attention logits.
+    """An encoding that adds a bias of positions to the attention logits.
 
     The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
     ``num_heads``; :meth:`bias_at` on positions already resolved by
@@ -126,11 +138,9 @@ class BiasEncoding(Encoding):
     ``score_mod`` from indices); and :meth:`value_bias_at` for value-dependent encodings.
     Encodings whose bias depends on the queries (Shaw et al.'s relative keys) set
     ``query_dependent = True`` and take ``q`` (already multiplied by the attention scale);
-    those that also act on the values set ``value_dependent = True``. Contextual encodings
-    (``contextual = True``: CoPE) compute their bias from the logits, queries and keys
-    (:meth:`contextual_bias_at`); gated ones (``gated = True``: forgetting attention) from
-    per-token gates the model computes (:meth:`gate_bias_at`); neither has a bias of
-    positions alone.
+    those that also act on the values set ``value_dependent = True``. A term that depends
+    on the tokens themselves is another protocol: :class:`ContextualEncoding` (from the
+    logits, queries and keys) or :class:`GatedEncoding` (from per-token gates).
 
     The public :meth:`bias` / :meth:`value_bias` resolve and validate the positions once,
     then call the ``*_at`` methods; families override them where they validate more (or
@@ -139,15 +149,9 @@ class BiasEncoding(Encoding):
 
     kind: ClassVar[Kind] = "bias"
     query_dependent: ClassVar[bool] = False
-    value_dependent: ClassVar[bool] = False
-    #: The bias depends on the content of the queries and keys (CoPE's gates), not on
-    #: positions alone: attention calls :meth:`contextual_bias_at` with the logits.
-    contextual: ClassVar[bool] = False
-    #: The bias is computed from per-token gates the model supplies (FoX's forget gates):
-    #: attention calls :meth:`gate_bias_at` / :meth:`gate_score_mod_at` with them.
-    gated: ClassVar[bool] = False
-    #: ``None`` for encodings that serve any number of heads (CoPE's one shared table).
-    num_heads: int | None
+    #: An instance may set it (Shaw's relative values are an option of the module).
+    value_dependent: bool = False
+    num_heads: int
 
     def bias(
         self,
@@ -158,10 +162,22 @@ class BiasEncoding(Encoding):
         k_positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions) of ``q_len``
-        queries and ``k_len`` keys, positions resolved by :func:`posenc.positions.resolve_pair`;
-        query-dependent encodings add a keyword ``q``."""
-        qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions)
-        return self.bias_at(qpos, kpos)
+        queries and ``k_len`` keys, positions resolved by :func:`posenc.positions.resolve_pair`
+        (keys default to ``arange(k_len)``, queries to the last ``q_len`` of them; given
+        positions move to the module's device); query-dependent encodings add a keyword
+        ``q``."""
+        return self.bias_at(*self._resolve(q_len, k_len, q_positions, k_positions))
+
+    def _resolve(
+        self,
+        q_len: int,
+        k_len: int | None,
+        q_positions: torch.Tensor | None,
+        k_positions: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The positions a :meth:`bias` call means (:func:`posenc.positions.resolve_pair`);
+        a family overrides it to put them on its device and check the bias's size."""
+        return _positions.resolve_pair(q_len, k_len, q_positions, k_positions)
 
     def bias_at(
         self,
@@ -216,6 +232,30 @@ class BiasEncoding(Encoding):
         default calls :meth:`score_mod`; posenc's families override both."""
         return self.score_mod(q_positions, k_positions)
 
+    @property
+    def has_score_mod(self) -> bool:
+        """Whether the encoding computes its bias from indices (a Flex ``score_mod``)."""
+        cls = type(self)
+        return (
+            cls.score_mod is not BiasEncoding.score_mod
+            or cls.score_mod_at is not BiasEncoding.score_mod_at
+        )
+
+
+class ContextualEncoding(Encoding):
+    """An encoding whose logit term is computed from the logits, queries and keys
+    themselves (CoPE: positions counted by gates on ``q . k``), not from positions.
+
+    The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
+    ``num_heads`` (None when any number of heads is served) and
+    :meth:`contextual_bias_at`. Attention computes the term on its eager path, or the
+    query-chunked one for long sequences (SDPA and Flex take no term of the logits); the
+    positions attention is given are not read.
+    """
+
+    kind: ClassVar[Kind] = "bias"
+    num_heads: int | None
+
     def contextual_bias_at(
         self,
         logits: torch.Tensor,
@@ -225,28 +265,46 @@ class BiasEncoding(Encoding):
         allowed: torch.Tensor | None,
         scale: float,
     ) -> torch.Tensor:
-        """Contextual encodings: the term ``[b, h, q, k]`` added to ``logits = q k^T *
-        scale`` (``[b, h, q, k]``, float32 or wider), from ``q [b, h, q, d]``, ``k [b, h, k,
-        d]`` (key heads repeated to ``h``) and ``allowed`` (bool ``[.., q, k]``, the pairs
-        that may attend; None: all)."""
-        raise NotImplementedError(f"{type(self).__name__} is not contextual")
+        """The term ``[b, h, q, k]`` added to ``logits = q k^T * scale`` (``[b, h, q, k]``,
+        float32 or wider), from ``q [b, h, q, d]``, ``k [b, h, k, d]`` (key heads repeated
+        to ``h``) and ``allowed`` (bool ``[.., q, k]``, the pairs that may attend; None:
+        all). A block of query rows is passed as its own ``q`` and ``logits``."""
+        raise NotImplementedError
 
-    def gate_bias_at(self, gates: torch.Tensor, q_len: int) -> torch.Tensor:
-        """Gated encodings: the bias ``[b, h, q_len, k]`` of per-token ``gates [b, h, k]``
-        (the queries are the last ``q_len`` keys), ``-inf`` on the pairs it forbids."""
-        raise NotImplementedError(f"{type(self).__name__} is not gated")
 
-    def gate_score_mod_at(
-        self, gates: torch.Tensor, q_len: int
-    ) -> Callable[..., torch.Tensor] | None:
-        """Gated encodings: :meth:`gate_bias_at` as a FlexAttention ``score_mod`` (or None)."""
-        return None
+class GatedEncoding(Encoding):
+    """An encoding whose logit term comes from per-token gates the model computes
+    (forgetting attention: log forget gates summed between key and query).
 
-    @property
-    def has_score_mod(self) -> bool:
-        """Whether the encoding computes its bias from indices (a Flex ``score_mod``)."""
-        cls = type(self)
-        return (
-            cls.score_mod is not BiasEncoding.score_mod
-            or cls.score_mod_at is not BiasEncoding.score_mod_at
-        )
+    The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
+    ``num_heads``, :meth:`check_gates` (the ``gates`` passed to :func:`posenc.attention`),
+    :meth:`gate_bias_at` and :meth:`gate_score_mod_at`. A model gives each layer that
+    uses a gated encoding a projection ``dim -> num_heads`` whose output it passes as
+    ``gates``. Gated encodings are causal only; the positions attention is given are not
+    read.
+    """
+
+    kind: ClassVar[Kind] = "bias"
+    num_heads: int
+
+    def check_gates(self, gates: Any, b: int, k_len: int, device: torch.device) -> torch.Tensor:
+        """``gates`` checked to be ``[b, num_heads, k_len]`` floating on ``device``; raises
+        :class:`~posenc.PosEncError` otherwise."""
+        raise NotImplementedError
+
+    def gate_bias_at(
+        self, gates: torch.Tensor, q_len: int, *, start: int = 0, stop: int | None = None
+    ) -> torch.Tensor:
+        """The term ``[b, h, rows, k]`` of checked ``gates [b, h, k]`` for query rows
+        ``start:stop`` (default all ``q_len``; the queries are the last ``q_len`` keys),
+        with no mask: attention masks the pairs its mask rule forbids."""
+        raise NotImplementedError
+
+    def gate_score_mod_at(self, gates: torch.Tensor, q_len: int) -> Callable[..., torch.Tensor]:
+        """:meth:`gate_bias_at` as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)``."""
+        raise NotImplementedError
+
+
+#: The protocols of encodings that add a term to the attention logits (kind ``"bias"``):
+#: attention prepares each with the queries' and keys' positions.
+LOGIT_PROTOCOLS = (BiasEncoding, ContextualEncoding, GatedEncoding)

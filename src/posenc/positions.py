@@ -18,6 +18,7 @@ torch.Size([2, 3, 2])
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -389,3 +390,17 @@ def _check_sequence(
             f"got shape {tuple(p.shape)}"
         )
     return p
+
+
+def causal_pairs(
+    q_len: int, k_len: int, *, rows: tuple[int, int] | None = None, device: Any = None
+) -> torch.Tensor:
+    """The causal rule, the one place it is written: bool ``[rows, k]``, True where query
+    ``i`` may attend key ``j``, i.e. ``j <= i + (k_len - q_len)`` (the queries are the last
+    ``q_len`` of the ``k_len`` keys: decoding with a KV cache). ``rows = (start, stop)``
+    restricts the answer to those query rows. Internal (no validation): attention's
+    :func:`posenc.attend.paths.allowed_pairs` and the families' pure functions call it."""
+    start, stop = (0, q_len) if rows is None else rows
+    i = torch.arange(start, stop, device=device)[:, None]
+    j = torch.arange(k_len, device=device)[None, :]
+    return j <= i + (k_len - q_len)  # [rows, k]

@@ -42,9 +42,9 @@ _ENTRIES: dict[str, str] = {
     "shaw": "posenc.bias.shaw:ShawRelativeBias",
     "fire": "posenc.bias.fire:FIREBias",
     "kerple": "posenc.bias.kerple:KerpleBias",
-    # contextual and gated biases
-    "cope": "posenc.bias.cope:CoPEBias",
-    "fox": "posenc.bias.fox:FoXBias",
+    # bias: contextual and gated
+    "cope": "posenc.contextual.cope:CoPEBias",
+    "fox": "posenc.gated.fox:FoXBias",
 }
 
 # Other spellings users reach for.

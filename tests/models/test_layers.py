@@ -9,10 +9,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.models import _lm_checks as lm
 
 import posenc
 from posenc import PosEncError
-from posenc.models import KVCache, TinyTransformer
+from posenc.models import TinyTransformer
 from posenc.models.layers import allowed_counts, check_layer, llama4_temperature, window_keep
 from posenc.models.schedules import SCHEDULES, local_global, nope_every, schedule
 
@@ -52,27 +53,13 @@ LAYER_CASES = {
 @pytest.mark.parametrize("case", LAYER_CASES, ids=list(LAYER_CASES))
 def test_cache_equals_full_pass(case):
     model = sharpen(TinyTransformer(VOCAB, dim=DIM, num_heads=HEADS, **LAYER_CASES[case]))
-    t = tokens()
-    with torch.no_grad():
-        full = model(t)
-        cache = KVCache()
-        parts = [model(t[:, a:b], cache=cache) for a, b in ((0, 4), (4, 5), (5, 9))]
-    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
+    lm.cache_equals_full_pass(model, tokens())
 
 
 @pytest.mark.parametrize("case", LAYER_CASES, ids=list(LAYER_CASES))
 def test_left_padded_cache_equals_full_pass(case):
     model = sharpen(TinyTransformer(VOCAB, dim=DIM, num_heads=HEADS, **LAYER_CASES[case]))
-    t = tokens()
-    mask = torch.ones(2, 9, dtype=torch.bool)
-    mask[1, :3] = False
-    pos = posenc.positions.from_attention_mask(mask)
-    with torch.no_grad():
-        full = model(t, pos, attn_mask=mask)
-        cache = KVCache()
-        first = model(t[:, :5], pos[:, :5], attn_mask=mask[:, :5], cache=cache)
-        rest = [model(t[:, i : i + 1], cache=cache) for i in range(5, 9)]
-    torch.testing.assert_close(torch.cat([first, *rest], 1), full, atol=1e-5, rtol=1e-5)
+    lm.left_padded_cache_equals_full_pass(model, tokens())
 
 
 @pytest.mark.parametrize("case", LAYER_CASES, ids=list(LAYER_CASES))

@@ -2,32 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.models import _lm_checks as lm
 
 import posenc
 from posenc import PosEncError
 from posenc._base import Encoding
 from posenc.models import KVCache, TinyTransformer
-from posenc.registry import get, names
+from posenc.registry import names
 
 VOCAB, DIM, HEADS = 13, 16, 2
 
 
 def _available() -> list[str]:
-    out = []
-    for n in names():
-        try:
-            get(n)
-        except ImportError:  # registered by a family that has not landed in this tree
-            continue
-        if n not in ("mrope", "axial_rope"):  # N-D positions: not a token LM's
-            out.append(n)
-    return out
+    """Every registered encoding a token LM takes (mrope / axial_rope take N-D positions)."""
+    return [n for n in names() if n not in ("mrope", "axial_rope")]
 
 
 ENCODINGS = _available()
@@ -70,12 +63,8 @@ def test_kinds_plug_in_where_they_belong(name):
 
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_cache_equals_full_pass(name):
-    model, t = make(name), tokens()
-    with torch.no_grad():
-        full = model(t)
-        cache = KVCache()
-        parts = [model(t[:, a:b], cache=cache) for a, b in ((0, 4), (4, 5), (5, 6), (6, 9))]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+    model = make(name)
+    _, cache = lm.cache_equals_full_pass(model, tokens(), cuts=(4, 5, 6, 9))
     assert cache.length == 9 and len(cache.keys) == model.num_layers
     assert cache.keys[0].shape == (2, HEADS, 9, DIM // HEADS)
     torch.testing.assert_close(cache.positions, torch.arange(9))
@@ -84,31 +73,13 @@ def test_cache_equals_full_pass(name):
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_cache_equals_full_pass_left_padded(name):
     """Left padding: positions from the mask, padding in the cache, positions continued per row."""
-    model, t = make(name), tokens(s=8)
-    mask = torch.ones(2, 8, dtype=torch.bool)
-    mask[1, :3] = False
-    pos = posenc.positions.from_attention_mask(mask)
-    with torch.no_grad():
-        full = model(t, pos, attn_mask=mask)
-        cache = KVCache()
-        first = model(t[:, :5], pos[:, :5], attn_mask=mask[:, :5], cache=cache)
-        rest = [model(t[:, i : i + 1], cache=cache) for i in range(5, 8)]  # positions continue
-    torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, atol=1e-5, rtol=1e-5)
+    pos, cache = lm.left_padded_cache_equals_full_pass(make(name), tokens(s=8))
     torch.testing.assert_close(cache.positions, pos)
 
 
 @pytest.mark.parametrize("name", ["none", "sinusoidal", "rope", "alibi", "t5"])
 def test_generate_cache_equals_recompute(name):
-    if name not in ENCODINGS:
-        pytest.skip(f"{name} is not registered in this tree")
-    model, t = make(name), tokens(s=4)
-    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    for kw in ({}, {"attn_mask": mask}):
-        cached = model.generate(t, 6, **kw)
-        recomputed = model.generate(t, 6, use_cache=False, **kw)
-        assert cached.shape == (2, 10)
-        torch.testing.assert_close(cached, recomputed, atol=0, rtol=0)
-        torch.testing.assert_close(cached[:, :4], t, atol=0, rtol=0)
+    lm.generate_cache_equals_recompute(make(name), tokens(s=4))
 
 
 def test_generate_continues_greedily():
@@ -122,15 +93,7 @@ def test_generate_continues_greedily():
 
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_config_round_trip(name):
-    model = make(name)
-    config = json.loads(json.dumps(model.to_config()))  # JSON-serialisable
-    twin = TinyTransformer.from_config(config)
-    assert twin.to_config() == model.to_config()
-    twin.load_state_dict(model.state_dict(), strict=True)
-    twin.eval()
-    t = tokens()
-    with torch.no_grad():
-        torch.testing.assert_close(twin(t), model(t), atol=0, rtol=0)
+    lm.config_round_trip(make(name), tokens())
 
 
 def test_swap_encoding_for_evaluation():
@@ -161,8 +124,6 @@ def test_causal_and_encoder():
 @pytest.mark.parametrize("name", ["none", "sinusoidal", "alibi"])
 def test_encoder_order(name):
     """Without an encoding an encoder is permutation-equivariant; with one it is not."""
-    if name not in ENCODINGS:
-        pytest.skip(f"{name} is not registered in this tree")
     model, t = sharpen(make(name, causal=False)), tokens()
     perm = torch.tensor([4, 0, 8, 2, 6, 1, 3, 7, 5])
     with torch.no_grad():
@@ -186,26 +147,10 @@ def test_initial_loss_is_uniform():
 @pytest.mark.parametrize("name", ["sinusoidal", "rope", "alibi"])
 def test_trains_on_copy_task(name):
     """Loss on a tiny copy task (second half repeats the first) falls within 25 steps."""
-    if name not in ENCODINGS:
-        pytest.skip(f"{name} is not registered in this tree")
     torch.manual_seed(0)
     model = TinyTransformer(8, dim=32, num_layers=2, num_heads=4, encoding=name, max_len=16)
     model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    first = torch.randint(1, 8, (16, 6))
-    data = torch.cat([first, torch.zeros(16, 1, dtype=torch.long), first], dim=1)  # [16, 13]
-
-    def loss_fn():
-        logits = model(data[:, :-1])[:, 6:]  # predict the copy
-        return F.cross_entropy(logits.flatten(0, 1), data[:, 7:].flatten())
-
-    start = loss_fn().item()
-    for _ in range(25):
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        opt.step()
-    assert loss_fn().item() < 0.8 * start
+    lm.trains(lm.copy_loss(model), torch.optim.Adam(model.parameters(), lr=1e-2), 25)
 
 
 def test_dropout_trains():
@@ -219,8 +164,6 @@ def test_dropout_trains():
 
 
 def test_parameters_shared_once():
-    if "t5" not in ENCODINGS:
-        pytest.skip("t5 is not registered in this tree")
     model = make("t5")
     enc_params = {id(p) for p in model.encoding.parameters()}
     assert enc_params and enc_params <= {id(p) for p in model.parameters()}

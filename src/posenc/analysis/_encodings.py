@@ -7,11 +7,13 @@ Every kind is reduced to the object its properties are stated about:
 - rotary: the linear map ``R(p)`` applied to a query at position ``p`` (``forward`` on the
   identity basis), ``[n, d, d]``; it holds xPos scaling and partial rotary as they are;
 - bias: the bias ``b[h, q, k]`` added to the scaled logits, and its profile against the
-  distance ``q - k`` of a key behind its query, ``[h, m]``. Biases that depend on the tokens
-  are measured in one fixed context (:data:`CONTEXTS`): CoPE with every gate open, so each
-  token counts one position (``p = q - k + 1``: CoPE as the relative encoding it learns
-  from), forgetting attention with every forget gate ``sigmoid(0) = 1/2`` (the gate of an
-  initialised model on a zero input: ``-(q - k) ln 2``, ALiBi's form);
+  distance ``q - k`` of a key behind its query, ``[h, m]``. Terms that depend on the tokens
+  are measured in one fixed context (:data:`CONTEXTS`), one token per integer position, by
+  the encoding's own protocol: a contextual encoding with every gate open (logits ``+inf``;
+  CoPE then counts one position per token, ``p = q - k + 1``: the relative encoding it
+  learns from), a gated one with every log forget gate ``log(1/2)`` (the gate of an
+  initialised model on a zero input; forgetting attention then adds ``-(q - k) ln 2``,
+  ALiBi's form);
 - none: a zero table (it adds nothing).
 """
 
@@ -24,8 +26,9 @@ from typing import Any, cast
 import torch
 
 from posenc import registry
-from posenc._base import BiasEncoding, Encoding
-from posenc._errors import PosEncError, check_dtype, check_int
+from posenc._base import BiasEncoding, ContextualEncoding, Encoding, GatedEncoding
+from posenc._errors import PosEncError, check_alloc, check_dtype, check_int
+from posenc.attend.paths import allowed_pairs
 
 __all__ = [
     "CONTEXTS",
@@ -110,6 +113,9 @@ CONTEXTS = {
     "contextual": "every gate open: each token counts one position, p = q - k + 1",
     "gated": "every forget gate sigmoid(0) = 1/2: a bias of -(q - k) ln 2",
 }
+
+#: The log forget gate of the gated context: ``log sigmoid(0) = log(1/2)``.
+_GATE = math.log(0.5)
 
 
 def size(encoding: Encoding, name: str) -> int:
@@ -273,14 +279,15 @@ def bias_matrix(
     """The bias ``[h, q, k]`` (float64) between the given query and key positions.
 
     Query-dependent biases (Shaw's relative keys) are evaluated for one fixed random query
-    per head (see :func:`_random_queries`), the same at every position.
+    per head (see :func:`_random_queries`), the same at every position; contextual and
+    gated terms in their :data:`CONTEXTS` context.
     """
     k_positions = q_positions if k_positions is None else k_positions
-    q_len, k_len = q_positions.shape[0], k_positions.shape[0]
-    if getattr(encoding, "contextual", False) or getattr(encoding, "gated", False):
+    if isinstance(encoding, (ContextualEncoding, GatedEncoding)):
         return _context_bias(encoding, q_positions, k_positions)
+    q_len, k_len = q_positions.shape[0], k_positions.shape[0]
     kwargs: dict[str, Any] = {"q_positions": q_positions, "k_positions": k_positions}
-    if getattr(encoding, "query_dependent", False):
+    if isinstance(encoding, BiasEncoding) and encoding.query_dependent:
         kwargs["q"] = _random_queries(encoding, q_len)
     out = cast(BiasEncoding, encoding).bias(q_len, k_len, **kwargs)
     if out.ndim == 4:  # [b=1, h, q, k]
@@ -288,24 +295,51 @@ def bias_matrix(
     return out.to(torch.float64)
 
 
-def _context_bias(
-    encoding: Encoding, q_positions: torch.Tensor, k_positions: torch.Tensor
-) -> torch.Tensor:
-    """A token-dependent bias in its :data:`CONTEXTS` context, ``[h, q, k]`` float64."""
-    from posenc.bias.cope import cope_position_logits
+def _tokens(encoding: Encoding, positions: torch.Tensor) -> torch.Tensor:
+    """Positions as token indices (int64): a token-dependent term counts tokens."""
+    if positions.is_floating_point():
+        if not bool((positions == positions.round()).all()):
+            raise PosEncError(
+                f"positions must be whole numbers for encoding {encoding.name!r} (its term "
+                "depends on the tokens: one token per position), got fractional positions"
+            )
+        positions = positions.round()
+    return positions.to(torch.long)
 
-    distance = q_positions.to(torch.float64)[:, None] - k_positions.to(torch.float64)[None, :]
-    heads = size(encoding, "num_heads")
-    if getattr(encoding, "gated", False):  # FoX, every log forget gate log(1/2)
-        return (-math.log(2.0) * distance).expand(heads, -1, -1).contiguous()
-    enc = cast(Any, encoding)
-    npos = int(enc.weight.shape[0])
-    counted = (distance + 1).clamp(min=0, max=npos - 1)  # [q, k]: open gates on keys <= q
-    q = _random_queries(encoding, q_positions.shape[0])[0].to(torch.float64)  # [h, q, d]
-    weight = enc.weight.detach().to(torch.float64)
-    z = cope_position_logits(q, weight, counted.expand(heads, -1, -1))  # [h, q, k], scaled q
-    scale = enc.head_dim**0.5  # the queries above carry head_dim ** -0.5 already
-    return z if enc.position_logit == "scaled" else z * scale
+
+def _context_bias(
+    encoding: ContextualEncoding | GatedEncoding,
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+) -> torch.Tensor:
+    """A token-dependent term in its :data:`CONTEXTS` context, ``[h, q, k]`` float64.
+
+    The tokens are one per integer position from the lowest position given to the
+    highest; the queries are the last of them from the lowest query on (attention's
+    rule: queries are the last keys), and the rows and columns asked for are read out.
+    """
+    qpos, kpos = _tokens(encoding, q_positions), _tokens(encoding, k_positions)
+    lo = int(min(qpos.min(), kpos.min()))
+    hi = int(max(qpos.max(), kpos.max()))
+    first = int(qpos.min())
+    k_len, q_len, heads = hi - lo + 1, hi - first + 1, size(encoding, "num_heads")
+    check_alloc("positions", hi - lo, (heads, q_len, k_len), torch.float64)
+    if isinstance(encoding, GatedEncoding):
+        gates = encoding.check_gates(
+            torch.full((1, heads, k_len), _GATE, dtype=torch.float64), 1, k_len, torch.device("cpu")
+        )
+        term = encoding.gate_bias_at(gates, q_len)  # [1, h, q, k]
+    else:
+        d = size(encoding, "head_dim")
+        gen = torch.Generator().manual_seed(SEED)  # the queries of _random_queries, unscaled
+        q = torch.randn(1, heads, 1, d, generator=gen).to(torch.float64)
+        q = q.expand(1, heads, q_len, d)
+        k = q.new_zeros(1, 1, 1, d).expand(1, heads, k_len, d)  # read through the logits
+        logits = q.new_full((1, heads, q_len, k_len), math.inf)  # every gate open
+        allowed, _ = allowed_pairs(None, True, q_len, k_len, q.device)
+        term = encoding.contextual_bias_at(logits, q, k, allowed=allowed, scale=d**-0.5)
+    rows, cols = qpos - first, kpos - lo
+    return term[0][:, rows][:, :, cols].to(torch.float64)
 
 
 def bias_profile(encoding: Encoding, distances: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,11 @@
 """Attention that takes any encoding: ``posenc.attention(q, k, v, encoding=...)``.
 
-The kind of the encoding decides where it acts: a rotary encoding rotates ``q`` and ``k``;
-a bias encoding adds its ``[h, q, k]`` term to the scaled logits ``q k^T * scale``; ``None``
-(or ``"none"``) adds nothing. Additive encodings belong at the token embeddings and are
-refused here.
+The encoding's protocol (:mod:`posenc._base`) decides where it acts: a rotary encoding
+rotates ``q`` and ``k``; a bias encoding adds its ``[h, q, k]`` term of positions to the
+scaled logits ``q k^T * scale``; a contextual one a term it computes from those logits, ``q``
+and ``k``; a gated one a term of the per-token ``gates`` it is passed; ``None`` (or
+``"none"``) adds nothing. Additive encodings belong at the token embeddings and are refused
+here.
 
 Three paths compute the same function, ``softmax(q k^T * scale + bias + mask) v``:
 
@@ -24,6 +26,9 @@ pass with :func:`prepare_encoding` and passes it as ``encoding=`` to every layer
 ``backend="auto"`` takes eager for value-dependent encodings, Flex when the encoding has a
 ``score_mod``, the bias it would otherwise materialise reaches :data:`FLEX_MIN_BIAS_BYTES`,
 and Flex can run here (CUDA, or CPU without gradients, no dropout), and SDPA otherwise.
+Contextual encodings take eager, or ``"chunked"`` (the eager path per block of query rows)
+once the scores reach that size; gated ones SDPA (their term as its mask), or Flex (or
+chunked where Flex cannot run) once large.
 """
 
 from __future__ import annotations
@@ -35,10 +40,16 @@ from typing import Any
 import torch
 
 import posenc.attend.flex as _flexattn
-from posenc._base import BiasEncoding, Encoding, RotaryEncoding
+from posenc._base import (
+    BiasEncoding,
+    ContextualEncoding,
+    Encoding,
+    GatedEncoding,
+    RotaryEncoding,
+)
 from posenc._errors import PosEncError, check_choice, check_float, check_tensor
 from posenc.attend.paths import chunked, eager, sdpa
-from posenc.attend.prepared import PreparedEncoding, prepare_encoding
+from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_encoding
 
 __all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
 
@@ -131,7 +142,7 @@ def _check_mask(
 
 def _check_gates(gates: Any, enc: Any, b: int, k_len: int, causal: bool, device) -> None:
     """``gates`` are given exactly when the encoding is gated, and fit it."""
-    gated = enc is not None and enc.gated
+    gated = isinstance(enc, GatedEncoding)
     if gates is None:
         if gated:
             raise PosEncError(
@@ -148,55 +159,71 @@ def _check_gates(gates: Any, enc: Any, b: int, k_len: int, causal: bool, device)
 
 def _flex(q, k, v, *, prep, keep, causal, scale, gates=None):
     """FlexAttention with the encoding's score_mod (or, without one, its materialised bias)."""
-    if prep is not None and prep.encoding.gated:
+    if prep is not None and isinstance(prep.encoding, GatedEncoding):
         score_mod = prep.encoding.gate_score_mod_at(gates, q.shape[2])
     else:
         score_mod = None if prep is None else prep.score_mod(q, scale)
     return _flexattn.run(q, k, v, score_mod=score_mod, keep=keep, causal=causal, scale=scale)
 
 
-def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: int) -> str:
-    if enc is not None and enc.contextual:
-        if backend in ("sdpa", "flex"):
-            raise PosEncError(
-                f"encoding {enc.name!r} is contextual (its bias is computed from the logits): "
-                "use backend='eager', 'chunked' or 'auto'"
-            )
-        if backend != "auto":
-            return backend
-        scores_bytes = 4 * b * q.shape[1] * q.shape[2] * k_len
-        return "chunked" if scores_bytes >= FLEX_MIN_BIAS_BYTES else "eager"
-    if backend == "chunked" and enc is not None and (enc.query_dependent or enc.value_dependent):
+def _large(q, b: int, k_len: int) -> bool:
+    """Whether the ``[b, h, q, k]`` float32 scores (or bias) reach ``FLEX_MIN_BIAS_BYTES``."""
+    return 4 * b * q.shape[1] * q.shape[2] * k_len >= FLEX_MIN_BIAS_BYTES
+
+
+def _choose_contextual(backend: str, enc: ContextualEncoding, large: bool) -> str:
+    """A contextual term is computed from the logits: eager, or chunked when large."""
+    if backend in ("sdpa", "flex"):
+        raise PosEncError(
+            f"encoding {enc.name!r} is contextual (its bias is computed from the logits): "
+            "use backend='eager', 'chunked' or 'auto'"
+        )
+    if backend != "auto":
+        return backend
+    return "chunked" if large else "eager"
+
+
+def _choose_bias(backend: str, enc: BiasEncoding, flex_why: str | None, large: bool) -> str:
+    """A bias of positions: eager when value-dependent, Flex when large with an index
+    formula, SDPA otherwise."""
+    if backend == "chunked" and (enc.query_dependent or enc.value_dependent):
         raise PosEncError(
             f"encoding {enc.name!r} depends on the queries or values as a whole: use "
             "backend='eager', 'sdpa' or 'auto', not 'chunked'"
         )
-    if backend == "flex":
-        why = _flexattn.refusal(q, enc, needs_grad, dropout_p)
-        if why is not None:
-            raise PosEncError(f"backend='flex' cannot run here: {why}")
-        return "flex"
-    if enc is not None and enc.value_dependent:
-        if backend == "sdpa":
+    if enc.value_dependent:
+        if backend == "flex":
+            flex_why = f"encoding {enc.name!r} is value-dependent and needs backend='eager'"
+        elif backend == "sdpa":
             raise PosEncError(
                 f"encoding {enc.name!r} is value-dependent (it adds to probs @ v): use "
                 "backend='eager' or 'auto'"
             )
-        return "eager"
+        else:
+            return "eager"
+    if backend == "flex" and flex_why is not None:
+        raise PosEncError(f"backend='flex' cannot run here: {flex_why}")
     if backend != "auto":
         return backend
-    if enc is not None and enc.gated and backend == "auto":
-        if 4 * b * q.shape[1] * q.shape[2] * k_len < FLEX_MIN_BIAS_BYTES:
-            return "sdpa"
-        return "flex" if _flexattn.refusal(q, enc, needs_grad, dropout_p) is None else "chunked"
-    if isinstance(enc, BiasEncoding) and not enc.query_dependent:
-        bias_bytes = 4 * b * q.shape[1] * q.shape[2] * k_len
-        if (
-            bias_bytes >= FLEX_MIN_BIAS_BYTES
-            and _flexattn.refusal(q, enc, needs_grad, dropout_p) is None
-        ):
-            if enc.has_score_mod:  # it has an index formula
-                return "flex"
+    if not enc.query_dependent and large and flex_why is None and enc.has_score_mod:
+        return "flex"  # it has an index formula
+    return "sdpa"
+
+
+def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: int) -> str:
+    """The path of one call, by the encoding's protocol and the call's size."""
+    large = _large(q, b, k_len)
+    if isinstance(enc, ContextualEncoding):
+        return _choose_contextual(backend, enc, large)
+    flex_why = _flexattn.refusal(q, needs_grad, dropout_p)
+    if isinstance(enc, BiasEncoding):
+        return _choose_bias(backend, enc, flex_why, large)
+    if backend == "flex" and flex_why is not None:
+        raise PosEncError(f"backend='flex' cannot run here: {flex_why}")
+    if backend != "auto":
+        return backend
+    if isinstance(enc, GatedEncoding) and large:
+        return "flex" if flex_why is None else "chunked"
     return "sdpa"
 
 
@@ -295,12 +322,7 @@ def attention(
             )
         prep: PreparedEncoding | None = encoding
         encoding.check(b, q_len, k_len)
-        heads = encoding.encoding.num_heads if isinstance(encoding.encoding, BiasEncoding) else None
-        if heads is not None and heads != hq:
-            raise PosEncError(
-                f"encoding {encoding.encoding.name!r} has num_heads="
-                f"{encoding.encoding.num_heads}; it must equal the number of query heads, {hq}"
-            )
+        check_heads(encoding.encoding, hq)
     else:
         prep = prepare_encoding(
             encoding,

@@ -155,10 +155,8 @@ def run(q, k, v, *, score_mod, keep, causal: bool, scale: float) -> torch.Tensor
     return fn(q, k, v, score_mod, block_mask, scale, gqa)
 
 
-def refusal(q, enc, needs_grad: bool, dropout_p: float) -> str | None:
-    """Why the Flex path cannot run this call, or None when it can."""
-    if enc is not None and enc.value_dependent:
-        return f"encoding {enc.name!r} is value-dependent and needs backend='eager'"
+def refusal(q, needs_grad: bool, dropout_p: float) -> str | None:
+    """Why the Flex path cannot run this call (whatever its encoding), or None when it can."""
     if _flex_module() is None:
         return "this torch has no torch.nn.attention.flex_attention"
     if q.device.type not in ("cuda", "cpu"):

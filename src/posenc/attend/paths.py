@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
+from posenc._base import ContextualEncoding, GatedEncoding
+from posenc.positions import causal_pairs
+
 __all__ = ["CHUNK_SCORES", "allowed_pairs", "chunked", "eager", "sdpa"]
 
 
@@ -43,9 +46,7 @@ def allowed_pairs(
     if keep is not None and rows is not None and keep.shape[2] != 1:
         allowed = keep[:, :, start:stop]
     if causal:
-        i = torch.arange(start, stop, device=device)[:, None]
-        j = torch.arange(k_len, device=device)[None, :]
-        tri = j <= i + (k_len - q_len)  # [q, k]: query i is key position k_len - q_len + i
+        tri = causal_pairs(q_len, k_len, rows=(start, stop), device=device)  # [q, k]
         allowed = tri if allowed is None else allowed & tri
     if allowed is None or keep is None:
         return allowed, None
@@ -59,10 +60,10 @@ def _block(qf, kf, vf, *, prep, keep, causal, scale, dropout_p, gates, start, q_
     logits = (qf * scale) @ kf.transpose(-1, -2)  # [b, h, rows, k]
     allowed, empty = allowed_pairs(keep, causal, q_len, kf.shape[2], qf.device, rows=(start, stop))
     enc = None if prep is None else prep.encoding
-    if enc is not None and enc.contextual:
+    if isinstance(enc, ContextualEncoding):
         bias = enc.contextual_bias_at(logits, qf, kf, allowed=allowed, scale=scale)
         logits = logits + bias.to(logits.dtype)
-    elif enc is not None and enc.gated:
+    elif isinstance(enc, GatedEncoding):
         bias = enc.gate_bias_at(gates, q_len, start=start, stop=stop)
         logits = logits + bias.to(logits.dtype)
     elif enc is not None:
@@ -76,7 +77,7 @@ def _block(qf, kf, vf, *, prep, keep, causal, scale, dropout_p, gates, start, q_
     if dropout_p:
         probs = F.dropout(probs, p=dropout_p)
     out = probs @ vf  # [b, h, rows, d_v]
-    if enc is not None and enc.value_dependent:
+    if prep is not None and prep.value_dependent:
         out = out + prep.value_bias(probs).to(out.dtype)
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
@@ -162,7 +163,7 @@ def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask, gates=None
         )
     if prep is None:
         mask, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
-    elif prep.encoding.gated:  # per-call gates: a fresh mask per call
+    elif isinstance(prep.encoding, GatedEncoding):  # per-call gates: a fresh mask per call
         allowed, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
         mask = prep.encoding.gate_bias_at(gates, q_len).to(q.dtype)
         if allowed is not None:

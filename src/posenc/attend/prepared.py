@@ -13,11 +13,12 @@ layer, so that work is done once, not per layer::
                             k_positions=p, batch=b)
     for layer in layers:  # each layer: attention(q, k, v, encoding=prep, causal=True)
 
-It knows the encoding kinds of :mod:`posenc._base`, never a concrete class: rotary
+It knows the encoding protocols of :mod:`posenc._base`, never a concrete class: rotary
 encodings through ``position_coords`` / ``rotation_at`` / ``rotate``, bias encodings
 through ``bias_at`` / ``value_bias_at`` / ``score_mod_at``. Query- and value-dependent terms
 (Shaw relative keys / values) depend on ``q`` or the attention probabilities and are
-still computed per call.
+still computed per call; contextual and gated encodings depend on the tokens, so nothing
+of theirs is kept here (attention's paths call their protocols per call).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 
 from posenc import positions as _positions
 from posenc import registry
-from posenc._base import BiasEncoding, Encoding, RotaryEncoding
+from posenc._base import LOGIT_PROTOCOLS, BiasEncoding, Encoding, RotaryEncoding
 from posenc._errors import PosEncError, check_int
 from posenc.attend.flex import bias_score_mod
 from posenc.attend.paths import allowed_pairs
@@ -64,10 +65,9 @@ def _built(spec: str | Mapping[str, Any], num_heads: int, head_dim: int) -> Enco
     return enc
 
 
-def attention_encoding(
-    encoding: Any, *, num_heads: int, head_dim: int
-) -> RotaryEncoding | BiasEncoding | None:
-    """The encoding attention acts with: rotary, bias, or None for ``None`` / ``"none"``.
+def attention_encoding(encoding: Any, *, num_heads: int, head_dim: int) -> Encoding | None:
+    """The encoding attention acts with (rotary, or a bias, contextual or gated one), or
+    None for ``None`` / ``"none"``.
 
     Names and configs are built by :func:`posenc.registry.build` (with ``num_heads`` and
     ``head_dim`` filled in); additive encodings raise ``PosEncError``.
@@ -83,27 +83,46 @@ def attention_encoding(
     if cls.kind == "none":
         return None
     enc = encoding if isinstance(encoding, Encoding) else _built(encoding, num_heads, head_dim)
-    if not isinstance(enc, (RotaryEncoding, BiasEncoding)):
+    if not isinstance(enc, _ATTENTION_PROTOCOLS):
         raise PosEncError(
             f"encoding must be rotary, bias or 'none', got kind {enc.kind!r} ({enc.name!r})"
         )
     return enc
 
 
+_ATTENTION_PROTOCOLS = (RotaryEncoding, *LOGIT_PROTOCOLS)
+
+
+def heads_of(enc: Encoding | None) -> int | None:
+    """The query heads a logit encoding is built for (None: any, or not a logit encoding)."""
+    return enc.num_heads if isinstance(enc, LOGIT_PROTOCOLS) else None
+
+
+def check_heads(enc: Encoding | None, num_heads: int) -> None:
+    """Raise unless ``enc`` serves ``num_heads`` query heads."""
+    heads = heads_of(enc)
+    if heads is not None and heads != num_heads:
+        raise PosEncError(
+            f"encoding {enc.name!r} has num_heads={heads}; it must equal the number of "
+            f"query heads, {num_heads}"
+        )
+
+
 # --- the prepared state -----------------------------------------------------------
 
 
 class PreparedEncoding:
-    """A rotary or bias encoding with its positions resolved, and the tensors derived from
-    them computed at most once (see the module docs). Build one with
+    """A rotary, bias, contextual or gated encoding with its positions resolved, and the
+    tensors derived from them computed at most once (see the module docs). Build one with
     :func:`prepare_encoding` (or directly from positions already resolved by
     :func:`posenc.positions.resolve_pair`); pass it as ``encoding=`` to
     :func:`posenc.attention` (with no positions: they are part of it) for any number of
     ``q [b, h, q_len, d]`` / ``k [b, h_kv, k_len, d]``, or rotate with :meth:`rotate`.
 
     Attributes:
-        encoding: the :class:`~posenc._base.RotaryEncoding` or
-            :class:`~posenc._base.BiasEncoding` module.
+        encoding: the :class:`~posenc._base.RotaryEncoding`,
+            :class:`~posenc._base.BiasEncoding`, :class:`~posenc._base.ContextualEncoding`
+            or :class:`~posenc._base.GatedEncoding` module.
         q_positions, k_positions: ``[q]`` / ``[k]`` or ``[b, q]`` / ``[b, k]`` (a trailing
             coordinate axis for N-D rotary encodings).
         q_len, k_len: the lengths it was prepared for.
@@ -111,13 +130,14 @@ class PreparedEncoding:
 
     def __init__(
         self,
-        encoding: RotaryEncoding | BiasEncoding,
+        encoding: Encoding,
         q_positions: torch.Tensor,
         k_positions: torch.Tensor,
     ) -> None:
-        if not isinstance(encoding, (RotaryEncoding, BiasEncoding)):
+        if not isinstance(encoding, _ATTENTION_PROTOCOLS):
             raise PosEncError(
-                f"encoding must be a rotary or bias encoding, got {type(encoding).__name__}"
+                "encoding must be a rotary, bias, contextual or gated encoding, got "
+                f"{type(encoding).__name__}"
             )
         coords = getattr(encoding, "position_coords", None)
         for name, p in (("k_positions", k_positions), ("q_positions", q_positions)):
@@ -152,6 +172,11 @@ class PreparedEncoding:
                 raise PosEncError(
                     f"the prepared encoding's {name} have batch size {p.shape[0]}; q has {b}"
                 )
+
+    @property
+    def value_dependent(self) -> bool:
+        """Whether the encoding adds a term to ``probs @ v`` (:meth:`value_bias`)."""
+        return isinstance(self.encoding, BiasEncoding) and self.encoding.value_dependent
 
     def _kind(self, cls: type[Encoding], what: str) -> Any:
         if not isinstance(self.encoding, cls):
@@ -314,11 +339,7 @@ def prepare_encoding(
     enc = attention_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
     if enc is None and q_positions is None and k_positions is None:
         return None  # nothing to resolve or check
-    if isinstance(enc, BiasEncoding) and enc.num_heads is not None and enc.num_heads != num_heads:
-        raise PosEncError(
-            f"encoding {enc.name!r} has num_heads={enc.num_heads}; it must equal the number "
-            f"of query heads, {num_heads}"
-        )
+    check_heads(enc, num_heads)
     if enc is not None:
         _check_has_values(enc)
     coords = enc.position_coords if isinstance(enc, RotaryEncoding) else None

@@ -5,43 +5,37 @@ Each family is a pure function and a thin :class:`posenc._base.BiasEncoding` mod
 positions once and returns ``[h, q, k]`` (``[b, h, q, k]`` for batched positions) through
 ``bias_at(q_positions, k_positions)``, which takes positions already resolved by
 :func:`posenc.positions.resolve_pair` and validates nothing (what attention calls). Except
-for the query-dependent Shaw keys and the contextual and gated biases (CoPE, forgetting
-attention: their term depends on the tokens, see :mod:`posenc.bias.cope` and
-:mod:`posenc.bias.fox`), ``score_mod`` (validating) and ``score_mod_at`` (resolved
-positions) compute the same bias from indices inside FlexAttention.
+for the query-dependent Shaw keys, ``score_mod`` (validating) and ``score_mod_at``
+(resolved positions) compute the same bias from indices inside FlexAttention.
 
-The names of posenc 0.1.0 (``ALiBi``, ``FIRE``, ``Kerple``, ``ShawRelative``) still work for
-one release, with a ``DeprecationWarning``.
+Terms that depend on the tokens are not biases of positions and live with their own
+protocols: CoPE in :mod:`posenc.contextual`, forgetting attention in :mod:`posenc.gated`.
+
+Deprecated for one release, with a ``DeprecationWarning``: the names of posenc 0.1.0
+(``ALiBi``, ``FIRE``, ``Kerple``, ``ShawRelative``), and CoPE's and forgetting attention's
+names here and in ``posenc.bias.cope`` / ``posenc.bias.fox`` (they moved).
 """
 
 from typing import Any
 
+from posenc._deprecated import moved
 from posenc.bias._common import renamed
 from posenc.bias.alibi import ALiBiBias, alibi_bias, alibi_slopes
-from posenc.bias.cope import CoPEBias, cope_bias, cope_position_logits, cope_positions
 from posenc.bias.fire import FIREBias, fire_bias, fire_normalized_distance
-from posenc.bias.fox import FoXBias, fox_bias, fox_cumulative
 from posenc.bias.kerple import KerpleBias, kerple_bias
 from posenc.bias.shaw import ShawRelativeBias, shaw_relative_logits, shaw_relative_values
 from posenc.bias.t5 import T5RelativeBias, t5_relative_bias, t5_relative_bucket
 
 __all__ = [
     "ALiBiBias",
-    "CoPEBias",
     "FIREBias",
-    "FoXBias",
     "KerpleBias",
     "ShawRelativeBias",
     "T5RelativeBias",
     "alibi_bias",
     "alibi_slopes",
-    "cope_bias",
-    "cope_position_logits",
-    "cope_positions",
     "fire_bias",
     "fire_normalized_distance",
-    "fox_bias",
-    "fox_cumulative",
     "kerple_bias",
     "shaw_relative_logits",
     "shaw_relative_values",
@@ -58,5 +52,15 @@ _RENAMED = {
 }
 
 
+# Moved name -> its new module (after 0.1.0); removed in the next release.
+_MOVED = {
+    **dict.fromkeys(("CoPEBias", "cope_bias", "cope_position_logits", "cope_positions"), "cope"),
+    **dict.fromkeys(("FoXBias", "fox_bias", "fox_cumulative"), "fox"),
+}
+_NEW_HOMES = {"cope": "posenc.contextual.cope", "fox": "posenc.gated.fox"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return moved(__name__, name, _NEW_HOMES[_MOVED[name]], _MOVED)
     return renamed(__name__, name, _RENAMED)

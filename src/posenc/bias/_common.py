@@ -247,9 +247,9 @@ class PositionBias(BiasEncoding):
     """A bias of positions and heads alone (ALiBi, T5, FIRE, Kerple): the public methods of
     the protocol, written once.
 
-    :meth:`bias` resolves and validates the positions (:func:`resolve_pair`: on the module's
-    device, the ``[b, h, q, k]`` size checked for ``num_heads`` heads) and calls
-    :meth:`bias_at`; :meth:`score_mod` validates them (:func:`check_pair`) and calls
+    :meth:`bias` resolves and validates the positions (:meth:`_resolve`, with
+    :func:`resolve_pair`: on the module's device, the ``[b, h, q, k]`` size checked for
+    ``num_heads`` heads) and calls :meth:`bias_at`; :meth:`score_mod` validates them (:func:`check_pair`) and calls
     :meth:`score_mod_at`; :meth:`bias_at` ignores ``q``. A subclass gives ``num_heads``,
     :attr:`_device` (where its tensors live), :meth:`_position_bias` (the bias of resolved
     positions) and :meth:`score_mod_at`.
@@ -279,21 +279,6 @@ class PositionBias(BiasEncoding):
     ) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]]:
         """:func:`index_positions` of resolved positions, on the module's device."""
         return index_positions(*canonical_pair(q_positions, k_positions, self._device))
-
-    def bias(
-        self,
-        q_len: int,
-        k_len: int | None = None,
-        *,
-        q_positions: torch.Tensor | None = None,
-        k_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The bias ``[h, q, k]`` (``[b, h, q, k]`` for batched positions), float32.
-
-        Positions default to ``arange(k_len)`` for keys and the last ``q_len`` of them for
-        queries; given positions are moved to the module's device.
-        """
-        return self.bias_at(*self._resolve(q_len, k_len, q_positions, k_positions))
 
     def bias_at(
         self,

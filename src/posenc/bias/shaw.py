@@ -259,7 +259,7 @@ class ShawRelativeBias(BiasEncoding):
         self.max_distance = check_int("max_distance", max_distance, min=1)
         values = bool(check_choice("values", values, (True, False)))
         # Instance attribute: whether attention must call value_bias.
-        self.value_dependent = values  # type: ignore[misc]
+        self.value_dependent = values
         rows = 2 * self.max_distance + 1
         name = "max_distance" if rows > self.head_dim else "head_dim"
         value = self.max_distance if rows > self.head_dim else self.head_dim

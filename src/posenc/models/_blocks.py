@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc._base import RotaryEncoding
 from posenc.attend import attention
 from posenc.models import layers as _layers
 
@@ -101,8 +102,9 @@ class Attention(nn.Module):
         qk_norm = settings.get("qk_norm", False)
         self.q_norm = nn.RMSNorm(self.head_dim) if qk_norm else None
         self.k_norm = nn.RMSNorm(self.head_dim) if qk_norm else None
-        ssmax = self.temperature is not None and self.temperature["type"] == "ssmax"
-        init = self.temperature["init"] if ssmax else 0.0  # type: ignore[index]
+        t = self.temperature
+        ssmax = t is not None and t["type"] == "ssmax"
+        init = t["init"] if t is not None and ssmax else 0.0
         self.ssmax = nn.Parameter(torch.full((num_heads,), init)) if ssmax else None
 
     def _keep(self, mask, b: int, s: int, k_len: int, causal: bool, device):
@@ -136,10 +138,10 @@ class Attention(nn.Module):
         b, s, dim = x.shape
         qkv = self.qkv(x).split(dim, dim=-1)  # views; unbind's backward would copy twice
         q, k, v = (t.view(b, s, self.num_heads, self.head_dim).transpose(1, 2) for t in qkv)
-        if self.q_norm is not None:  # per head, before the rotation
+        if self.q_norm is not None and self.k_norm is not None:  # per head, before rotating
             q, k = self.q_norm(q), self.k_norm(k)
         bias, gates = None, None
-        if encoding is not None and encoding.encoding.kind == "rotary":
+        if encoding is not None and isinstance(encoding.encoding, RotaryEncoding):
             q, k = encoding.rotate(q, k)  # keys cached after rotation
         else:
             bias = encoding

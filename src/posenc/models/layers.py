@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError, check_bool, check_choice, check_float, check_int
+from posenc.attend.paths import allowed_pairs
 
 __all__ = [
     "LAYER_KEYS",
@@ -136,13 +137,14 @@ def allowed_counts(keep: torch.Tensor | None, causal: bool, q_len: int, k_len: i
     """How many keys each query may attend, ``[b|1, 1, q, 1]`` float32, from the causal
     rule and ``keep [b|1, 1|h, q|1, k]`` (at least 1: SSMax's ``log n``)."""
     device = keep.device if keep is not None else None
-    allowed = torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=device)
-    if causal:
-        i = torch.arange(q_len, device=device)[:, None] + (k_len - q_len)
-        allowed = allowed & (torch.arange(k_len, device=device)[None, :] <= i)
-    if keep is not None:
-        allowed = allowed & keep
-    return allowed.sum(-1, keepdim=True).clamp(min=1).float()
+    allowed, empty = allowed_pairs(keep, causal, q_len, k_len, device)  # attention's own rule
+    if allowed is None:
+        return torch.full((1, 1, q_len, 1), float(k_len), device=device)
+    counts = allowed.sum(-1, keepdim=True)  # [.., q|1, 1]
+    if empty is not None:  # rows that see no key (opened up by the rule) count 1
+        counts = counts.masked_fill(empty, 1)
+    counts = counts.reshape((1,) * (4 - counts.ndim) + tuple(counts.shape))  # 4-D
+    return counts.expand(*counts.shape[:2], q_len, 1).float()
 
 
 def ssmax_factor(s: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

@@ -11,16 +11,15 @@ FlexAttention score_mod) are computed once and shared by the layers.
 from __future__ import annotations
 
 import inspect
-import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from posenc import registry
-from posenc._base import BiasEncoding, Encoding, RotaryEncoding
+from posenc._base import LOGIT_PROTOCOLS, Encoding, GatedEncoding, RotaryEncoding
 from posenc._errors import (
     PosEncError,
     check_alloc,
@@ -28,14 +27,12 @@ from posenc._errors import (
     check_float,
     check_int,
     check_positions,
-    check_same_device,
-    check_tensor,
-    check_traced,
-    tracing,
 )
 from posenc.attend import PreparedEncoding
 from posenc.models import layers as _layers
 from posenc.models._blocks import Block, KVCache, cat_positions
+from posenc.models._encodings import ModelDims, layer_encodings, make_encoding
+from posenc.models._inputs import check_tokens, padding_mask
 
 __all__ = ["MAX_LAYERS", "MAX_NEW_TOKENS", "KVCache", "TinyTransformer"]
 
@@ -130,9 +127,10 @@ class TinyTransformer(nn.Module):
                 raise PosEncError(f"{name} must be a bool, got {flag!r}")
         self.causal, self.tie_embeddings = causal, tie_embeddings
         self.head_dim = self.dim // self.num_heads
+        self._dims = ModelDims(self.dim, self.num_heads, self.max_len, self.causal)
         self.encoding = self._make_encoding(encoding)
         self.layers = self._check_layers(layers)
-        per_layer = self._make_layer_encodings()
+        per_layer = layer_encodings(self.encoding, self.layers, self.num_layers, self._dims)
         # Modules of the layers that do not use self.encoding (None when every layer does).
         self.layer_encodings = (
             nn.ModuleDict({str(i): m for i, m in enumerate(per_layer) if m is not self.encoding})
@@ -147,7 +145,7 @@ class TinyTransformer(nn.Module):
                 self.num_heads,
                 self.mlp_ratio,
                 self.dropout,
-                gated=bool(getattr(enc, "gated", False)),
+                gated=isinstance(enc, GatedEncoding),
                 settings=None if self.layers is None else self.layers[i],
             )
             for i, enc in enumerate(per_layer)
@@ -170,55 +168,21 @@ class TinyTransformer(nn.Module):
             )
         return [_layers.check_layer(i, layer) for i, layer in enumerate(layers)]
 
-    def _make_layer_encodings(self) -> list[Encoding]:
-        """Each layer's encoding module: ``self.encoding``, a layer's own spec (one module per
-        distinct spec), or a module per layer for ``per_layer`` classes."""
-        built: dict[str, Encoding] = {}
-        out: list[Encoding] = []
-        for i in range(self.num_layers):
-            spec = None if self.layers is None else self.layers[i].get("encoding")
-            if spec is None:
-                enc = self.encoding
-                if enc.per_layer and i > 0:  # its own module, the same config
-                    enc = self._make_encoding(self.encoding.to_config())
-                out.append(enc)
-                continue
-            if isinstance(spec, Encoding):
-                raise PosEncError(
-                    f"layers[{i}]['encoding'] must be a registry name or a config dict (the "
-                    f"model builds it), got a module {type(spec).__name__}"
-                )
-            cls = registry.class_of(spec)
-            if cls.kind == "additive":
-                raise PosEncError(
-                    f"layers[{i}]['encoding'] must be rotary, bias or 'none' (additive "
-                    f"encodings act once, at the embeddings), got {cls.name!r}"
-                )
-            enc = self._make_encoding(spec)
-            key = json.dumps(enc.to_config(), sort_keys=True)
-            if not enc.per_layer:
-                enc = built.setdefault(key, enc)
-            self.layers[i]["encoding"] = enc.to_config()  # type: ignore[index]
-            out.append(enc)
-        return out
-
     def drop_rotary(self) -> bool:
         """Replace every rotary encoding of the model (its own and the layers') by NoPE, in
         place: DroPE's drop (Gelberg et al., 2025), after which the model is trained on
         briefly. Returns whether there was one to drop; ``to_config`` says ``"none"`` after."""
-        from posenc.nope import NoPositionalEncoding
-
         dropped = False
         if isinstance(self.encoding, RotaryEncoding):
-            self.encoding, dropped = NoPositionalEncoding(), True
+            self.encoding, dropped = registry.build("none"), True
         if self.layer_encodings is not None:
             for key, enc in list(self.layer_encodings.items()):
                 if isinstance(enc, RotaryEncoding):
-                    self.layer_encodings[key] = NoPositionalEncoding()
+                    self.layer_encodings[key] = registry.build("none")
                     dropped = True
         if self.layers is not None:
             for i, layer in enumerate(self.layers):
-                if "encoding" in layer and isinstance(self.layer_encoding(i), NoPositionalEncoding):
+                if "encoding" in layer and self.layer_encoding(i).kind == "none":
                     layer["encoding"] = {"name": "none"}
         return dropped
 
@@ -226,62 +190,17 @@ class TinyTransformer(nn.Module):
         """The encoding module of layer ``layer``."""
         layer = check_int("layer", layer, min=0, max=self.num_layers - 1)
         if self.layer_encodings is not None and str(layer) in self.layer_encodings:
-            return self.layer_encodings[str(layer)]  # type: ignore[return-value]
+            return cast(Encoding, self.layer_encodings[str(layer)])
         return self.encoding
 
     def _make_encoding(self, spec: Any) -> Encoding:
         """Build (or check) an encoding module of this model."""
-        if not isinstance(spec, (str, Mapping, Encoding)):
-            raise PosEncError(
-                "encoding must be a registry name, a config dict or an Encoding "
-                f"(use 'none' for NoPE), got {spec!r}"
-            )
-        cls = registry.class_of(spec)
-        if isinstance(spec, Encoding):
-            enc = spec
-        else:
-            _, required = registry.parameters(cls)
-            given = isinstance(spec, Mapping) and "max_len" in spec
-            if (
-                cls.kind == "additive"
-                and "max_len" in required
-                and self.max_len is None
-                and not given
-            ):
-                raise PosEncError(
-                    f"max_len is needed by encoding {cls.name!r} (its table length), got None"
-                )
-            fill: dict[str, dict[str, Any]] = {
-                "additive": {"dim": self.dim, "max_len": self.max_len},
-                "rotary": {"head_dim": self.head_dim},
-                "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
-            }
-            # Direction follows the model unless the config says otherwise: ALiBi's
-            # symmetric -m|i - j| and T5's two-way buckets for an encoder. CoPE's table
-            # covers max_len + 1 positions unless the config says otherwise.
-            defaults: dict[str, Any] | None = None
-            if cls.kind == "bias":
-                defaults = {"causal": self.causal}
-                if self.max_len is not None:
-                    defaults["npos_max"] = self.max_len + 1
-            enc = registry.build(spec, fill=fill.get(cls.kind), defaults=defaults)
-        attr, want = {
-            "additive": ("dim", self.dim),
-            "rotary": ("head_dim", self.head_dim),
-            "bias": ("num_heads", self.num_heads),
-        }.get(enc.kind, ("", None))
-        have = getattr(enc, attr, want)
-        if want is not None and have is not None and have != want:
-            raise PosEncError(
-                f"encoding {enc.name!r} has {attr}={getattr(enc, attr)}; this model needs "
-                f"{attr}={want}"
-            )
-        return enc
+        return make_encoding(spec, self._dims)
 
     def _init_weights(self) -> None:
         nn.init.normal_(self.embed.weight, std=self.dim**-0.5)
         residual_std = 0.02 / math.sqrt(2 * self.num_layers)
-        blocks: list[Block] = list(self.blocks)  # type: ignore[arg-type]
+        blocks = [cast(Block, block) for block in self.blocks]
         for block in blocks:
             if block.attn.forget is not None:  # as the FoX paper: std 0.02, zero bias
                 nn.init.normal_(block.attn.forget.weight, std=0.02)
@@ -304,57 +223,6 @@ class TinyTransformer(nn.Module):
         check_alloc("mlp_ratio", self.mlp_ratio, (per_layer, d))
         check_alloc("vocab_size", self.vocab_size, (self.vocab_size, d))
         check_alloc("num_layers", self.num_layers, (self.num_layers, per_layer, d))
-
-    def _check_tokens(self, tokens: Any) -> torch.Tensor:
-        check_tensor("tokens", tokens)
-        check_same_device(("tokens", "the model's weights (embed)"), tokens, self.embed.weight)
-        if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
-            raise PosEncError(
-                f"tokens must be an int64 tensor [b, s], got shape {tuple(tokens.shape)} "
-                f"and dtype {tokens.dtype}"
-            )
-        if tokens.shape[0] < 1 or tokens.shape[1] < 1:
-            raise PosEncError(
-                f"tokens must hold at least one row and token, got {tuple(tokens.shape)}"
-            )
-        if tracing():  # torch.compile / export: the vocabulary range as a graph assertion
-            in_range = (tokens >= 0) & (tokens < self.vocab_size)
-            check_traced(in_range, f"tokens must lie in [0, vocab_size={self.vocab_size})")
-            return tokens
-        lo, hi = (int(t) for t in torch.aminmax(tokens))  # one reduction
-        if lo < 0 or hi >= self.vocab_size:
-            raise PosEncError(
-                f"tokens must lie in [0, vocab_size={self.vocab_size}), got values in [{lo}, {hi}]"
-            )
-        return tokens
-
-    def _padding(self, attn_mask: Any, b: int, s: int, device) -> torch.Tensor | None:
-        """``attn_mask [b, s]`` (bool or 0/1 integers, True/1 = real token) as bool."""
-        if attn_mask is None:
-            return None
-        check_tensor("attn_mask", attn_mask)
-        if attn_mask.device.type == "meta":
-            raise PosEncError("attn_mask must hold values, got a tensor on the meta device")
-        if attn_mask.is_complex():
-            raise PosEncError(f"attn_mask must be bool or integer 0 / 1, got {attn_mask.dtype}")
-        if tuple(attn_mask.shape) != (b, s):
-            raise PosEncError(
-                f"attn_mask must be [b, s] = [{b}, {s}] (True or 1 = real token), got shape "
-                f"{tuple(attn_mask.shape)}"
-            )
-        if attn_mask.dtype != torch.bool and tracing():
-            if attn_mask.is_floating_point():
-                raise PosEncError("attn_mask must be bool or hold only integers 0 and 1")
-            binary = (attn_mask == 0) | (attn_mask == 1)
-            check_traced(binary, "attn_mask must be bool or hold only integers 0 and 1")
-            attn_mask = attn_mask == 1
-        elif attn_mask.dtype != torch.bool:
-            if attn_mask.is_floating_point() or not bool(
-                ((attn_mask == 0) | (attn_mask == 1)).all()
-            ):
-                raise PosEncError("attn_mask must be bool or hold only integers 0 and 1")
-            attn_mask = attn_mask == 1
-        return attn_mask.to(device)
 
     def forward(
         self,
@@ -379,7 +247,7 @@ class TinyTransformer(nn.Module):
         Shape:
             ``tokens [b, s]`` -> ``[b, s, vocab_size]``.
         """
-        tokens = self._check_tokens(tokens)
+        tokens = check_tokens(tokens, self.vocab_size, self.embed.weight)
         b, s = tokens.shape
         device = tokens.device
         if cache is not None:
@@ -408,7 +276,7 @@ class TinyTransformer(nn.Module):
             x = self.encoding(x, q_pos)
             q_pos = q_pos.to(device)
         k_pos = cat_positions(past, q_pos)
-        mask = self._padding(attn_mask, b, s, device)
+        mask = padding_mask(attn_mask, b, s, device)
         if cache is not None and cache.mask is not None:
             new = mask if mask is not None else torch.ones(b, s, dtype=torch.bool, device=device)
             mask = torch.cat([cache.mask, new], dim=1)  # [b, t + s]
@@ -450,7 +318,7 @@ class TinyTransformer(nn.Module):
     ) -> PreparedEncoding | None:
         if isinstance(enc, RotaryEncoding):  # the new tokens, queries and keys alike
             return PreparedEncoding(enc, q_pos, q_pos)
-        if isinstance(enc, BiasEncoding):
+        if isinstance(enc, LOGIT_PROTOCOLS):  # the new queries against every key
             return PreparedEncoding(enc, q_pos, k_pos)
         return None
 
@@ -479,12 +347,12 @@ class TinyTransformer(nn.Module):
             raise PosEncError("generate needs a causal model (causal=True); this one is an encoder")
         n = check_int("max_new_tokens", max_new_tokens, min=0, max=MAX_NEW_TOKENS)
         use_cache = check_bool("use_cache", use_cache)
-        tokens = self._check_tokens(tokens)
+        tokens = check_tokens(tokens, self.vocab_size, self.embed.weight)
         b, s = tokens.shape
         # the keys and values of every layer for every token, before the first step
         kv = (2 * self.num_layers * b * (s + n), self.dim)
         check_alloc("max_new_tokens", n, kv, self.embed.weight.dtype, tokens.device)
-        mask = self._padding(attn_mask, b, s, tokens.device)
+        mask = padding_mask(attn_mask, b, s, tokens.device)
         positions = None if mask is None else from_attention_mask(mask)
         out = tokens
         cache = KVCache() if use_cache else None

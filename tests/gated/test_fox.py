@@ -12,15 +12,17 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.models import _lm_checks as lm
 
 import posenc
 from posenc import PosEncError
 from posenc import reference as ref
+from posenc._base import BiasEncoding, ContextualEncoding, GatedEncoding
 from posenc.attend import dispatch as A
 from posenc.attend import flex as FLEX
 from posenc.attend import paths as P
-from posenc.bias import FoXBias, fox_bias, fox_cumulative
-from posenc.models import KVCache, TinyTransformer
+from posenc.gated import FoXBias, fox_bias, fox_cumulative
+from posenc.models import TinyTransformer
 
 B, H, D = 2, 4, 8
 ATOL = {torch.float64: 1e-12, torch.float32: 1e-5}
@@ -396,11 +398,6 @@ def _attend(gates=_g, encoding=None, **kw):
             "no backward on CPU",
             id="flex-training",
         ),
-        pytest.param(
-            lambda: FoXBias(2).bias(3),
-            r"fox is gated: .* use posenc.attention\(q, k, v, encoding=fox, causal=True",
-            id="bias",
-        ),
         pytest.param(lambda: FoXBias(0), "num_heads must be >= 1, got 0", id="num-heads-0"),
         pytest.param(lambda: fox_bias(_g, 4), "q_len must be <= 3, got 4", id="q-len"),
         pytest.param(
@@ -465,7 +462,17 @@ def test_config_round_trip():
     assert config == {"name": "fox", "num_heads": 6}
     twin = posenc.build(config)
     assert isinstance(twin, FoXBias) and twin.to_config() == config
-    assert twin.gated and not twin.contextual and list(twin.parameters()) == []
+    assert isinstance(twin, GatedEncoding) and list(twin.parameters()) == []
+
+
+def test_protocol_is_gated_only():
+    """Forgetting attention implements the gated protocol and nothing that would have to
+    raise: no bias of positions, no contextual term."""
+    fox = FoXBias(2)
+    assert isinstance(fox, GatedEncoding) and fox.kind == "bias"
+    assert not isinstance(fox, (BiasEncoding, ContextualEncoding))
+    for method in ("bias", "bias_at", "score_mod_at", "contextual_bias_at"):
+        assert not hasattr(fox, method), method
 
 
 # --- TinyTransformer -------------------------------------------------------------------------
@@ -488,28 +495,14 @@ def tokens(b=2, s=9, seed=0):
 
 
 def test_model_cache_equals_full_pass():
-    model, t = make_model(), tokens()
-    with torch.no_grad():
-        full = model(t)
-        cache = KVCache()
-        parts = [model(t[:, a:b], cache=cache) for a, b in ((0, 4), (4, 5), (5, 9))]
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
+    _, cache = lm.cache_equals_full_pass(make_model(), tokens())
     assert sorted(cache.gates) == [0, 1]
     assert all(g.shape == (2, HEADS, 9) and bool((g <= 0).all()) for g in cache.gates.values())
     assert cache.gates[0].std() > 0.1  # the gates differ per token
 
 
 def test_model_cache_equals_full_pass_left_padded():
-    model, t = make_model(), tokens(s=8)
-    mask = torch.ones(2, 8, dtype=torch.bool)
-    mask[1, :3] = False
-    pos = posenc.positions.from_attention_mask(mask)
-    with torch.no_grad():
-        full = model(t, pos, attn_mask=mask)
-        cache = KVCache()
-        first = model(t[:, :5], pos[:, :5], attn_mask=mask[:, :5], cache=cache)
-        rest = [model(t[:, i : i + 1], cache=cache) for i in range(5, 8)]
-    torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, atol=1e-5, rtol=1e-5)
+    _, cache = lm.left_padded_cache_equals_full_pass(make_model(), tokens(s=8))
     for g in cache.gates.values():  # padding forgets nothing
         assert torch.equal(g[1, :, :3], torch.zeros(HEADS, 3))
         assert bool((g[:, :, 3:] < 0).all()) and bool((g[0] < 0).all())
@@ -528,14 +521,7 @@ def test_model_padding_changes_nothing_for_real_tokens():
 
 
 def test_model_generate_cache_equals_recompute():
-    model, t = make_model(), tokens(s=4)
-    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    for kw in ({}, {"attn_mask": mask}):
-        cached = model.generate(t, 6, **kw)
-        recomputed = model.generate(t, 6, use_cache=False, **kw)
-        assert cached.shape == (2, 10)
-        assert torch.equal(cached, recomputed)
-        assert torch.equal(cached[:, :4], t)
+    lm.generate_cache_equals_recompute(make_model(), tokens(s=4))
 
 
 def test_model_forget_gates_per_layer():
@@ -554,16 +540,8 @@ def test_model_forget_gates_per_layer():
 
 
 def test_model_config_round_trip():
-    model = make_model()
-    config = json.loads(json.dumps(model.to_config()))
+    config = lm.config_round_trip(make_model(), tokens())
     assert config["encoding"] == {"name": "fox", "num_heads": HEADS}
-    twin = TinyTransformer.from_config(config)
-    assert twin.to_config() == model.to_config()
-    twin.load_state_dict(model.state_dict(), strict=True)
-    twin.eval()
-    t = tokens()
-    with torch.no_grad():
-        assert torch.equal(twin(t), model(t))
 
 
 def test_model_trains_and_forget_gates_learn():
@@ -571,22 +549,11 @@ def test_model_trains_and_forget_gates_learn():
     torch.manual_seed(0)
     model = TinyTransformer(8, dim=32, num_layers=2, num_heads=4, encoding="fox", max_len=16)
     model.train()
+
+    def every_forget_gate_has_a_gradient():
+        for block in model.blocks:
+            for p in block.attn.forget.parameters():
+                assert p.grad is not None and p.grad.abs().max() > 0
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    first = torch.randint(1, 8, (16, 6))
-    data = torch.cat([first, torch.zeros(16, 1, dtype=torch.long), first], dim=1)  # [16, 13]
-
-    def loss_fn():
-        logits = model(data[:, :-1])[:, 6:]
-        return F.cross_entropy(logits.flatten(0, 1), data[:, 7:].flatten())
-
-    start = loss_fn().item()
-    for step in range(30):
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        if step == 0:
-            for block in model.blocks:
-                for p in block.attn.forget.parameters():
-                    assert p.grad is not None and p.grad.abs().max() > 0
-        opt.step()
-    assert loss_fn().item() < 0.8 * start
+    lm.trains(lm.copy_loss(model), opt, 30, after_first_backward=every_forget_gate_has_a_gradient)

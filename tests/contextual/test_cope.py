@@ -12,14 +12,16 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.models import _lm_checks as lm
 
 import posenc
 from posenc import PosEncError
 from posenc import reference as ref
+from posenc._base import BiasEncoding, ContextualEncoding, GatedEncoding
 from posenc.attend import dispatch as A
 from posenc.attend import paths as P
-from posenc.bias import CoPEBias, cope_bias, cope_positions
-from posenc.models import KVCache, TinyTransformer
+from posenc.contextual import CoPEBias, cope_bias, cope_positions
+from posenc.models import TinyTransformer
 
 B, H, D = 2, 4, 8
 ATOL = {torch.float64: 1e-12, torch.float32: 1e-5}
@@ -424,16 +426,6 @@ _w = torch.zeros(4, D)
             "encoding 'cope' has its tensors on the meta device",
             id="meta-table",
         ),
-        pytest.param(
-            lambda: CoPEBias(D, 4).bias(5),
-            r"cope is contextual: .* use posenc.attention\(q, k, v, encoding=cope\)",
-            id="bias",
-        ),
-        pytest.param(
-            lambda: CoPEBias(D, 4).bias_at(torch.arange(3), torch.arange(3)),
-            "cope is contextual",
-            id="bias-at",
-        ),
         pytest.param(lambda: CoPEBias(0, 4), "head_dim must be >= 1, got 0", id="head-dim-0"),
         pytest.param(lambda: CoPEBias(D, 0), "npos_max must be >= 1, got 0", id="npos-max-0"),
         pytest.param(
@@ -592,7 +584,17 @@ def test_config_round_trip():
     twin = posenc.build(config)
     assert isinstance(twin, CoPEBias) and twin.to_config() == config
     assert twin.weight.shape == (12, D) and torch.equal(twin.weight, torch.zeros(12, D))
-    assert twin.contextual and twin.per_layer and twin.num_heads is None
+    assert isinstance(twin, ContextualEncoding) and twin.per_layer and twin.num_heads is None
+
+
+def test_protocol_is_contextual_only():
+    """CoPE implements the contextual protocol and nothing that would have to raise: no
+    bias of positions, no gates."""
+    cope = CoPEBias(D, 4)
+    assert isinstance(cope, ContextualEncoding) and cope.kind == "bias"
+    assert not isinstance(cope, (BiasEncoding, GatedEncoding))
+    for method in ("bias", "bias_at", "score_mod_at", "gate_bias_at"):
+        assert not hasattr(cope, method), method
 
 
 # --- TinyTransformer -------------------------------------------------------------------------
@@ -619,38 +621,19 @@ def tokens(b=2, s=9, seed=0):
 
 def test_model_cache_equals_full_pass():
     model, t = make_model(), tokens()
+    full, cache = lm.cache_equals_full_pass(model, t)
     with torch.no_grad():
-        full = model(t)
-        cache = KVCache()
-        parts = [model(t[:, a:b], cache=cache) for a, b in ((0, 4), (4, 5), (5, 9))]
         without = TinyTransformer.from_config(model.to_config()).eval()(t)  # zero tables
-    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=1e-5)
     assert (without - full).abs().max() > 1e-3  # the tables matter
     assert cache.length == 9
 
 
 def test_model_cache_equals_full_pass_left_padded():
-    model, t = make_model(), tokens(s=8)
-    mask = torch.ones(2, 8, dtype=torch.bool)
-    mask[1, :3] = False
-    pos = posenc.positions.from_attention_mask(mask)
-    with torch.no_grad():
-        full = model(t, pos, attn_mask=mask)
-        cache = KVCache()
-        first = model(t[:, :5], pos[:, :5], attn_mask=mask[:, :5], cache=cache)
-        rest = [model(t[:, i : i + 1], cache=cache) for i in range(5, 8)]
-    torch.testing.assert_close(torch.cat([first, *rest], dim=1), full, atol=1e-5, rtol=1e-5)
+    lm.left_padded_cache_equals_full_pass(make_model(), tokens(s=8))
 
 
 def test_model_generate_cache_equals_recompute():
-    model, t = make_model(), tokens(s=4)
-    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
-    for kw in ({}, {"attn_mask": mask}):
-        cached = model.generate(t, 6, **kw)
-        recomputed = model.generate(t, 6, use_cache=False, **kw)
-        assert cached.shape == (2, 10)
-        assert torch.equal(cached, recomputed)
-        assert torch.equal(cached[:, :4], t)
+    lm.generate_cache_equals_recompute(make_model(), tokens(s=4))
 
 
 def test_model_has_a_table_per_layer():
@@ -678,15 +661,7 @@ def test_model_npos_max():
 
 
 def test_model_config_round_trip():
-    model = make_model(num_layers=3)
-    config = json.loads(json.dumps(model.to_config()))
-    twin = TinyTransformer.from_config(config)
-    assert twin.to_config() == model.to_config()
-    twin.load_state_dict(model.state_dict(), strict=True)
-    twin.eval()
-    t = tokens()
-    with torch.no_grad():
-        assert torch.equal(twin(t), model(t))
+    lm.config_round_trip(make_model(num_layers=3), tokens())
 
 
 def test_model_trains_and_every_table_learns():
@@ -694,23 +669,19 @@ def test_model_trains_and_every_table_learns():
     torch.manual_seed(0)
     model = TinyTransformer(8, dim=32, num_layers=2, num_heads=4, encoding="cope", max_len=12)
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     x = torch.randint(1, 3, (16, 12))  # tokens 1 and 2
     y = (x == 1).cumsum(-1).clamp(max=7)
 
-    def loss_fn():
-        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    def every_table_has_a_gradient():
+        for i in range(model.num_layers):
+            grad = model.layer_encoding(i).weight.grad
+            assert grad is not None and grad.abs().max() > 0
 
-    start = loss_fn().item()
-    for step in range(40):
-        opt.zero_grad()
-        loss = loss_fn()
-        loss.backward()
-        if step == 0:
-            for i in range(model.num_layers):
-                grad = model.layer_encoding(i).weight.grad
-                assert grad is not None and grad.abs().max() > 0
-        opt.step()
-    assert loss_fn().item() < 0.8 * start
+    lm.trains(
+        lambda: F.cross_entropy(model(x).flatten(0, 1), y.flatten()),
+        torch.optim.AdamW(model.parameters(), lr=1e-2),
+        40,
+        after_first_backward=every_table_has_a_gradient,
+    )
     for i in range(model.num_layers):
         assert model.layer_encoding(i).weight.abs().max() > 0

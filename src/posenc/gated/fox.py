@@ -1,0 +1,163 @@
+"""Forgetting attention (Lin et al., 2025, "Forgetting Transformer"): a data-dependent decay.
+
+Each token ``t`` of each head has a forget gate ``f_t = sigmoid(w . x_t + b)`` computed by
+the model from the layer input ``x_t``; query ``i`` sees key ``j`` through every gate after
+it, ``prod_{l=j+1..i} f_l``, multiplied into the attention weights. In logits that is
+the bias ``D_ij = sum_{l=j+1..i} log f_l = c_i - c_j`` with ``c`` the cumulative sum of
+the log gates: ALiBi when every ``log f`` is the same ``-m``, but learned per token, so a
+head can hold its memory across a span and drop it at a boundary. The paper trains it
+with no other position encoding.
+
+This module holds no parameters: the gates are the model's (``TinyTransformer`` gives
+each layer a projection ``dim -> num_heads``), passed to :func:`posenc.attention` as
+``gates`` (the log forget gates ``log f_t <= 0``, ``[b, h, k]``). The cumulative sums are
+taken in float64 and split into a float32 head and tail, so ``c_i - c_j`` keeps float32
+precision at any length instead of losing digits as ``c`` grows.
+
+Shapes: ``gates [b, h, k]`` -> bias ``[b, h, q, k]`` (queries are the last ``q`` keys),
+added to the scaled logits; causal only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from posenc._base import GatedEncoding
+from posenc._errors import PosEncError, check_alloc, check_int, check_tensor
+from posenc.positions import causal_pairs
+
+__all__ = ["FoXBias", "fox_bias", "fox_cumulative"]
+
+
+def _cumulative(gates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``c = cumsum(gates)`` in float64 as float32 ``(head, tail)`` with ``head + tail = c``
+    (float64 gates: ``c`` itself and zeros)."""
+    c = gates.to(torch.float64).cumsum(-1)
+    if gates.dtype == torch.float64:
+        return c, torch.zeros_like(c)
+    head = c.to(torch.float32)
+    return head, (c - head.to(torch.float64)).to(torch.float32)
+
+
+def fox_cumulative(gates: torch.Tensor) -> torch.Tensor:
+    """``c_t = sum_{l <= t} gates_l`` (float64, ``[b, h, k]``): ``D_ij = c_i - c_j``."""
+    check_tensor("gates", gates, floating=True)
+    return gates.to(torch.float64).cumsum(-1)
+
+
+def _rows(
+    head: torch.Tensor, tail: torch.Tensor, q_len: int, start: int, stop: int
+) -> torch.Tensor:
+    """``D`` of query rows ``start:stop`` (of ``q_len``, the last keys): ``[b, h, rows, k]``."""
+    k_len = head.shape[-1]
+    first = k_len - q_len + start
+    qh, qt = head[..., first : first + stop - start], tail[..., first : first + stop - start]
+    return (qh[..., :, None] - head[..., None, :]) + (qt[..., :, None] - tail[..., None, :])
+
+
+def _check_gates(gates: Any, num_heads: int | None = None) -> torch.Tensor:
+    check_tensor("gates", gates, floating=True)
+    if gates.ndim != 3 or 0 in gates.shape:
+        raise PosEncError(
+            f"gates must be the log forget gates [b, h, k] (one per token and head), got shape "
+            f"{tuple(gates.shape)}"
+        )
+    if num_heads is not None and gates.shape[1] != num_heads:
+        raise PosEncError(
+            f"gates must have {num_heads} heads (the encoding's num_heads), got shape "
+            f"{tuple(gates.shape)}"
+        )
+    return gates
+
+
+def fox_bias(gates: torch.Tensor, q_len: int | None = None) -> torch.Tensor:
+    """Forgetting attention's bias ``D_ij = sum_{l=j+1..i'} gates_l`` (``i' = i + k - q``:
+    the queries are the last ``q_len`` keys), ``-inf`` on the keys after the query.
+
+    Args:
+        gates: log forget gates ``log f_t <= 0``, ``[b, h, k]``.
+        q_len: queries (default: every key is a query).
+
+    Shape:
+        ``[b, h, q_len, k]``, float32 (float64 for float64 gates).
+
+    Examples:
+        >>> import torch
+        >>> from posenc.gated import fox_bias
+        >>> fox_bias(torch.full((1, 1, 3), -0.5))[0, 0]  # a constant gate: ALiBi's slope 0.5
+        tensor([[ 0.0000,    -inf,    -inf],
+                [-0.5000,  0.0000,    -inf],
+                [-1.0000, -0.5000,  0.0000]])
+    """
+    gates = _check_gates(gates)
+    b, h, k_len = gates.shape
+    q_len = k_len if q_len is None else check_int("q_len", q_len, min=1, max=k_len)
+    check_alloc("gates", tuple(gates.shape), (b, h, q_len, k_len))
+    bias = _rows(*_cumulative(gates), q_len, 0, q_len)
+    return bias.masked_fill(~causal_pairs(q_len, k_len, device=gates.device), float("-inf"))
+
+
+class FoXBias(GatedEncoding):
+    """Forgetting attention's data-dependent decay (see the module docs).
+
+    A :class:`~posenc._base.GatedEncoding`: :func:`posenc.attention` needs ``gates`` (the
+    log forget gates ``[b, h, k]`` of the keys' tokens) and ``causal=True``; the positions
+    it is given are not read. :func:`fox_bias` is the same term as a pure function of the
+    gates. ``TinyTransformer(encoding="fox")`` computes the gates in every layer
+    as ``logsigmoid(x W_f + b_f)``, ``W_f`` of shape ``[dim, num_heads]`` (the paper's
+    forget gate), and caches them with the keys.
+
+    Args:
+        num_heads: heads of the queries (and of the gates).
+
+    Examples:
+        >>> import torch, posenc
+        >>> fox = posenc.build("fox", num_heads=2)
+        >>> q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+        >>> gates = torch.nn.functional.logsigmoid(torch.randn(1, 2, 5))
+        >>> posenc.attention(q, k, v, encoding=fox, causal=True, gates=gates).shape
+        torch.Size([1, 2, 5, 8])
+    """
+
+    name: ClassVar[str] = "fox"
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = check_int("num_heads", num_heads, min=1)
+        self._set_config(num_heads=self.num_heads)
+
+    def check_gates(self, gates: Any, b: int, k_len: int, device: torch.device) -> torch.Tensor:
+        """Raise unless ``gates`` is ``[b, num_heads, k_len]`` floating on ``device``."""
+        gates = _check_gates(gates, self.num_heads)
+        if gates.shape[0] != b or gates.shape[2] != k_len:
+            raise PosEncError(
+                f"gates must be [b, h, k] = [{b}, {self.num_heads}, {k_len}], got shape "
+                f"{tuple(gates.shape)}"
+            )
+        if gates.device != device:
+            raise PosEncError(f"gates must be on {device} (that of q), got {gates.device}")
+        return gates
+
+    def gate_bias_at(
+        self, gates: torch.Tensor, q_len: int, *, start: int = 0, stop: int | None = None
+    ) -> torch.Tensor:
+        """``D`` of query rows ``start:stop`` (default all ``q_len``), no mask: ``[b, h, rows, k]``."""
+        stop = q_len if stop is None else stop
+        return _rows(*_cumulative(gates), q_len, start, stop)
+
+    def gate_score_mod_at(self, gates: torch.Tensor, q_len: int) -> Callable[..., torch.Tensor]:
+        """:meth:`gate_bias_at` from indices: the split cumulative sums, gathered per pair."""
+        head, tail = _cumulative(gates)
+        first = head.shape[-1] - q_len
+        qh, qt = head[..., first:].contiguous(), tail[..., first:].contiguous()
+        kh, kt = head.contiguous(), tail.contiguous()
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + (
+                (qh[b, h, q_idx] - kh[b, h, kv_idx]) + (qt[b, h, q_idx] - kt[b, h, kv_idx])
+            )
+
+        return score_mod
