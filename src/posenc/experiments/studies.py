@@ -49,30 +49,47 @@ class NamedStudy:
     paper_scale: str
 
 
-_LM_CPU = dict(
-    train_len=64,
-    eval_lens=(64, 128, 256, 512),
-    steps=700,
-    optimizer="muon",
-    extend=(),
-    finetune_steps=0,
-    seeds=_SEEDS,
-)
+def _scale(lengths: tuple[int, ...], steps: int, optimizer: str, **more: Any) -> dict[str, Any]:
+    """A study's settings at one scale: trained at ``lengths[0]`` and evaluated at
+    ``lengths``, no RoPE extension, three seeds; ``more``: its own settings."""
+    return {
+        "train_len": lengths[0],
+        "eval_lens": lengths,
+        "steps": steps,
+        "optimizer": optimizer,
+        "extend": (),
+        "finetune_steps": 0,
+        "seeds": _SEEDS,
+        **more,
+    }
+
+
+def _cpu(lengths: tuple[int, ...], steps: int, **more: Any) -> dict[str, Any]:
+    """At CPU scale: the preset's model, trained with Muon."""
+    return _scale(lengths, steps, "muon", **more)
+
+
+def _paper(
+    lengths: tuple[int, ...],
+    steps: int,
+    *,
+    size: tuple[int, int, int],
+    batch: int,
+    lr: float,
+    **more: Any,
+) -> dict[str, Any]:
+    """At a paper's scale: a model of ``size`` (``dim, num_layers, num_heads``) trained
+    with AdamW, ``batch`` sequences a step, peak learning rate ``lr``."""
+    dim, num_layers, num_heads = size
+    sizes = {"dim": dim, "num_layers": num_layers, "num_heads": num_heads}
+    return _scale(lengths, steps, "adamw", batch_size=batch, lr=lr, **sizes, **more)
+
+
+_LM_CPU = _cpu((64, 128, 256, 512), 700)
 
 #: The long-context studies at a 1B-class size of posenc's choice (no paper fixes one).
-_LONG_CONTEXT_PAPER = dict(
-    train_len=4096,
-    eval_lens=(4096, 8192, 16384, 32768),
-    steps=20000,
-    batch_size=256,
-    dim=2048,
-    num_layers=16,
-    num_heads=16,
-    lr=3e-4,
-    optimizer="adamw",
-    extend=(),
-    finetune_steps=0,
-    seeds=_SEEDS,
+_LONG_CONTEXT_PAPER = _paper(
+    (4096, 8192, 16384, 32768), 20000, size=(2048, 16, 16), batch=256, lr=3e-4
 )
 
 STUDIES: dict[str, NamedStudy] = {
@@ -82,31 +99,8 @@ STUDIES: dict[str, NamedStudy] = {
             name="counting",
             task="counting",
             encodings=("cope", "t5", "sinusoidal", "learned"),
-            cpu=dict(
-                num_vars=1,
-                train_len=64,
-                eval_lens=(64, 128, 256),
-                steps=800,
-                optimizer="muon",
-                extend=(),
-                finetune_steps=0,
-                seeds=_SEEDS,
-            ),
-            paper=dict(
-                num_vars=3,
-                train_len=512,
-                eval_lens=(512, 1024),
-                steps=15600,
-                batch_size=64,
-                dim=256,
-                num_layers=4,
-                num_heads=4,
-                lr=7e-5,
-                optimizer="adamw",
-                extend=(),
-                finetune_steps=0,
-                seeds=_SEEDS,
-            ),
+            cpu=_cpu((64, 128, 256), 800, num_vars=1),
+            paper=_paper((512, 1024), 15600, size=(256, 4, 4), batch=64, lr=7e-5, num_vars=3),
             paper_says=(
                 "Golovneva et al. 2024, Table 3 (4 layers, width 256, sequences of up to 512 "
                 "tokens): test error with 1 / 3 / 5 variables: absolute 5.3 / 67.6 / 71.5 %, "
@@ -123,30 +117,9 @@ STUDIES: dict[str, NamedStudy] = {
             name="flipflop",
             task="flipflop",
             encodings=("rope", "alibi", "none", "cope", "fox"),
-            cpu=dict(
-                train_len=64,
-                eval_lens=(64, 128, 256),
-                steps=600,
-                optimizer="muon",
-                extend=(),
-                finetune_steps=0,
-                eval_examples=1024,
-                seeds=_SEEDS,
-            ),
-            paper=dict(
-                train_len=512,
-                eval_lens=(512, 1024),
-                steps=10000,
-                batch_size=16,
-                dim=512,
-                num_layers=6,
-                num_heads=8,
-                lr=3e-4,
-                optimizer="adamw",
-                extend=(),
-                finetune_steps=0,
-                eval_examples=10000,
-                seeds=_SEEDS,
+            cpu=_cpu((64, 128, 256), 600, eval_examples=1024),
+            paper=_paper(
+                (512, 1024), 10000, size=(512, 6, 8), batch=16, lr=3e-4, eval_examples=10000
             ),
             paper_says=(
                 "Liu et al. 2023 (flip-flop language modelling, trained on FFL(0.8) at length "
@@ -168,20 +141,7 @@ STUDIES: dict[str, NamedStudy] = {
             task="lm",
             encodings=("none", "rope", "prope-0.25", "prope-0.75"),
             cpu=dict(_LM_CPU),
-            paper=dict(
-                train_len=2048,
-                eval_lens=(2048,),
-                steps=10000,
-                batch_size=512,
-                dim=2048,
-                num_layers=18,
-                num_heads=8,
-                lr=3e-4,
-                optimizer="adamw",
-                extend=(),
-                finetune_steps=0,
-                seeds=_SEEDS,
-            ),
+            paper=_paper((2048,), 10000, size=(2048, 18, 8), batch=512, lr=3e-4),
             paper_says=(
                 "Barbero et al. 2025, Table 2 (Gemma 2B): validation perplexity NoPE 4.8594, "
                 "RoPE 4.4627, 0.25-RoPE 4.5302, 0.75-RoPE 4.4414."
