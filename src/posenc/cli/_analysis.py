@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+import typer
 
 from posenc._errors import PosEncError
-from posenc.cli._checks import check_bytes, check_out_dir, check_out_file
+from posenc.cli._checks import check_bytes, check_out_dir, check_out_file, integer, text
 from posenc.cli.table import parse_positions
 
 __all__ = [
     "MAX_POSITIONS",
+    "Params",
     "analysis_bytes",
     "check_analysis_size",
     "check_out_dir",
     "check_out_file",
+    "count_option",
     "encoding_config",
     "positions_arg",
 ]
@@ -29,8 +32,20 @@ PARAM_HELP = (
     "else as a string."
 )
 
+#: The ``--param KEY=VALUE`` option (repeatable) of ``posenc plot`` and ``posenc inspect``.
+Params = Annotated[
+    list[str] | None, typer.Option("--param", help=PARAM_HELP, callback=text("--param"))
+]
+
 #: The most positions (or distances) an analysis command takes.
 MAX_POSITIONS = 2**20
+
+
+def count_option(option: str, help: str, *, min: int) -> Any:
+    """A typer option taking a count of positions or distances, ``min`` to
+    :data:`MAX_POSITIONS`, checked when it is parsed."""
+    return typer.Option(help=help, callback=integer(option, min=min, max=MAX_POSITIONS))
+
 
 #: --param keys that size a tensor the encoding builds (rows, channels, heads, buckets).
 _SIZES = (

@@ -14,14 +14,9 @@ from typing import Annotated, Any
 import typer
 
 from posenc._errors import PosEncError
-from posenc.cli import app, fail
-from posenc.cli._analysis import (
-    MAX_POSITIONS,
-    PARAM_HELP,
-    check_analysis_size,
-    encoding_config,
-)
-from posenc.cli._checks import integer, text
+from posenc.cli._analysis import Params, check_analysis_size, count_option, encoding_config
+from posenc.cli._app import app, fail
+from posenc.cli._checks import text
 
 __all__ = ["inspect", "property_rows"]
 
@@ -145,41 +140,37 @@ def _inspect_hf(path: str, as_json: bool, param: list[str] | None) -> None:
         _print_hf(summary)
 
 
+# The options of `posenc inspect`, each checked when it is parsed (cli/_checks).
+EncodingArg = Annotated[
+    str | None,
+    typer.Argument(metavar="ENCODING", help="Registry name, e.g. rope.", callback=text("ENCODING")),
+]
+Length = Annotated[
+    int, count_option("--length", "Positions 0..length-1 measured (bias: distances).", min=2)
+]
+MaxDistance = Annotated[
+    int, count_option("--max-distance", "Largest distance of the decay.", min=1)
+]
+Json = Annotated[bool, typer.Option("--json", help="Print every number as JSON.")]
+HfConfig = Annotated[
+    str | None,
+    typer.Option(
+        "--hf-config",
+        help="A transformers config.json (read as JSON, nothing run or downloaded): the "
+        "encoding posenc builds for it, and its error against the family's rotary.",
+        callback=text("--hf-config"),
+    ),
+]
+
+
 @app.command("inspect")
 def inspect(
-    encoding: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="ENCODING", help="Registry name, e.g. rope.", callback=text("ENCODING")
-        ),
-    ] = None,
-    param: Annotated[
-        list[str] | None, typer.Option("--param", help=PARAM_HELP, callback=text("--param"))
-    ] = None,
-    length: Annotated[
-        int,
-        typer.Option(
-            help="Positions 0..length-1 measured (bias: distances).",
-            callback=integer("--length", min=2, max=MAX_POSITIONS),
-        ),
-    ] = 512,
-    max_distance: Annotated[
-        int,
-        typer.Option(
-            help="Largest distance of the decay.",
-            callback=integer("--max-distance", min=1, max=MAX_POSITIONS),
-        ),
-    ] = 128,
-    as_json: Annotated[bool, typer.Option("--json", help="Print every number as JSON.")] = False,
-    hf_config: Annotated[
-        str | None,
-        typer.Option(
-            "--hf-config",
-            help="A transformers config.json (read as JSON, nothing run or downloaded): the "
-            "encoding posenc builds for it, and its error against the family's rotary.",
-            callback=text("--hf-config"),
-        ),
-    ] = None,
+    encoding: EncodingArg = None,
+    param: Params = None,
+    length: Length = 512,
+    max_distance: MaxDistance = 128,
+    as_json: Json = False,
+    hf_config: HfConfig = None,
 ) -> None:
     """Measure an encoding: boundedness, uniqueness, shift structure and decay; or, with
     --hf-config, the encoding posenc reads from a transformers config."""
@@ -192,25 +183,28 @@ def inspect(
     if encoding is None:
         fail("missing ENCODING (a registry name, e.g. rope) or --hf-config PATH")
         return
-    from posenc.analysis import properties
-
     try:
-        spec = encoding_config(encoding, param)
-        check_analysis_size(
-            f"inspect at --length {length}", spec, length, max_distance=max_distance
-        )
-        props = properties(
-            spec,
-            length,
-            shift_positions=min(length, 256),
-            max_distance=max_distance,
-        )
+        props = _measure(encoding, param, length, max_distance)
     except PosEncError as e:
         fail(str(e))
         return
     if as_json:
         typer.echo(json.dumps(props.to_dict(), indent=1))
-        return
+    else:
+        _print_properties(props)
+
+
+def _measure(encoding: str, param: list[str] | None, length: int, max_distance: int) -> Any:
+    """The :class:`posenc.analysis.Properties` of ``encoding`` built with ``--param``."""
+    from posenc.analysis import properties
+
+    spec = encoding_config(encoding, param)
+    check_analysis_size(f"inspect at --length {length}", spec, length, max_distance=max_distance)
+    return properties(spec, length, shift_positions=min(length, 256), max_distance=max_distance)
+
+
+def _print_properties(props: Any) -> None:
+    """The rows of :func:`property_rows` as a table under the encoding's config."""
     from rich import box
     from rich.console import Console
     from rich.table import Table

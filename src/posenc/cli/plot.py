@@ -12,20 +12,22 @@ sets any constructor argument.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
 
 from posenc._errors import PosEncError
-from posenc.cli import app, fail
 from posenc.cli._analysis import (
-    MAX_POSITIONS,
-    PARAM_HELP,
+    Params,
     check_analysis_size,
     check_out_file,
+    count_option,
     encoding_config,
     positions_arg,
 )
+from posenc.cli._app import app, fail
 from posenc.cli._checks import integer, number, text
 from posenc.cli.table import parse_positions
 
@@ -47,9 +49,6 @@ Encoding = Annotated[
 ]
 Out = Annotated[
     str, typer.Option("--out", "-o", help="Output file, .png or .svg.", callback=text("--out"))
-]
-Params = Annotated[
-    list[str] | None, typer.Option("--param", help=PARAM_HELP, callback=text("--param"))
 ]
 PositionsOpt = Annotated[
     str | None,
@@ -80,33 +79,52 @@ Dpi = Annotated[
 ]
 
 
+@dataclass(frozen=True)
+class _Size:
+    """``--width`` and ``--height`` (inches; None: the picture's own) and ``--dpi``."""
+
+    width: float | None
+    height: float | None
+    dpi: int
+
+    def figsize(self, default: tuple[float, float]) -> tuple[float, float]:
+        return (self.width or default[0], self.height or default[1])
+
+
+@dataclass(frozen=True)
+class _Picture:
+    """A ``posenc plot`` subcommand that draws one encoding at ``--positions``."""
+
+    command: str  # the subcommand's name
+    function: str  # the posenc.plot function that draws it
+    size: tuple[float, float]  # the figure's default width and height in inches
+
+
 def _draw(
     out: str,
-    draw: Any,
-    default_size: tuple[float, float],
-    width: Any,
-    height: Any,
-    dpi: int,
-    size: tuple[str, dict[str, Any], int, int] | None = None,
+    draw: Callable[[Any, tuple[float, float]], Any],
+    size: _Size,
+    default: tuple[float, float],
+    estimate: tuple[str, dict[str, Any], int] | None = None,
 ) -> None:
     """Check ``--out`` and the sizes, draw, save; a bad input becomes one line and exit
     code 2, a file that cannot be written (OSError) one line and exit code 1 (in ``main``).
 
-    ``size``: ``(what, config, positions, max_distance)`` for the memory estimate."""
+    ``estimate``: ``(what, config, positions)`` for the memory estimate."""
     from posenc import plot
 
     try:
         path = check_out_file(out, plot.FORMATS)
-        figsize = (width or default_size[0], height or default_size[1])
+        figsize, dpi = size.figsize(default), size.dpi
         pixels = figsize[0] * dpi * figsize[1] * dpi
         if pixels > MAX_PIXELS:
             raise PosEncError(
                 f"--width x --height x --dpi**2 must be at most {MAX_PIXELS} pixels, got "
                 f"{figsize[0]:g} x {figsize[1]:g} in at {dpi} dpi = {pixels:.3g}"
             )
-        if size is not None:
-            what, config, n, k = size
-            check_analysis_size(what, config, n, max_distance=k)
+        if estimate is not None:
+            what, config, n = estimate
+            check_analysis_size(what, config, n, max_distance=0)
         fig = draw(plot, figsize)
         plot.save_figure(fig, path)
     except (PosEncError, ImportError) as e:  # ImportError: the plot extra is missing
@@ -120,52 +138,55 @@ def _count(positions: str | None, default: int = 256) -> int:
     return default if positions is None else len(parse_positions(positions, name="--positions"))
 
 
-@plot_app.command("table")
-def table(
-    encoding: Encoding,
-    out: Out,
-    param: Params = None,
-    positions: PositionsOpt = None,
-    width: Width = None,
-    height: Height = None,
-    dpi: Dpi = 100,
+def _draw_picture(
+    picture: _Picture,
+    encoding: str,
+    param: list[str] | None,
+    positions: str | None,
+    out: str,
+    size: _Size,
+    **options: Any,
 ) -> None:
-    """The table as a heatmap (rotary: cos/sin of every angle; bias: per-head maps)."""
+    """What every per-position subcommand does: build the config, estimate, draw."""
     config = encoding_config(encoding, param)
-    _draw(
-        out,
-        lambda plot, size: plot.plot_table(config, positions_arg(positions), figsize=size, dpi=dpi),
-        (8.0, 4.5),
-        width,
-        height,
-        dpi,
-        ("plot table", config, _count(positions), 0),
-    )
+    estimate = (f"plot {picture.command}", config, _count(positions))
+
+    def draw(plot: Any, figsize: tuple[float, float]) -> Any:
+        function = getattr(plot, picture.function)
+        at = positions_arg(positions)
+        return function(config, at, **options, figsize=figsize, dpi=size.dpi)
+
+    _draw(out, draw, size, picture.size, estimate)
 
 
-@plot_app.command("similarity")
-def similarity(
-    encoding: Encoding,
-    out: Out,
-    param: Params = None,
-    positions: PositionsOpt = None,
-    width: Width = None,
-    height: Height = None,
-    dpi: Dpi = 100,
-) -> None:
-    """Cosine similarity of every pair of positions (additive and rotary encodings)."""
-    config = encoding_config(encoding, param)
-    _draw(
-        out,
-        lambda plot, size: plot.plot_similarity(
-            config, positions_arg(positions), figsize=size, dpi=dpi
-        ),
-        (5.5, 4.5),
-        width,
-        height,
-        dpi,
-        ("plot similarity", config, _count(positions), 0),
-    )
+def _picture_command(picture: _Picture, help: str) -> Callable[..., None]:
+    """The subcommand of ``picture`` (``help``: its help text) with the options every
+    per-position picture takes; registered on ``plot_app``."""
+
+    def command(
+        encoding: Encoding,
+        out: Out,
+        param: Params = None,
+        positions: PositionsOpt = None,
+        width: Width = None,
+        height: Height = None,
+        dpi: Dpi = 100,
+    ) -> None:
+        _draw_picture(picture, encoding, param, positions, out, _Size(width, height, dpi))
+
+    command.__name__ = command.__qualname__ = picture.command
+    command.__doc__ = help
+    return plot_app.command(picture.command)(command)
+
+
+table = _picture_command(
+    _Picture("table", "plot_table", (8.0, 4.5)),
+    "The table as a heatmap (rotary: cos/sin of every angle; bias: per-head maps).",
+)
+similarity = _picture_command(
+    _Picture("similarity", "plot_similarity", (5.5, 4.5)),
+    "Cosine similarity of every pair of positions (additive and rotary encodings).",
+)
 
 
 @plot_app.command("decay")
@@ -177,13 +198,7 @@ def decay(
         ),
     ],
     out: Out,
-    max_distance: Annotated[
-        int,
-        typer.Option(
-            help="Largest distance.",
-            callback=integer("--max-distance", min=1, max=MAX_POSITIONS),
-        ),
-    ] = 128,
+    max_distance: Annotated[int, count_option("--max-distance", "Largest distance.", min=1)] = 128,
     width: Width = None,
     height: Height = None,
     dpi: Dpi = 100,
@@ -206,11 +221,12 @@ def decay(
     _draw(
         out,
         lambda plot, size: plot.plot_decay(configs, max_distance, figsize=size, dpi=dpi),
+        _Size(width, height, dpi),
         (9.0, 4.0),
-        width,
-        height,
-        dpi,
     )
+
+
+_BIAS = _Picture("bias", "plot_bias", (10.0, 5.0))
 
 
 @plot_app.command("bias")
@@ -227,40 +243,11 @@ def bias(
     dpi: Dpi = 100,
 ) -> None:
     """The bias b[h, query, key] of each head (bias encodings)."""
-    config = encoding_config(encoding, param)
-    _draw(
-        out,
-        lambda plot, size: plot.plot_bias(
-            config, positions_arg(positions), max_heads=max_heads, figsize=size, dpi=dpi
-        ),
-        (10.0, 5.0),
-        width,
-        height,
-        dpi,
-        ("plot bias", config, _count(positions), 0),
-    )
+    size = _Size(width, height, dpi)
+    _draw_picture(_BIAS, encoding, param, positions, out, size, max_heads=max_heads)
 
 
-@plot_app.command("clock")
-def clock(
-    encoding: Encoding,
-    out: Out,
-    param: Params = None,
-    positions: PositionsOpt = None,
-    width: Width = None,
-    height: Height = None,
-    dpi: Dpi = 100,
-) -> None:
-    """Rotary angles as clock hands, one clock per frequency (rotary encodings)."""
-    config = encoding_config(encoding, param)
-    _draw(
-        out,
-        lambda plot, size: plot.plot_clock_hands(
-            config, positions_arg(positions), figsize=size, dpi=dpi
-        ),
-        (10.0, 3.0),
-        width,
-        height,
-        dpi,
-        ("plot clock", config, _count(positions), 0),
-    )
+clock = _picture_command(
+    _Picture("clock", "plot_clock_hands", (10.0, 3.0)),
+    "Rotary angles as clock hands, one clock per frequency (rotary encodings).",
+)
