@@ -29,7 +29,7 @@ from rich.table import Table
 
 from posenc import registry
 from posenc._errors import PosEncError, check_choice, check_int
-from posenc.cli import app, fail
+from posenc.cli._app import app, fail
 from posenc.cli._checks import check_bytes, choice, integer, number, text
 from posenc.index import index_table
 from posenc.sinusoidal import LAYOUTS, ORDERS, sinusoidal_table
@@ -205,15 +205,72 @@ def _fmt_position(p: int | float) -> str:
     return str(p) if isinstance(p, int) else repr(p)
 
 
-def _print_text(
-    t: _Table,
-    rows: list[list[float]],
+@dataclass(frozen=True)
+class _Request:
+    """A ``posenc table`` call, checked: what to build and how to print it."""
+
+    name: str  # the TABLES entry
+    dim: int
+    positions: list[int | float]
+    channels: list[int]  # the columns shown
+    fmt: str  # one of FORMATS
+    digits: int | None  # None: exact (csv, json) or 4 (text)
+    options: dict[str, Any]  # the options the entry's builder takes
+
+
+def _check_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The options of ``name``'s builder; one given to another entry is refused."""
+    takes = TABLES[name][1]
+    for option, value in given.items():
+        if value is not None and option not in takes:
+            users = [n for n, (_, opts) in TABLES.items() if option in opts]
+            raise PosEncError(
+                f"--{option} applies to {', '.join(users)}, not {name!r}, got {value!r}"
+            )
+    if given["length"] is not None and given["normalize"] != "length":
+        raise PosEncError(f"--length applies only with --normalize length, got {given['length']}")
+    return {k: v for k, v in given.items() if k in takes}
+
+
+def _channels(channels: str | None, dim: int) -> list[int]:
+    """``--channels`` as indices in ``[0, dim)`` (None: all of them)."""
+    picked = range(dim) if channels is None else parse_positions(channels, name="--channels")
+    if any(not isinstance(c, int) or not 0 <= c < dim for c in picked):
+        raise PosEncError(f"channels must be integers in [0, dim) = [0, {dim}), got {channels!r}")
+    return [int(c) for c in picked]
+
+
+def _check_request(
     encoding: str,
     dim: int,
-    pos: list,
-    chans: list[int],
-    digits: int,
-) -> None:
+    positions: str,
+    given: dict[str, Any],
+    channels: str | None,
+    fmt: str,
+    digits: int | None,
+) -> _Request:
+    """Every option checked, in the order the command line's errors are reported."""
+    name = _resolve_encoding(encoding)
+    options = _check_options(name, given)
+    fmt = check_choice("format", fmt, FORMATS)
+    dim = check_int("dim", dim, min=1)
+    if digits is not None:
+        digits = check_int("digits", digits, min=0, max=17)
+    pos = parse_positions(positions, name="--positions")
+    # a float64 table, its Python floats and their text: about 48 bytes a value
+    check_bytes(f"a table of {len(pos)} positions x {dim} channels", 48 * len(pos) * dim)
+    return _Request(name, dim, pos, _channels(channels, dim), fmt, digits, options)
+
+
+def _build(request: _Request) -> _Table:
+    builder = TABLES[request.name][0]
+    pos = request.positions
+    dtype = torch.float64 if any(isinstance(p, float) for p in pos) else torch.long
+    return builder(torch.tensor(pos, dtype=dtype), request.dim, request.options)
+
+
+def _print_text(t: _Table, rows: list[list[float]], request: _Request) -> None:
+    digits = 4 if request.digits is None else request.digits
     console = Console(highlight=False)
     utf8 = console.encoding.lower().replace("-", "").startswith("utf")
 
@@ -232,47 +289,38 @@ def _print_text(
         show_edge=False,
     )
     grid.add_column("p", justify="right", style="bold")
-    for c in chans:
+    for c in request.channels:
         grid.add_column(text(f"{c}\n{t.headers[c]}"), justify="right")
-    for p, row in zip(pos, rows):
+    for p, row in zip(request.positions, rows):
         grid.add_row(_fmt_position(p), *(f"{_clean(v, digits):.{digits}f}" for v in row))
     width = Measurement.get(console, console.options.update_width(10**6), grid).maximum
     if width > console.width:  # print at full width rather than squeezing the numbers
         console = Console(highlight=False, width=width)
-    console.print(text(f"{encoding} · dim={dim}" + (f" · {opts}" if opts else "")), soft_wrap=True)
+    title = f"{request.name} · dim={request.dim}" + (f" · {opts}" if opts else "")
+    console.print(text(title), soft_wrap=True)
     console.print(grid)
     if t.caption:
         console.print(text(t.caption), soft_wrap=True)
 
 
-def _print_csv(
-    t: _Table, rows: list[list[float]], pos: list, chans: list[int], digits: int | None
-) -> None:
+def _print_csv(t: _Table, rows: list[list[float]], request: _Request) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
-    writer.writerow(["position", *(t.labels[c] for c in chans)])
-    for p, row in zip(pos, rows):
-        writer.writerow([p, *(repr(_clean(v, digits)) for v in row)])
+    writer.writerow(["position", *(t.labels[c] for c in request.channels)])
+    for p, row in zip(request.positions, rows):
+        writer.writerow([p, *(repr(_clean(v, request.digits)) for v in row)])
 
 
-def _print_json(
-    t: _Table,
-    rows: list[list[float]],
-    encoding: str,
-    dim: int,
-    pos: list,
-    chans: list[int],
-    digits: int | None,
-) -> None:
+def _print_json(t: _Table, rows: list[list[float]], request: _Request) -> None:
     head = {
-        "encoding": encoding,
-        "dim": dim,
+        "encoding": request.name,
+        "dim": request.dim,
         "options": t.options,
         **t.extra,
-        "positions": pos,
-        "channels": chans,
-        "columns": [t.labels[c] for c in chans],
+        "positions": request.positions,
+        "channels": request.channels,
+        "columns": [t.labels[c] for c in request.channels],
     }
-    rows = [[_clean(v, digits) for v in row] for row in rows]
+    rows = [[_clean(v, request.digits) for v in row] for row in rows]
     # one row of the table per line: readable, and still plain JSON
     lines = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in head.items()]
     body = ",\n".join(f"    {json.dumps(row)}" for row in rows)
@@ -280,123 +328,104 @@ def _print_json(
     typer.echo("{\n" + ",\n".join(lines) + "\n}")
 
 
+_PRINTERS = {"text": _print_text, "csv": _print_csv, "json": _print_json}
+
+
+def _sinusoidal_choice(option: str, choices: tuple[str, ...], default: str) -> Any:
+    """A sinusoidal option naming one of ``choices`` (unset: the table's ``default``)."""
+    return typer.Option(
+        help=f"sinusoidal: {' or '.join(choices)} (default {default}).",
+        callback=choice(option, choices),
+    )
+
+
+# The options of `posenc table`, each checked when it is parsed (cli/_checks).
+EncodingArg = Annotated[
+    str, typer.Argument(help=f"Encoding with a fixed table: {', '.join(TABLES)}.")
+]
+Dim = Annotated[
+    int, typer.Option("--dim", "-d", help="Number of channels.", callback=integer("--dim", min=1))
+]
+Positions = Annotated[
+    str,
+    typer.Option(
+        "--positions",
+        "-p",
+        help="Positions: 'a:b' (end excluded), 'a:b:step', or a comma list such as "
+        "'0:4,10,100.5'. Floats and negatives allowed.",
+        callback=text("--positions"),
+    ),
+]
+Layout = Annotated[str | None, _sinusoidal_choice("--layout", LAYOUTS, "interleaved")]
+Order = Annotated[str | None, _sinusoidal_choice("--order", ORDERS, "sin_cos")]
+Base = Annotated[
+    float | None,
+    typer.Option(
+        help="sinusoidal: wavelength base (10000).",
+        callback=number("--base", min=1.0, exclusive=True),
+    ),
+]
+Normalize = Annotated[
+    str | None,
+    typer.Option(
+        help="index: 'length' to add p / L instead of p.",
+        callback=choice("--normalize", ("length",)),
+    ),
+]
+Length = Annotated[
+    int | None,
+    typer.Option(
+        help="index with --normalize length: L (default: the number of positions).",
+        callback=integer("--length", min=1, max=MAX_POSITION),
+    ),
+]
+Channels = Annotated[
+    str | None,
+    typer.Option(
+        help="Channels to show, same syntax as --positions (default all).",
+        callback=text("--channels"),
+    ),
+]
+Format = Annotated[
+    str,
+    typer.Option("--format", "-f", help="text, csv or json.", callback=choice("--format", FORMATS)),
+]
+Digits = Annotated[
+    int | None,
+    typer.Option(
+        help="Decimals: text shows 4 by default; csv and json are exact unless set.",
+        callback=integer("--digits", min=0, max=17),
+    ),
+]
+
+
 @app.command("table")
 def table(
-    encoding: Annotated[
-        str, typer.Argument(help=f"Encoding with a fixed table: {', '.join(TABLES)}.")
-    ],
-    dim: Annotated[
-        int,
-        typer.Option("--dim", "-d", help="Number of channels.", callback=integer("--dim", min=1)),
-    ] = 8,
-    positions: Annotated[
-        str,
-        typer.Option(
-            "--positions",
-            "-p",
-            help="Positions: 'a:b' (end excluded), 'a:b:step', or a comma list such as "
-            "'0:4,10,100.5'. Floats and negatives allowed.",
-            callback=text("--positions"),
-        ),
-    ] = "0:8",
-    layout: Annotated[
-        str | None,
-        typer.Option(
-            help=f"sinusoidal: {' or '.join(LAYOUTS)} (default interleaved).",
-            callback=choice("--layout", LAYOUTS),
-        ),
-    ] = None,
-    order: Annotated[
-        str | None,
-        typer.Option(
-            help=f"sinusoidal: {' or '.join(ORDERS)} (default sin_cos).",
-            callback=choice("--order", ORDERS),
-        ),
-    ] = None,
-    base: Annotated[
-        float | None,
-        typer.Option(
-            help="sinusoidal: wavelength base (10000).",
-            callback=number("--base", min=1.0, exclusive=True),
-        ),
-    ] = None,
-    normalize: Annotated[
-        str | None,
-        typer.Option(
-            help="index: 'length' to add p / L instead of p.",
-            callback=choice("--normalize", ("length",)),
-        ),
-    ] = None,
-    length: Annotated[
-        int | None,
-        typer.Option(
-            help="index with --normalize length: L (default: the number of positions).",
-            callback=integer("--length", min=1, max=MAX_POSITION),
-        ),
-    ] = None,
-    channels: Annotated[
-        str | None,
-        typer.Option(
-            help="Channels to show, same syntax as --positions (default all).",
-            callback=text("--channels"),
-        ),
-    ] = None,
-    fmt: Annotated[
-        str,
-        typer.Option(
-            "--format", "-f", help="text, csv or json.", callback=choice("--format", FORMATS)
-        ),
-    ] = "text",
-    digits: Annotated[
-        int | None,
-        typer.Option(
-            help="Decimals: text shows 4 by default; csv and json are exact unless set.",
-            callback=integer("--digits", min=0, max=17),
-        ),
-    ] = None,
+    encoding: EncodingArg,
+    dim: Dim = 8,
+    positions: Positions = "0:8",
+    layout: Layout = None,
+    order: Order = None,
+    base: Base = None,
+    normalize: Normalize = None,
+    length: Length = None,
+    channels: Channels = None,
+    fmt: Format = "text",
+    digits: Digits = None,
 ) -> None:
     """Print the table of an additive encoding (rows: positions, columns: channels)."""
+    given = {
+        "layout": layout,
+        "order": order,
+        "base": base,
+        "normalize": normalize,
+        "length": length,
+    }
     try:
-        name = _resolve_encoding(encoding)
-        builder, takes = TABLES[name]
-        given = {
-            "layout": layout,
-            "order": order,
-            "base": base,
-            "normalize": normalize,
-            "length": length,
-        }
-        for option, value in given.items():
-            if value is not None and option not in takes:
-                users = [n for n, (_, opts) in TABLES.items() if option in opts]
-                raise PosEncError(
-                    f"--{option} applies to {', '.join(users)}, not {name!r}, got {value!r}"
-                )
-        if length is not None and normalize != "length":
-            raise PosEncError(f"--length applies only with --normalize length, got {length}")
-        fmt = check_choice("format", fmt, FORMATS)
-        dim = check_int("dim", dim, min=1)
-        if digits is not None:
-            digits = check_int("digits", digits, min=0, max=17)
-        pos = parse_positions(positions, name="--positions")
-        # a float64 table, its Python floats and their text: about 48 bytes a value
-        check_bytes(f"a table of {len(pos)} positions x {dim} channels", 48 * len(pos) * dim)
-        picked = range(dim) if channels is None else parse_positions(channels, name="--channels")
-        if any(not isinstance(c, int) or not 0 <= c < dim for c in picked):
-            raise PosEncError(
-                f"channels must be integers in [0, dim) = [0, {dim}), got {channels!r}"
-            )
-        chans = [int(c) for c in picked]
-        dtype = torch.float64 if any(isinstance(p, float) for p in pos) else torch.long
-        opts = {k: v for k, v in given.items() if k in takes}
-        t = builder(torch.tensor(pos, dtype=dtype), dim, opts)
+        request = _check_request(encoding, dim, positions, given, channels, fmt, digits)
+        t = _build(request)
     except PosEncError as e:
         fail(str(e))
         return
-    rows = t.values[:, chans].tolist()  # [n, len(chans)] Python floats
-    if fmt == "text":
-        _print_text(t, rows, name, dim, pos, chans, 4 if digits is None else digits)
-    elif fmt == "csv":
-        _print_csv(t, rows, pos, chans, digits)
-    else:
-        _print_json(t, rows, name, dim, pos, chans, digits)
+    rows = t.values[:, request.channels].tolist()  # [n, len(channels)] Python floats
+    _PRINTERS[request.fmt](t, rows, request)
