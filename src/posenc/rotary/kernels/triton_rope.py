@@ -225,11 +225,12 @@ def launch_triton(
     strides ``cos_strides``.
     """
     has_k = len(x_tensors) == 2
-    (bsz, seq, hq, d), q_strides = bshd_order(x_tensors[0].shape, x_tensors[0].stride(), seq_dim)
     q, qo = x_tensors[0], y_tensors[0]
     k, ko = (x_tensors[1], y_tensors[1]) if has_k else (q, qo)
-    (_, _, hk, _), k_strides = bshd_order(k.shape, k.stride(), seq_dim)
-    hk = hk if has_k else 0
+    (bsz, seq, hq, d), _ = bshd_order(q.shape, q.stride(), seq_dim)
+    hk = bshd_order(k.shape, k.stride(), seq_dim)[0][2] if has_k else 0
+    # (b, s, h, d) element strides of q, its output, k and its output, in that order
+    strides = [st for t in (q, qo, k, ko) for st in bshd_order(t.shape, t.stride(), seq_dim)[1]]
     r2 = cos.shape[-1]
     tokens = bsz * seq
     if tokens == 0 or max(hq, hk) == 0:
@@ -249,10 +250,7 @@ def launch_triton(
         d,
         triton.cdiv(hq, groups),
         triton.cdiv(hk, groups),
-        *q_strides,
-        *bshd_order(qo.shape, qo.stride(), seq_dim)[1],
-        *k_strides,
-        *bshd_order(ko.shape, ko.stride(), seq_dim)[1],
+        *strides,
         *cos_strides,
         COMPUTE=tl.float64 if q.dtype == torch.float64 else tl.float32,
         CONJUGATE=conjugate,

@@ -38,6 +38,7 @@ __all__ = [
     "check_length",
     "check_positive",
     "default_frequencies",
+    "divided_frequencies",
     "exponents",
     "frozen",
     "register",
@@ -155,3 +156,12 @@ def exponents(dim: int) -> torch.Tensor:
 def default_frequencies(dim: int, base: float) -> torch.Tensor:
     """RoFormer's ``1 / base^(2i / dim)``, float64 ``[dim // 2]``."""
     return 1.0 / base ** exponents(dim)
+
+
+def divided_frequencies(
+    p: Any, dim: int, base: float, seq_len: float | None
+) -> tuple[torch.Tensor, float]:
+    """The function of a scaling whose every frequency is the default one divided by
+    ``p.factor``, with no attention scale: position interpolation (``linear``) and p-RoPE
+    (``proportional``, which differs in the span of its exponents, not here)."""
+    return default_frequencies(dim, base) / p.factor, 1.0

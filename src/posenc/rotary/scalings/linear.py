@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from posenc.rotary.scalings._registry import (
     ScalingParams,
     check_factor,
-    default_frequencies,
+    divided_frequencies,
     frozen,
     register,
     set_field,
@@ -33,8 +31,4 @@ class LinearScaling(ScalingParams):
         set_field(self, "factor", check_factor(self.type, self.factor))
 
 
-@register(LinearScaling)
-def _linear(
-    p: LinearScaling, dim: int, base: float, seq_len: float | None
-) -> tuple[torch.Tensor, float]:
-    return default_frequencies(dim, base) / p.factor, 1.0
+register(LinearScaling)(divided_frequencies)

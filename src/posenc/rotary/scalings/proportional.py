@@ -7,12 +7,10 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-import torch
-
 from posenc.rotary.scalings._registry import (
     ScalingParams,
     check_factor,
-    default_frequencies,
+    divided_frequencies,
     frozen,
     register,
     set_field,
@@ -60,8 +58,4 @@ class ProportionalScaling(ScalingParams):
         set_field(self, "factor", check_factor(self.type, self.factor))
 
 
-@register(ProportionalScaling)
-def _proportional(
-    p: ProportionalScaling, dim: int, base: float, seq_len: float | None
-) -> tuple[torch.Tensor, float]:
-    return default_frequencies(dim, base) / p.factor, 1.0
+register(ProportionalScaling)(divided_frequencies)
