@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
 
 typecheck: $(STAMP)
-	$(BIN)/mypy src/posenc
+	$(BIN)/mypy --check-untyped-defs src/posenc
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rope.py

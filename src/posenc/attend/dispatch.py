@@ -34,7 +34,7 @@ chunked where Flex cannot run) once large.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -159,10 +159,11 @@ def _check_gates(gates: Any, enc: Any, b: int, k_len: int, causal: bool, device)
 
 def _flex(q, k, v, *, prep, keep, causal, scale, gates=None):
     """FlexAttention with the encoding's score_mod (or, without one, its materialised bias)."""
+    score_mod: Callable[..., torch.Tensor] | None = None
     if prep is not None and isinstance(prep.encoding, GatedEncoding):
         score_mod = prep.encoding.gate_score_mod_at(gates, q.shape[2])
-    else:
-        score_mod = None if prep is None else prep.score_mod(q, scale)
+    elif prep is not None:
+        score_mod = prep.score_mod(q, scale)
     return _flexattn.run(q, k, v, score_mod=score_mod, keep=keep, causal=causal, scale=scale)
 
 

@@ -101,7 +101,7 @@ def heads_of(enc: Encoding | None) -> int | None:
 def check_heads(enc: Encoding | None, num_heads: int) -> None:
     """Raise unless ``enc`` serves ``num_heads`` query heads."""
     heads = heads_of(enc)
-    if heads is not None and heads != num_heads:
+    if enc is not None and heads is not None and heads != num_heads:
         raise PosEncError(
             f"encoding {enc.name!r} has num_heads={heads}; it must equal the number of "
             f"query heads, {num_heads}"

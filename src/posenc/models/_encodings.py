@@ -37,11 +37,12 @@ class ModelDims:
 
     def fill(self, kind: str) -> dict[str, Any] | None:
         """The arguments a spec of ``kind`` must take as the model sets them."""
-        return {
+        fills: dict[str, dict[str, Any]] = {
             "additive": {"dim": self.dim, "max_len": self.max_len},
             "rotary": {"head_dim": self.head_dim},
             "bias": {"num_heads": self.num_heads, "head_dim": self.head_dim},
-        }.get(kind)
+        }
+        return fills.get(kind)
 
     def defaults(self, kind: str) -> dict[str, Any] | None:
         """Arguments a spec of ``kind`` may set otherwise: the direction follows the model
