@@ -34,13 +34,13 @@ __all__ = [
     "ScalingFn",
     "ScalingParams",
     "check_factor",
-    "check_factor_or_max_position",
     "check_length",
     "check_positive",
     "default_frequencies",
     "divided_frequencies",
     "exponents",
     "frozen",
+    "ratio_factor",
     "register",
     "set_field",
 ]
@@ -68,6 +68,7 @@ class ScalingParams:
             of which a rotary module keeps the first ``rotary_dim / 2``: ``proportional``).
     """
 
+    type: str  # the registry name, each dataclass' field (its class attribute too)
     position_dependent: ClassVar[bool] = False
     frequency_span: ClassVar[str] = "rotary_dim"
 
@@ -98,11 +99,11 @@ class ScalingParams:
         return ()
 
 
-def register(params: type) -> Callable[[ScalingFn], ScalingFn]:
+def register(params: type[ScalingParams]) -> Callable[[ScalingFn], ScalingFn]:
     """Register the decorated function under ``params.type``, together with ``params``."""
 
     def deco(fn: ScalingFn) -> ScalingFn:
-        SCALINGS[params.type] = (params, fn)  # type: ignore[attr-defined]
+        SCALINGS[params.type] = (params, fn)
         return fn
 
     return deco
@@ -136,13 +137,15 @@ def check_positive(kind: str, name: str, value: Any) -> float:
     return check_float(f"{kind} scaling {name}", value, min=0.0, min_exclusive=True, max=MAX_FACTOR)
 
 
-def check_factor_or_max_position(kind: str, factor: Any, max_position: Any) -> None:
-    """``factor``, or ``max_position`` to derive it from, must be given."""
-    if factor is None and max_position is None:
+def ratio_factor(kind: str, max_position: int | None, original: int) -> float:
+    """The factor of a scaling given ``max_position`` instead (YaRN, LongRoPE):
+    ``max_position / original_max_position``; one of the two must be given."""
+    if max_position is None:
         raise PosEncError(
             f"{kind} scaling needs factor, or max_position to derive it from "
             "(factor = max_position / original_max_position), got neither"
         )
+    return max_position / original
 
 
 # --- the frequencies the functions share -------------------------------------------------------

@@ -13,11 +13,11 @@ from posenc.rotary.scalings._registry import (
     FrequenciesAt,
     ScalingParams,
     check_factor,
-    check_factor_or_max_position,
     check_length,
     check_positive,
     exponents,
     frozen,
+    ratio_factor,
     register,
     set_field,
 )
@@ -71,10 +71,9 @@ class LongRopeScaling(ScalingParams):
         set_field(self, "original_max_position", original)
         if self.max_position is not None:
             set_field(self, "max_position", check_length(kind, "max_position", self.max_position))
-        check_factor_or_max_position(kind, self.factor, self.max_position)
         if self.factor is not None:
             set_field(self, "factor", check_factor(kind, self.factor))
-        elif self.max_position < self.original_max_position:  # type: ignore[operator]
+        elif ratio_factor(kind, self.max_position, original) < 1.0:
             raise PosEncError(
                 f"longrope scaling max_position must be >= original_max_position "
                 f"({self.original_max_position}) when factor is not given, got {self.max_position}"
@@ -107,7 +106,9 @@ def _longrope(
             f"longrope scaling short_factor and long_factor must have length dim // 2 = "
             f"{dim // 2}, got {len(p.short_factor)}"
         )
-    factor = p.factor if p.factor is not None else p.max_position / p.original_max_position  # type: ignore[operator]
+    factor = p.factor
+    if factor is None:
+        factor = ratio_factor(p.type, p.max_position, p.original_max_position)
     if p.attention_factor is not None:
         scale = p.attention_factor
     elif factor <= 1.0:

@@ -11,11 +11,11 @@ from posenc._errors import PosEncError, check_float
 from posenc.rotary.scalings._registry import (
     ScalingParams,
     check_factor,
-    check_factor_or_max_position,
     check_length,
     check_positive,
     default_frequencies,
     frozen,
+    ratio_factor,
     register,
     set_field,
 )
@@ -64,8 +64,7 @@ class YarnScaling(ScalingParams):
         if self.max_position is not None:
             set_field(self, "max_position", check_length(kind, "max_position", self.max_position))
         if self.factor is None:
-            check_factor_or_max_position(kind, self.factor, self.max_position)
-            set_field(self, "factor", self.max_position / self.original_max_position)  # type: ignore[operator]
+            set_field(self, "factor", ratio_factor(kind, self.max_position, original))
         set_field(self, "factor", check_factor(kind, self.factor))
         set_field(self, "beta_fast", check_positive(kind, "beta_fast", self.beta_fast))
         set_field(self, "beta_slow", check_positive(kind, "beta_slow", self.beta_slow))
@@ -93,7 +92,9 @@ def _mscale(scale: float, mscale: float = 1.0) -> float:
 def _yarn(
     p: YarnScaling, dim: int, base: float, seq_len: float | None
 ) -> tuple[torch.Tensor, float]:
-    factor = float(p.factor)  # type: ignore[arg-type]
+    factor = p.factor  # set in __post_init__, from max_position if not given
+    if factor is None:
+        factor = ratio_factor(p.type, p.max_position, p.original_max_position)
     if p.attention_factor is not None:
         scale = p.attention_factor
     elif p.mscale and p.mscale_all_dim:  # transformers: both set and non-zero
