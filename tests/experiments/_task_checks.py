@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from posenc.experiments.tasks import Batch, Task
 
 
-def check_train_batch(task: Task, batch: Batch, rows: int, seq_len: int) -> None:
-    """``[rows, seq_len]`` int64 tokens and targets, the tokens in the task's vocabulary."""
+def check_train_batch(
+    task: Task, batch: Batch, rows: int, seq_len: int, words: Sequence[str] | None = None
+) -> None:
+    """``[rows, seq_len]`` int64 tokens and targets, the tokens in the task's vocabulary
+    (``words``: the task's words, one per token, where it has its own)."""
     assert batch.tokens.shape == batch.targets.shape == (rows, seq_len)
     assert batch.tokens.dtype == batch.targets.dtype == torch.int64
     assert 0 <= int(batch.tokens.min()) and int(batch.tokens.max()) < task.vocab_size
+    assert words is None or task.vocab_size == len(words)
 
 
 def whole_eval_set(

@@ -68,8 +68,7 @@ def _counting_expected(task: CountingTask, tokens: torch.Tensor) -> tuple[torch.
 def test_counting_train_answers_are_the_interpreted_values(num_vars: int, seq_len: int) -> None:
     task = CountingTask(num_vars=num_vars)
     batch = task.train_batch(2, 96, seq_len, seed=5)
-    check_train_batch(task, batch, 96, seq_len)
-    assert task.vocab_size == len(COUNTING_WORDS)
+    check_train_batch(task, batch, 96, seq_len, COUNTING_WORDS)
     want, rows = _counting_expected(task, batch.tokens)
     assert torch.equal(batch.targets, want)  # one scored token a row: the answer
     statements = [n for _, n, _ in rows]
@@ -158,8 +157,7 @@ def _flipflop_expected(tokens: torch.Tensor) -> torch.Tensor:
 def test_flipflop_train_reads_are_the_last_written_bits(p_ignore: float, seq_len: int) -> None:
     task = FlipFlopTask(train_p_ignore=p_ignore)
     batch = task.train_batch(4, 50, seq_len, seed=11)
-    check_train_batch(task, batch, 50, seq_len)
-    assert task.vocab_size == len(FLIPFLOP_WORDS)
+    check_train_batch(task, batch, 50, seq_len, FLIPFLOP_WORDS)
     assert torch.equal(batch.targets, _flipflop_expected(batch.tokens))
     # every row full length: 2 T + 1 tokens, one pad when the length is even
     full = 2 * task.size_for(seq_len) + 1

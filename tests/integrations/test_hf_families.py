@@ -188,17 +188,6 @@ def _check(ours, theirs, exp: _Expected, dtype) -> None:
         )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: the tensors are small (one head, 4160 positions), and two
-    threads on a busy machine made this module five to ten times slower (conftest gives
-    ``-n 0`` runs two)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("case", sorted(set(FAMILIES) - set(REFUSED)))
 def test_family_matches_transformers(case: str) -> None:
     family = FAMILIES[case]

@@ -29,18 +29,10 @@ from posenc.integrations.transformers import (  # noqa: E402
     unpatch,
 )
 
-_BASE = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+# The tiny model of every family: its sizes, heads (4 query, 2 key / value) and special tokens.
+_SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+_HEADS = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+_BASE = {**_SIZES, **_HEADS, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 _MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 # model_type -> (config class, its small sizes). Partial rotary where the family has it.
 _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -96,16 +88,6 @@ _CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 FAMILIES = sorted(_CONFIGS)
 _MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v3")
 RTOL, ATOL = 1e-5, 1e-5  # logits are ~0.6 at most: atol is ~1e-5 relative to the largest
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: the models are tiny, and two threads on a busy machine spend
-    their time waiting for each other."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _config(model_type: str, **extra: Any) -> Any:
@@ -563,14 +545,8 @@ def test_patched_model_rotates_through_the_fused_path(monkeypatch: pytest.Monkey
 
 def test_multimodal_gemma3_patches_its_text_decoder_only() -> None:
     text = {**_BASE, **_CONFIGS["gemma3_text"][1], "vocab_size": 300}
-    vision = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=14,
-    )
+    layers = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    vision = {**layers, "image_size": 28, "patch_size": 14}  # 2 x 2 patches of 14 pixels
     config = transformers.Gemma3Config(
         text_config=text,
         vision_config=vision,

@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.rotary.test_nd import _reference as nd_reference
 from tests.rotary.test_transformers_parity import REF_ATOL, TF_ANGLE_ERROR_PER_POSITION
 
 from posenc import AxialRotaryEmbedding, PosEncError, reference
@@ -107,15 +108,6 @@ def _takes(rotary_cls: Any, config_cls: Any) -> bool:
 FAMILIES = discover()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread, as in ``test_hf_families`` (small tensors, a shared machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_discovery_finds_the_families() -> None:
     """The walk finds the axial vision families, every one is known to posenc's table of
     class defaults, and every refusal names a real family."""
@@ -156,16 +148,7 @@ def _transformers_qk(model_type: str, config: Any, q, k, pos):
 
 def _reference_qk(rope: AxialRotaryEmbedding, q, k, pos):
     inv_freq = reference.axial_frequencies(rope.axis_dims, base=rope.base)
-    qr, kr = reference.rotary_qk(
-        q.double().numpy(),
-        k.double().numpy(),
-        pos.numpy(),
-        pos.numpy(),
-        inv_freq,
-        layout=rope.layout,
-        sections=rope.sections,
-    )
-    return torch.from_numpy(qr), torch.from_numpy(kr)
+    return nd_reference(q, k, pos, pos, inv_freq, rope.sections, rope.layout)
 
 
 @pytest.mark.parametrize("model_type", sorted(set(FAMILIES) - set(REFUSED)))

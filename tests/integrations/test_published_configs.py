@@ -21,7 +21,6 @@ from tests.integrations.test_hf_families import (
     _compare,
     _expected,
     _inputs,
-    _one_thread,  # noqa: F401  (the module's one-thread fixture)
     _reference_key,
 )
 

@@ -36,8 +36,34 @@ def _captured_query(module, attention, monkeypatch, **inputs) -> torch.Tensor:
     return seen["q"]
 
 
-def _hidden(config, n: int) -> torch.Tensor:
-    return torch.randn(1, n, config.hidden_size, generator=torch.Generator().manual_seed(0))
+def _quiet(cls, **options):
+    """``cls(**options)``, its warnings (transformers' notes on the options) silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(**options)
+
+
+# Two heads of 32 channels, small enough for a fast attention module.
+_SMALL = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=2, head_dim=32)
+
+
+def _inputs(config, rotary, n: int) -> tuple[dict[str, torch.Tensor | None], torch.Tensor]:
+    """An attention module's inputs for ``n`` tokens (``rotary``: the family's rotary module
+    class, for its position embeddings) and the positions ``[1, n]``."""
+    hidden = torch.randn(1, n, config.hidden_size, generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(n)[None]
+    inputs = {
+        "hidden_states": hidden,
+        "position_embeddings": rotary(config)(hidden, positions),
+        "attention_mask": None,
+    }
+    return inputs, positions
+
+
+def _projected_query(attention, hidden: torch.Tensor) -> torch.Tensor:
+    """The queries ``[1, 2, n, 32]`` before any rotation or scale."""
+    with torch.no_grad():
+        return attention.q_proj(hidden).view(1, hidden.shape[1], 2, 32).transpose(1, 2)
 
 
 def test_ministral3_query_is_rotated_then_scaled(monkeypatch) -> None:
@@ -55,33 +81,15 @@ def test_ministral3_query_is_rotated_then_scaled(monkeypatch) -> None:
         "mscale": 1.0,
         "mscale_all_dim": 1.0,
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = Ministral3Config(
-            hidden_size=64,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            head_dim=32,
-            max_position_embeddings=1024,
-            rope_parameters=rope_parameters,
-        )
-    attention = m.Ministral3Attention(config, layer_idx=0).eval()
-    hidden = _hidden(config, 300)
-    positions = torch.arange(300)[None]
-    cos_sin = m.Ministral3RotaryEmbedding(config)(hidden, positions)
-    theirs = _captured_query(
-        m,
-        attention,
-        monkeypatch,
-        hidden_states=hidden,
-        position_embeddings=cos_sin,
-        attention_mask=None,
-        position_ids=positions,
+    config = _quiet(
+        Ministral3Config, **_SMALL, max_position_embeddings=1024, rope_parameters=rope_parameters
     )
+    attention = m.Ministral3Attention(config, layer_idx=0).eval()
+    inputs, positions = _inputs(config, m.Ministral3RotaryEmbedding, 300)
+    theirs = _captured_query(m, attention, monkeypatch, **inputs, position_ids=positions)
     scale = query_scale_from_config(config)
     assert scale == QueryScale(beta=0.1, length=64.0)
-    with torch.no_grad():
-        q = attention.q_proj(hidden).view(1, 300, 2, 32).transpose(1, 2)
+    q = _projected_query(attention, inputs["hidden_states"])
     q_rot, _ = rotary_from_config(config)(q, q, positions)
     ours = q_rot * scale(positions, dtype=torch.float32)[:, None, :, None]
     torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-5)
@@ -95,33 +103,18 @@ def test_llama4_nope_layers_are_scaled(monkeypatch, layer_idx: int) -> None:
     from transformers import Llama4TextConfig
     from transformers.models.llama4 import modeling_llama4 as m
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = Llama4TextConfig(
-            hidden_size=64,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            head_dim=32,
-            num_hidden_layers=4,
-            floor_scale=16,  # small: the temperature steps inside the test
-            use_qk_norm=False,
-        )
+    config = _quiet(
+        Llama4TextConfig,
+        **_SMALL,
+        num_hidden_layers=4,
+        floor_scale=16,  # small: the temperature steps inside the test
+        use_qk_norm=False,
+    )
     assert rope_layers(config) == [bool(f) for f in config.no_rope_layers] == [1, 1, 1, 0]
     attention = m.Llama4TextAttention(config, layer_idx=layer_idx).eval()
-    n = 100
-    hidden = _hidden(config, n)
-    positions = torch.arange(n)[None]
-    freqs_cis = m.Llama4TextRotaryEmbedding(config)(hidden, positions)
-    theirs = _captured_query(
-        m,
-        attention,
-        monkeypatch,
-        hidden_states=hidden,
-        position_embeddings=freqs_cis,
-        attention_mask=None,
-    )
-    with torch.no_grad():
-        q = attention.q_proj(hidden).view(1, n, 2, 32).transpose(1, 2)
+    inputs, positions = _inputs(config, m.Llama4TextRotaryEmbedding, 100)
+    theirs = _captured_query(m, attention, monkeypatch, **inputs)
+    q = _projected_query(attention, inputs["hidden_states"])
     scale = query_scale_from_config(config, layer_idx=layer_idx)
     if layer_idx == 0:
         assert scale is None
@@ -139,9 +132,7 @@ def test_rope_layers_are_the_configs(name: str) -> None:
     cls = getattr(transformers, name, None)
     if cls is None:
         pytest.skip(f"{name} is not in this transformers")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = cls(num_hidden_layers=10)
+    config = _quiet(cls, num_hidden_layers=10)
     expected = [bool(f) for f in config.no_rope_layers]
     assert rope_layers(config) == expected
     assert rope_layers(config.to_dict()) == expected
@@ -229,11 +220,12 @@ def test_deepseek_v3_softmax_scale_is_its_attention_scaling() -> None:
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3 import modeling_deepseek_v3 as m
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = DeepseekV3Config(
-            rope_scaling=DEEPSEEK_V3_YARN, rope_theta=10000.0, max_position_embeddings=163840
-        )
+    config = _quiet(
+        DeepseekV3Config,
+        rope_scaling=DEEPSEEK_V3_YARN,
+        rope_theta=10000.0,
+        max_position_embeddings=163840,
+    )
     attention = m.DeepseekV3Attention(config, layer_idx=0)
     theirs = attention.scaling / attention.qk_head_dim**-0.5
     ours = softmax_scale_factor(config)
