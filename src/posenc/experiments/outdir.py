@@ -27,7 +27,9 @@ LOCK_NAME = ".posenc.lock"
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no lock, the rest still holds
-    fcntl = None  # type: ignore[assignment]
+    _CAN_LOCK = False
+else:
+    _CAN_LOCK = True
 
 
 def _holder(path: Path) -> str:
@@ -70,7 +72,7 @@ def lock_out_dir(out: str | os.PathLike[str]) -> Iterator[None]:
         PosEncError: another live process holds the lock.
     """
     out = Path(out)
-    if fcntl is None:  # pragma: no cover
+    if not _CAN_LOCK:  # pragma: no cover
         yield
         return
     path = out / LOCK_NAME
