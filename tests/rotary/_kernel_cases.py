@@ -231,24 +231,22 @@ def case_param(case: Case):
     return pytest.param(case, id=case.id)
 
 
+def matrix(rows) -> list[Case]:
+    """Cases of ``(head_dim, rotary_dim, hq, hk, batch, seq, seq_dim, positions, view)`` rows,
+    each in both layouts and every dtype."""
+    return [
+        Case(d, r, hq, hk, b, s, layout, dtype, seq_dim, pos, view)
+        for (d, r, hq, hk, b, s, seq_dim, pos, view) in rows
+        for layout in LAYOUTS
+        for dtype in DTYPES
+    ]
+
+
 # The correctness matrix: odd head dims (2..256, powers of two and not), partial rotary,
 # GQA, q alone, both sequence layouts, strided views, per-token and packed positions,
 # every dtype and both layouts.
-SMALL_CASES = [
-    Case(
-        head_dim=d,
-        rotary_dim=r,
-        hq=hq,
-        hk=hk,
-        batch=b,
-        seq=s,
-        layout=layout,
-        dtype=dtype,
-        seq_dim=seq_dim,
-        positions=pos,
-        view=view,
-    )
-    for (d, r, hq, hk, b, s, seq_dim, pos, view) in [
+SMALL_CASES = matrix(
+    [
         (2, 2, 1, 1, 1, 3, -2, "arange", "contiguous"),
         (6, 6, 3, 1, 2, 5, -2, "batched", "contiguous"),
         (10, 4, 2, 2, 2, 3, -3, "broadcast", "transposed"),
@@ -258,9 +256,39 @@ SMALL_CASES = [
         (130, 126, 1, 3, 1, 2, -2, "arange", "transposed"),
         (256, 256, 2, 1, 1, 2, -3, "packed", "transposed"),
     ]
-    for layout in LAYOUTS
-    for dtype in DTYPES
-]
+)
+
+
+def matrix_tests(backend: str, cases: list[Case], step: int, device="cpu"):
+    """The three tests a fused backend runs over a case matrix: forward (every case),
+    in place (every ``step``-th) and backward (every ``step``-th, from the second); a test
+    file binds them to its own names."""
+
+    @pytest.mark.parametrize("case", [case_param(c) for c in cases])
+    def forward(case):
+        check_forward(case, backend, device)
+
+    @pytest.mark.parametrize("case", [case_param(c) for c in cases[::step]])
+    def inplace(case):
+        check_inplace(case, backend, device)
+
+    @pytest.mark.parametrize("case", [case_param(c) for c in cases[1::step]])
+    def backward(case):
+        check_backward(case, backend, device)
+
+    return forward, inplace, backward
+
+
+def check_compile_grads(f, q: torch.Tensor, k: torch.Tensor, **compile_options) -> None:
+    """``torch.compile(f, fullgraph=True)`` gives the gradients of ``f(q, k)`` (a scalar)
+    eager gives, bit for bit."""
+    compiled = torch.compile(f, fullgraph=True, **compile_options)
+    q1, k1 = q.clone().requires_grad_(), k.clone().requires_grad_()
+    q2, k2 = q.clone().requires_grad_(), k.clone().requires_grad_()
+    compiled(q1, k1).backward()
+    f(q2, k2).backward()
+    torch.testing.assert_close(q1.grad, q2.grad, atol=0, rtol=0)
+    torch.testing.assert_close(k1.grad, k2.grad, atol=0, rtol=0)
 
 
 def check_rounding_ties(backend: str, dtype: torch.dtype, device="cpu") -> None:

@@ -25,12 +25,12 @@ from ._kernel_cases import (
     LAYOUTS,
     SMALL_CASES,
     Case,
-    case_param,
-    check_backward,
+    check_compile_grads,
     check_forward,
     check_inplace,
     check_rounding_ties,
     make_inputs,
+    matrix_tests,
     plain,
     poisoned_outputs,
 )
@@ -49,37 +49,18 @@ def cpu_path():
     backends._cpu_on = previous
 
 
-@pytest.mark.parametrize("case", [case_param(c) for c in SMALL_CASES])
-def test_cpu_matches_plain_and_reference(case):
-    check_forward(case, "cpu")
-
-
-@pytest.mark.parametrize("case", [case_param(c) for c in SMALL_CASES[::3]])
-def test_cpu_inplace_writes_only_rotated_channels(case):
-    check_inplace(case, "cpu")
-
-
-@pytest.mark.parametrize("case", [case_param(c) for c in SMALL_CASES[1::3]])
-def test_cpu_backward_equals_plain_autograd(case):
-    check_backward(case, "cpu")
+(
+    test_cpu_matches_plain_and_reference,
+    test_cpu_inplace_writes_only_rotated_channels,
+    test_cpu_backward_equals_plain_autograd,
+) = matrix_tests("cpu", SMALL_CASES, 3)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cpu_rows_split_over_threads(layout, threads):
     # Large enough to run in parallel; q and k rows are split across threads unevenly.
-    case = Case(
-        head_dim=64,
-        rotary_dim=48,
-        hq=5,
-        hk=3,
-        batch=2,
-        seq=301,
-        layout=layout,
-        positions="batched",
-        view="transposed",
-        seq_dim=-3,
-    )
+    case = Case(64, 48, 5, 3, 2, 301, layout, seq_dim=-3, positions="batched", view="transposed")
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -111,18 +92,7 @@ def test_empty_inputs():
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
 def test_gradcheck_float64(backend, layout):
     # double and second derivatives of the op (whose backward is the op itself)
-    case = Case(
-        head_dim=6,
-        rotary_dim=4,
-        hq=2,
-        hk=1,
-        batch=1,
-        seq=3,
-        layout=layout,
-        dtype=torch.float64,
-        positions="batched",
-        view="sliced",
-    )
+    case = Case(6, 4, 2, 1, 1, 3, layout, torch.float64, positions="batched", view="sliced")
     _, _, cos, sin, _, (q_base, k_base) = make_inputs(case)
     q = q_base[1:, 1:-1, :-1, ::2].detach().requires_grad_()
     k = k_base[1:, 1:-1, :-1, ::2].detach().requires_grad_()
@@ -146,13 +116,7 @@ def test_compile_fullgraph(cpu_path, layout):
         q_out, k_out = fused_rotary(q * 2, k, cos, sin, layout=layout)
         return q_out.sum() + k_out.square().sum()
 
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    q1, k1 = q.clone().requires_grad_(), k.clone().requires_grad_()
-    q2, k2 = q.clone().requires_grad_(), k.clone().requires_grad_()
-    compiled(q1, k1).backward()
-    f(q2, k2).backward()
-    torch.testing.assert_close(q1.grad, q2.grad, atol=0, rtol=0)
-    torch.testing.assert_close(k1.grad, k2.grad, atol=0, rtol=0)
+    check_compile_grads(f, q, k, backend="aot_eager")
 
 
 def test_inplace_with_grad_is_refused():

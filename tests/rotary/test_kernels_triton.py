@@ -20,14 +20,11 @@ import torch
 from posenc.rotary.kernels import fused_rotary, select_backend
 
 from ._kernel_cases import (
-    DTYPES,
-    LAYOUTS,
     Case,
-    case_param,
-    check_backward,
-    check_forward,
-    check_inplace,
+    check_compile_grads,
     make_inputs,
+    matrix,
+    matrix_tests,
     plain,
     poisoned_outputs,
 )
@@ -75,21 +72,8 @@ def test_triton_kernel_under_interpreter():
 
 # --- GPU: the same checks at real sizes -------------------------------------------------
 
-GPU_CASES = [
-    Case(
-        head_dim=d,
-        rotary_dim=r,
-        hq=hq,
-        hk=hk,
-        batch=b,
-        seq=s,
-        layout=layout,
-        dtype=dtype,
-        seq_dim=seq_dim,
-        positions=pos,
-        view=view,
-    )
-    for (d, r, hq, hk, b, s, seq_dim, pos, view) in [
+GPU_CASES = matrix(
+    [
         (128, 128, 32, 8, 1, 1024, -2, "arange", "contiguous"),
         (128, 64, 16, 16, 2, 512, -3, "batched", "transposed"),
         (96, 96, 12, 4, 1, 1500, -3, "packed", "contiguous"),
@@ -98,27 +82,11 @@ GPU_CASES = [
         (2, 2, 5, 3, 2, 300, -3, "arange", "sliced"),
         (128, 128, 64, 8, 16, 1, -2, "batched", "contiguous"),  # decoding: one token
     ]
-    for layout in LAYOUTS
-    for dtype in DTYPES
-]
+)
 
-
-@gpu
-@pytest.mark.parametrize("case", [case_param(c) for c in GPU_CASES])
-def test_gpu_matches_plain_and_reference(case):
-    check_forward(case, "triton", device="cuda")
-
-
-@gpu
-@pytest.mark.parametrize("case", [case_param(c) for c in GPU_CASES[::3]])
-def test_gpu_inplace(case):
-    check_inplace(case, "triton", device="cuda")
-
-
-@gpu
-@pytest.mark.parametrize("case", [case_param(c) for c in GPU_CASES[1::3]])
-def test_gpu_backward(case):
-    check_backward(case, "triton", device="cuda")
+test_gpu_matches_plain_and_reference, test_gpu_inplace, test_gpu_backward = map(
+    gpu, matrix_tests("triton", GPU_CASES, 3, device="cuda")
+)
 
 
 @gpu
@@ -148,10 +116,4 @@ def test_gpu_compile_fullgraph_inductor():
         return q_out.float().sum() + k_out.float().square().sum()
 
     torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True)
-    q1, k1 = q.clone().requires_grad_(), k.clone().requires_grad_()
-    q2, k2 = q.clone().requires_grad_(), k.clone().requires_grad_()
-    compiled(q1, k1).backward()
-    f(q2, k2).backward()
-    torch.testing.assert_close(q1.grad, q2.grad, atol=0, rtol=0)
-    torch.testing.assert_close(k1.grad, k2.grad, atol=0, rtol=0)
+    check_compile_grads(f, q, k)
