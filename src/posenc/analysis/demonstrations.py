@@ -192,74 +192,113 @@ def order_sensitivity(
         )
     swamp_position = check_int("swamp_position", swamp_position, min=0)
     seed = check_int("seed", seed)
-    vocab = sorted(words_a)
-    gen = torch.Generator().manual_seed(seed)
-    table = torch.randn(len(vocab), dim, generator=gen)  # [V, d] token embeddings
-    weights = torch.randn(3, dim, dim, generator=gen) / math.sqrt(dim)  # q, k, v projections
-    ids_a = torch.tensor([vocab.index(w) for w in words_a])
-    ids_b = torch.tensor([vocab.index(w) for w in words_b])
-    x_a, x_b = table[ids_a], table[ids_b]  # [s, d]
-    s = len(words_a)
-    token_scale = float(table.norm(dim=-1).mean())
+    pair = _Pair.drawn(words_a, words_b, dim, seed)
+    return OrderSensitivity(
+        sentences=(" ".join(words_a), " ".join(words_b)),
+        vocabulary=tuple(pair.vocab),
+        dim=dim,
+        num_heads=num_heads,
+        seed=seed,
+        mean_pooling=_pooling(pair, "none"),
+        index_pooling=_pooling(pair, "index"),
+        index_swamping=_swamping(pair, swamp_position),
+        attention=tuple(
+            _attention_demo(pair, setting, num_heads) for setting in ATTENTION_SETTINGS
+        ),
+    )
 
-    def pooled(encoding: str) -> PoolingDemo:
-        config = {"name": encoding} if encoding == "none" else {"name": encoding, "dim": dim}
-        pe = additive_table(resolve_encoding(config), torch.arange(s), dim=dim)
-        mean_a = (x_a.double() + pe).mean(0)
-        mean_b = (x_b.double() + pe).mean(0)
-        gap = float((mean_a - mean_b).norm())
-        return PoolingDemo(encoding, gap, token_scale, gap > 1e-6 * token_scale)
 
-    index = resolve_encoding({"name": "index", "dim": dim})
-    pe_far = additive_table(index, torch.tensor([swamp_position]))[0].float()  # [d]
-    w1, w2 = words_a[0], words_a[-1]
-    e1, e2 = table[vocab.index(w1)], table[vocab.index(w2)]
-    swamping = SwampingDemo(
-        position=swamp_position,
+@dataclasses.dataclass(frozen=True)
+class _Pair:
+    """The two sentences embedded: the words, random token embeddings and projections."""
+
+    words_a: list[str]
+    words_b: list[str]
+    vocab: list[str]  # the words, sorted
+    table: torch.Tensor  # [V, d] token embeddings
+    weights: torch.Tensor  # [3, d, d] q, k, v projections
+    x_a: torch.Tensor  # [s, d] the first sentence's embeddings
+    x_b: torch.Tensor  # [s, d] the second's
+    token_scale: float  # the mean norm of a token embedding
+
+    @classmethod
+    def drawn(cls, words_a: list[str], words_b: list[str], dim: int, seed: int) -> _Pair:
+        """Embeddings ``N(0, 1)`` and projections ``N(0, 1 / dim)`` drawn from ``seed``."""
+        vocab = sorted(words_a)
+        gen = torch.Generator().manual_seed(seed)
+        table = torch.randn(len(vocab), dim, generator=gen)  # [V, d]
+        weights = torch.randn(3, dim, dim, generator=gen) / math.sqrt(dim)  # [3, d, d]
+        ids_a = torch.tensor([vocab.index(w) for w in words_a])
+        ids_b = torch.tensor([vocab.index(w) for w in words_b])
+        scale = float(table.norm(dim=-1).mean())
+        return cls(words_a, words_b, vocab, table, weights, table[ids_a], table[ids_b], scale)
+
+    @property
+    def dim(self) -> int:
+        return self.table.shape[1]
+
+    @property
+    def length(self) -> int:
+        return len(self.words_a)
+
+
+def _pooling(pair: _Pair, encoding: str) -> PoolingDemo:
+    """(a), (b): the mean of token + position embeddings of each sentence, compared."""
+    dim = pair.dim
+    config = {"name": encoding} if encoding == "none" else {"name": encoding, "dim": dim}
+    pe = additive_table(resolve_encoding(config), torch.arange(pair.length), dim=dim)
+    mean_a = (pair.x_a.double() + pe).mean(0)
+    mean_b = (pair.x_b.double() + pe).mean(0)
+    gap = float((mean_a - mean_b).norm())
+    return PoolingDemo(encoding, gap, pair.token_scale, gap > 1e-6 * pair.token_scale)
+
+
+def _swamping(pair: _Pair, position: int) -> SwampingDemo:
+    """(b): the naive index at ``position`` added to two different tokens."""
+    index = resolve_encoding({"name": "index", "dim": pair.dim})
+    pe_far = additive_table(index, torch.tensor([position]))[0].float()  # [d]
+    w1, w2 = pair.words_a[0], pair.words_a[-1]
+    e1, e2 = pair.table[pair.vocab.index(w1)], pair.table[pair.vocab.index(w2)]
+    return SwampingDemo(
+        position=position,
         position_norm=float(pe_far.norm()),
-        token_norm=token_scale,
-        ratio=float(pe_far.norm()) / token_scale,
+        token_norm=pair.token_scale,
+        ratio=float(pe_far.norm()) / pair.token_scale,
         words=(w1, w2),
         token_cosine=_cosine(e1, e2),
         encoded_cosine=_cosine(e1 + pe_far, e2 + pe_far),
     )
 
-    demos = []
-    for label, name, where, causal in ATTENTION_SETTINGS:
-        enc = _attention_encoding(name, num_heads, dim // num_heads)
-        inputs = (x_a, x_b)
-        if name == "sinusoidal":
-            pe = additive_table(
-                resolve_encoding({"name": "sinusoidal", "dim": dim}), torch.arange(s)
-            )
-            inputs = (x_a + pe.float(), x_b + pe.float())
-        out_a, out_b = (
-            _self_attention(x, weights, num_heads=num_heads, encoding=enc, causal=causal)
-            for x in inputs
-        )
-        gaps = {w: float((out_a[words_a.index(w)] - out_b[words_b.index(w)]).norm()) for w in vocab}
-        scale = float(out_a.norm(dim=-1).pow(2).mean().sqrt())
-        worst = max(gaps.values())
-        demos.append(
-            AttentionDemo(
-                label=label,
-                encoding=name or "none",
-                where=where,
-                causal=causal,
-                word_distances=gaps,
-                max_word_distance=worst,
-                scale=scale,
-                permutation_equivariant=worst <= 1e-5 * scale,
-            )
-        )
-    return OrderSensitivity(
-        sentences=(" ".join(words_a), " ".join(words_b)),
-        vocabulary=tuple(vocab),
-        dim=dim,
-        num_heads=num_heads,
-        seed=seed,
-        mean_pooling=pooled("none"),
-        index_pooling=pooled("index"),
-        index_swamping=swamping,
-        attention=tuple(demos),
+
+def _attention_demo(
+    pair: _Pair, setting: tuple[str, str | None, str, bool], num_heads: int
+) -> AttentionDemo:
+    """(c), (d): one self-attention layer on both sentences, each word's outputs compared."""
+    label, name, where, causal = setting
+    dim = pair.dim
+    enc = _attention_encoding(name, num_heads, dim // num_heads)
+    inputs = (pair.x_a, pair.x_b)
+    if name == "sinusoidal":
+        sinusoidal = resolve_encoding({"name": "sinusoidal", "dim": dim})
+        pe = additive_table(sinusoidal, torch.arange(pair.length))
+        inputs = (pair.x_a + pe.float(), pair.x_b + pe.float())
+    out_a, out_b = (
+        _self_attention(x, pair.weights, num_heads=num_heads, encoding=enc, causal=causal)
+        for x in inputs
+    )
+    gaps = {
+        w: float((out_a[pair.words_a.index(w)] - out_b[pair.words_b.index(w)]).norm())
+        for w in pair.vocab
+    }
+    scale = float(out_a.norm(dim=-1).pow(2).mean().sqrt())
+    worst = max(gaps.values())
+    return AttentionDemo(
+        label=label,
+        encoding=name or "none",
+        where=where,
+        causal=causal,
+        word_distances=gaps,
+        max_word_distance=worst,
+        scale=scale,
+        permutation_equivariant=worst <= 1e-5 * scale,
     )

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
+from posenc._base import Encoding
 from posenc._errors import PosEncError, check_float, check_int, check_same_device, check_tensor
 from posenc.analysis._encodings import (
     additive_table,
@@ -115,30 +116,48 @@ def shift_structure(
         raise PosEncError(f"offsets must be a non-empty sequence of integers, got {offsets!r}")
     ks = tuple(check_int("offsets", k, min=1, max=n - 1) for k in offsets)
     if enc.kind == "bias":
-        bias = bias_matrix(enc, pos)  # [h, n, n]
-        finite = bias[torch.isfinite(bias)]
-        top = float(finite.abs().max()) if finite.numel() else 0.0
-        spreads = []
-        for k in ks:
-            worst = 0.0
-            for diag in (bias.diagonal(-k, 1, 2), bias.diagonal(k, 1, 2)):  # [h, n-k]
-                for row in diag:
-                    row = row[torch.isfinite(row)]
-                    if row.numel():
-                        worst = max(worst, float(row.max() - row.min()))
-            spreads.append(worst / top if top > 0 else 0.0)
-        return ShiftStructure(
-            encoding=enc.name,
-            kind=enc.kind,
-            measure="bias(p + k, p) and bias(p, p + k) over p (per head)",
-            offsets=ks,
-            linear_map_residuals=None,
-            linear_map_determined=None,
-            linear_map_holds=None,
-            dot_spreads=tuple(spreads),
-            dot_depends_only_on_offset=max(spreads) <= tol,
-            tol=tol,
-        )
+        measure = "bias(p + k, p) and bias(p, p + k) over p (per head)"
+        spreads, residuals, determined = _bias_spreads(bias_matrix(enc, pos), ks), None, None
+    else:
+        measure, spreads, residuals, determined = _vector_shifts(enc, pos, ks, dtype)
+    return ShiftStructure(
+        encoding=enc.name,
+        kind=enc.kind,
+        measure=measure,
+        offsets=ks,
+        linear_map_residuals=residuals,
+        linear_map_determined=determined,
+        linear_map_holds=None if residuals is None else determined and max(residuals) <= tol,
+        dot_spreads=spreads,
+        dot_depends_only_on_offset=max(spreads) <= tol,
+        tol=tol,
+    )
+
+
+def _bias_spreads(bias: torch.Tensor, ks: tuple[int, ...]) -> tuple[float, ...]:
+    """Per offset ``k``: the largest spread of a head's bias along the diagonals ``+-k`` of
+    ``bias`` ``[h, n, n]`` (masked entries left out), relative to its largest magnitude."""
+    finite = bias[torch.isfinite(bias)]
+    top = float(finite.abs().max()) if finite.numel() else 0.0
+    spreads = []
+    for k in ks:
+        worst = 0.0
+        for diag in (bias.diagonal(-k, 1, 2), bias.diagonal(k, 1, 2)):  # [h, n-k]
+            for row in diag:
+                row = row[torch.isfinite(row)]
+                if row.numel():
+                    worst = max(worst, float(row.max() - row.min()))
+        spreads.append(worst / top if top > 0 else 0.0)
+    return tuple(spreads)
+
+
+def _vector_shifts(
+    enc: Encoding, pos: torch.Tensor, ks: tuple[int, ...], dtype: torch.dtype
+) -> tuple[str, tuple[float, ...], tuple[float, ...], bool]:
+    """``(measure, spreads, residuals, determined)`` of an additive or rotary encoding:
+    per offset ``k`` the spread of the similarity along the diagonals ``+-k`` relative to
+    the mean magnitude at offset 0, and the residual of the fitted shift map ``M_k``."""
+    n = pos.shape[0]
     if enc.kind == "rotary":
         rq, rk = rotary_matrices(enc, pos, dtype=dtype)  # [n, d, d]
         maps, keys = rq, rk.reshape(n, -1)
@@ -160,18 +179,7 @@ def shift_structure(
         residual, enough = _fit_shift(columns, k)
         residuals.append(residual)
         determined = determined and enough
-    return ShiftStructure(
-        encoding=enc.name,
-        kind=enc.kind,
-        measure=measure,
-        offsets=ks,
-        linear_map_residuals=tuple(residuals),
-        linear_map_determined=determined,
-        linear_map_holds=determined and max(residuals) <= tol,
-        dot_spreads=tuple(spreads),
-        dot_depends_only_on_offset=max(spreads) <= tol,
-        tol=tol,
-    )
+    return measure, tuple(spreads), tuple(residuals), determined
 
 
 # --- decay ---------------------------------------------------------------------------------
