@@ -36,7 +36,7 @@ from posenc.analysis._encodings import (
     rotary_matrices,
 )
 from posenc.analysis.properties import EncodingSpec, Positions
-from posenc.analysis.relative import decay
+from posenc.analysis.relative import Decay, decay
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -93,6 +93,30 @@ def _np(x: torch.Tensor) -> Any:
     return x.detach().to(torch.float64).numpy()
 
 
+def _heatmap(
+    ax: Any, values: torch.Tensor, top: float, extent: tuple[float, ...], **kw: Any
+) -> Any:
+    """``values`` as an image on ``ax``, from ``-top`` (blue) to ``top`` (red)."""
+    return ax.imshow(
+        _np(values),
+        cmap="RdBu_r",
+        vmin=-top,
+        vmax=top,
+        interpolation="nearest",
+        extent=extent,
+        **kw,
+    )
+
+
+def _titled(fig: Figure, ax: Any, im: Any, xlabel: str, title: str) -> Figure:
+    """``ax`` with its labels (positions down), ``title`` and a colorbar of ``im``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("position p")
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax)
+    return fig
+
+
 def plot_table(
     encoding: EncodingSpec,
     positions: Positions = None,
@@ -126,15 +150,8 @@ def plot_table(
         angles = reduced_angles(pos, inv_freq(enc))  # [n, r/2]
         axes = fig.subplots(1, 2, sharey=True)
         for ax, values, name in zip(axes, (angles.cos(), angles.sin()), ("cos", "sin")):
-            im = ax.imshow(
-                _np(values),
-                aspect="auto",
-                cmap="RdBu_r",
-                vmin=-1,
-                vmax=1,
-                interpolation="nearest",
-                extent=(-0.5, values.shape[1] - 0.5, bottom_row, top_row),
-            )
+            extent = (-0.5, values.shape[1] - 0.5, bottom_row, top_row)
+            im = _heatmap(ax, values, 1, extent, aspect="auto")
             ax.set_title(f"{name}(p * theta_i)")
             ax.set_xlabel("frequency i")
         axes[0].set_ylabel("position p")
@@ -144,21 +161,10 @@ def plot_table(
     table = additive_table(enc, pos)  # [n, d]
     ax = fig.subplots()
     top = float(table.abs().max()) or 1.0
-    im = ax.imshow(
-        _np(table),
-        aspect="auto",
-        cmap="RdBu_r",
-        vmin=-top,
-        vmax=top,
-        interpolation="nearest",
-        extent=(-0.5, table.shape[1] - 0.5, bottom_row, top_row),
-    )
-    ax.set_xlabel("channel")
-    ax.set_ylabel("position p")
+    extent = (-0.5, table.shape[1] - 0.5, bottom_row, top_row)
+    im = _heatmap(ax, table, top, extent, aspect="auto")
     note = " (adds nothing)" if enc.kind == "none" else ""
-    ax.set_title(f"{_label(enc)}: PE(p), {table.shape[1]} channels{note}")
-    fig.colorbar(im, ax=ax)
-    return fig
+    return _titled(fig, ax, im, "channel", f"{_label(enc)}: PE(p), {table.shape[1]} channels{note}")
 
 
 def plot_similarity(
@@ -198,15 +204,9 @@ def plot_similarity(
     fig = _figure(figsize, dpi)
     ax = fig.subplots()
     lo, hi = float(pos[0]) - 0.5, float(pos[-1]) + 0.5
-    im = ax.imshow(
-        _np(sim), cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest", extent=(lo, hi, hi, lo)
-    )
-    ax.set_xlabel("position p'")
-    ax.set_ylabel("position p")
+    im = _heatmap(ax, sim, 1, (lo, hi, hi, lo))
     note = " (all zero: adds nothing)" if enc.kind == "none" else ""
-    ax.set_title(f"{_label(enc)}: {what}{note}")
-    fig.colorbar(im, ax=ax)
-    return fig
+    return _titled(fig, ax, im, "position p'", f"{_label(enc)}: {what}{note}")
 
 
 def plot_decay(
@@ -229,6 +229,26 @@ def plot_decay(
         >>> len(fig.axes)
         2
     """
+    specs = _specs(encodings)
+    _check_figsize(figsize)
+    curves = [decay(spec, max_distance) for spec in specs]
+    similar = [c for c in curves if c.kind != "bias"]
+    biases = [c for c in curves if c.kind == "bias"]
+    fig = _figure(figsize, dpi)
+    axes = list(fig.subplots(1, int(bool(similar)) + int(bool(biases)), squeeze=False)[0])
+    # legends beside the axes when there is room, inside them otherwise
+    where = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0)} if figsize[0] >= 7 else {}
+    colors = {id(c): f"C{i % 10}" for group in (similar, biases) for i, c in enumerate(group)}
+    for group, panel in ((similar, _similarity_panel), (biases, _bias_panel)):
+        if group:
+            ax = axes.pop(0)
+            panel(ax, group, colors)
+            ax.legend(fontsize="small", **where)
+    return fig
+
+
+def _specs(encodings: Any) -> list[EncodingSpec]:
+    """``encodings`` as a non-empty list of encodings."""
     if isinstance(encodings, (str, Mapping, Encoding)):
         specs: list[EncodingSpec] = [encodings]
     elif isinstance(encodings, (list, tuple)):
@@ -240,57 +260,49 @@ def plot_decay(
         )
     if not specs:
         raise PosEncError("encodings must name at least one encoding, got an empty list")
-    _check_figsize(figsize)
-    curves = [decay(spec, max_distance) for spec in specs]
-    similar = [c for c in curves if c.kind != "bias"]
-    biases = [c for c in curves if c.kind == "bias"]
-    fig = _figure(figsize, dpi)
-    axes = list(fig.subplots(1, int(bool(similar)) + int(bool(biases)), squeeze=False)[0])
-    # legends beside the axes when there is room, inside them otherwise
-    where = {"loc": "upper left", "bbox_to_anchor": (1.0, 1.0)} if figsize[0] >= 7 else {}
-    colors = {id(c): f"C{i % 10}" for group in (similar, biases) for i, c in enumerate(group)}
-    if similar:
-        ax = axes.pop(0)
-        top = 1.6
-        bounds: dict[tuple[float, ...], list[str]] = {}  # one dashed bound per distinct curve
-        for rank, curve in enumerate(similar):
-            color = colors[id(curve)]
-            width = 1.0 + 2.0 * (len(similar) - 1 - rank) / max(1, len(similar) - 1)
-            values = curve.normalized if curve.normalized is not None else curve.similarity
-            label = curve.encoding if curve.normalized is not None else f"{curve.encoding} (zero)"
-            if max(values) > top:
-                label += f" (grows to {max(values):.3g}, clipped)"
-            # earlier curves drawn wider, so identical curves (sinusoidal, rope) both show
-            ax.plot(curve.distances, values, color=color, label=label, linewidth=width)
-            if curve.bound_normalized is not None:
-                key = tuple(round(v, 6) for v in curve.bound_normalized)
-                bounds.setdefault(key, []).append(curve.encoding)
-        for (key, owners), style in zip(bounds.items(), ["--", ":", "-."] * len(bounds)):
-            ax.plot(
-                similar[0].distances,
-                key,
-                color="0.2",
-                linestyle=style,
-                linewidth=1.0,
-                label=f"RoFormer bound, shape ({', '.join(owners)})",
-            )
-        ax.set_ylim(-1.05, top)
-        ax.axhline(0.0, color="0.7", linewidth=0.8)
-        ax.set_xlabel("distance k (query at p + k, key at p)")
-        ax.set_ylabel("similarity / similarity at k = 0")
-        ax.set_title("similarity against distance")
-        ax.legend(fontsize="small", **where)
-    if biases:
-        ax = axes.pop(0)
-        for curve in biases:
-            ax.plot(
-                curve.distances, curve.similarity, color=colors[id(curve)], label=curve.encoding
-            )
-        ax.set_xlabel("distance k of the key behind the query")
-        ax.set_ylabel("bias (mean over heads)")
-        ax.set_title("attention bias against distance")
-        ax.legend(fontsize="small", **where)
-    return fig
+    return specs
+
+
+def _similarity_panel(ax: Any, similar: list[Decay], colors: dict[int, str]) -> None:
+    """The normalized similarity of each curve against distance (clipped above 1.6), and
+    one dashed RoFormer bound per distinct bound."""
+    top = 1.6
+    bounds: dict[tuple[float, ...], list[str]] = {}  # one dashed bound per distinct curve
+    for rank, curve in enumerate(similar):
+        color = colors[id(curve)]
+        width = 1.0 + 2.0 * (len(similar) - 1 - rank) / max(1, len(similar) - 1)
+        values = curve.normalized if curve.normalized is not None else curve.similarity
+        label = curve.encoding if curve.normalized is not None else f"{curve.encoding} (zero)"
+        if max(values) > top:
+            label += f" (grows to {max(values):.3g}, clipped)"
+        # earlier curves drawn wider, so identical curves (sinusoidal, rope) both show
+        ax.plot(curve.distances, values, color=color, label=label, linewidth=width)
+        if curve.bound_normalized is not None:
+            key = tuple(round(v, 6) for v in curve.bound_normalized)
+            bounds.setdefault(key, []).append(curve.encoding)
+    for (key, owners), style in zip(bounds.items(), ["--", ":", "-."] * len(bounds)):
+        ax.plot(
+            similar[0].distances,
+            key,
+            color="0.2",
+            linestyle=style,
+            linewidth=1.0,
+            label=f"RoFormer bound, shape ({', '.join(owners)})",
+        )
+    ax.set_ylim(-1.05, top)
+    ax.axhline(0.0, color="0.7", linewidth=0.8)
+    ax.set_xlabel("distance k (query at p + k, key at p)")
+    ax.set_ylabel("similarity / similarity at k = 0")
+    ax.set_title("similarity against distance")
+
+
+def _bias_panel(ax: Any, biases: list[Decay], colors: dict[int, str]) -> None:
+    """The mean bias over heads of each curve against distance."""
+    for curve in biases:
+        ax.plot(curve.distances, curve.similarity, color=colors[id(curve)], label=curve.encoding)
+    ax.set_xlabel("distance k of the key behind the query")
+    ax.set_ylabel("bias (mean over heads)")
+    ax.set_title("attention bias against distance")
 
 
 def plot_bias(
