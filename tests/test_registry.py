@@ -46,7 +46,8 @@ def _example_args(cls) -> dict:
 
 
 def _outputs(module, generator_seed: int = 0):
-    """What the module computes on fixed inputs, by kind (the contracts of INTERFACES.md)."""
+    """What the module computes on fixed inputs, by kind (the protocols in ARCHITECTURE.md,
+    "The protocols attention relies on")."""
     g = torch.Generator().manual_seed(generator_seed)
     module = module.eval()
     if module.kind in ("additive", "none"):
