@@ -11,46 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from posenc.cli import main
 from posenc.experiments import run_study
 
 from .schema import check_results
-
-TINY = [
-    "--steps",
-    "3",
-    "--batch-size",
-    "4",
-    "--dim",
-    "16",
-    "--layers",
-    "1",
-    "--heads",
-    "2",
-    "--eval-examples",
-    "8",
-    "--eval-tokens",
-    "256",
-    "--warmup",
-    "1",
-    "--extend",
-    "none",
-    "--finetune-steps",
-    "0",
-    "--quiet",
-]
-
-
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
+from .tiny import CLI_TINY as TINY
+from .tiny import check_one_line_error, run_cli, tiny_study
 
 
 def test_a_tiny_run_writes_results_and_figure(tmp_path: Path, capsys) -> None:
     loud = [a for a in TINY if a != "--quiet"]  # progress bars on stderr, summary on stdout
-    code, out, err = _run(
+    code, out, err = run_cli(
         [
             "lengthgen",
             "--task",
@@ -86,7 +56,7 @@ def test_seeds_and_jobs_summarise_mean_and_spread(tmp_path: Path, capsys) -> Non
     loud = [a for a in TINY if a != "--quiet"]
     argv = ["lengthgen", "--task", "copy", "--encodings", "alibi,learned", "--train-len", "9"]
     argv += ["--eval-lens", "L,2L", "--out", str(tmp_path), "--seeds", "0,1,2", "--jobs", "2"]
-    code, out, err = _run([*argv, *loud], capsys)
+    code, out, err = run_cli([*argv, *loud], capsys)
     assert code == 0, err
     assert "alibi s2" in err  # a progress bar per (encoding, seed)
     flat = " ".join(out.split())  # rich wraps the title and cells to the terminal's width
@@ -98,15 +68,6 @@ def test_seeds_and_jobs_summarise_mean_and_spread(tmp_path: Path, capsys) -> Non
     assert results["environment"]["jobs"] == 2
     cell = results["summary"]["alibi"]["9"]["accuracy"]
     assert f"{cell['mean']:.2f} ({cell['min']:.2f}-{cell['max']:.2f})" in flat
-
-
-def _one_line_error(code: int, err: str, pattern: str) -> None:
-    import re
-
-    assert code == 2
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    assert err.startswith("posenc: error: ")
-    assert re.search(pattern, err), err
 
 
 @pytest.mark.parametrize(
@@ -153,14 +114,14 @@ def test_bad_input_is_one_line_and_exit_code_2(
         str(tmp_path / "out"),
         *TINY,
     ]
-    code, _, err = _run(base + args, capsys)
-    _one_line_error(code, err, pattern)
+    code, _, err = run_cli(base + args, capsys)
+    check_one_line_error(code, err, pattern)
     assert not (tmp_path / "out").exists()  # nothing trained, not even the folder made
 
 
 def test_unwritable_out_dir(tmp_path: Path, capsys) -> None:
     (tmp_path / "file").write_text("")
-    code, _, err = _run(
+    code, _, err = run_cli(
         [
             "lengthgen",
             "--encodings",
@@ -175,7 +136,7 @@ def test_unwritable_out_dir(tmp_path: Path, capsys) -> None:
         ],
         capsys,
     )
-    _one_line_error(
+    check_one_line_error(
         code, err, r"--out '.*file/out' cannot be created \(Not a directory: '.*file'\)"
     )
 
@@ -193,9 +154,9 @@ def test_resume_from_another_config_or_a_corrupt_checkpoint(tmp_path: Path, caps
         str(tmp_path),
         *TINY,
     ]
-    assert _run(base, capsys)[0] == 0
-    code, _, err = _run([*base, "--resume", "--seed", "1"], capsys)
-    _one_line_error(
+    assert run_cli(base, capsys)[0] == 0
+    code, _, err = run_cli([*base, "--resume", "--seed", "1"], capsys)
+    check_one_line_error(
         code,
         err,
         r"checkpoint '.*none\.pt' was written by a different "
@@ -203,8 +164,8 @@ def test_resume_from_another_config_or_a_corrupt_checkpoint(tmp_path: Path, caps
     )
     path = tmp_path / "checkpoints" / "none.pt"
     path.write_bytes(path.read_bytes()[:-200])
-    code, _, err = _run([*base, "--resume"], capsys)
-    _one_line_error(code, err, r"checkpoint '.*none\.pt' is truncated or corrupt")
+    code, _, err = run_cli([*base, "--resume"], capsys)
+    check_one_line_error(code, err, r"checkpoint '.*none\.pt' is truncated or corrupt")
 
 
 def _free_port() -> int:
@@ -253,21 +214,7 @@ def test_two_process_ddp_run_matches_one_process(tmp_path: Path) -> None:
     assert ddp["environment"]["world_size"] == 2
     # Same global batches, gradients averaged over the two shards: the same training as
     # one process up to float summation order.
-    one = run_study(
-        "copy",
-        ["alibi", "rope"],
-        train_len=9,
-        eval_lens=[9, 18],
-        steps=3,
-        batch_size=4,
-        dim=16,
-        num_layers=1,
-        num_heads=2,
-        eval_examples=8,
-        warmup=1,
-        extend=(),
-        finetune_steps=0,
-    )
+    one = run_study(tiny_study("copy", ["alibi", "rope"], train_len=9, eval_lens=[9, 18]))
     for a, b in zip(ddp["runs"], one["runs"]):
         assert a["train"]["final_loss"] == pytest.approx(b["train"]["final_loss"], rel=1e-5)
         for length in ("9", "18"):

@@ -10,22 +10,11 @@ import torch
 
 from posenc import PosEncError
 from posenc.experiments import PRESETS, run_study
+from posenc.experiments.settings import resolve
 from posenc.models import TinyTransformer
 
 from .schema import check_results
-
-TINY = dict(
-    steps=3,
-    batch_size=4,
-    dim=16,
-    num_layers=1,
-    num_heads=2,
-    eval_tokens=256,
-    eval_examples=8,
-    warmup=1,
-    extend=(),
-    finetune_steps=0,
-)
+from .tiny import tiny_study
 
 
 @pytest.mark.parametrize(
@@ -42,9 +31,8 @@ def test_a_tiny_study_per_task(
     tmp_path: Path, task: str, train_len: int, encodings: list[str]
 ) -> None:
     eval_lens = [train_len, 2 * train_len]
-    results = run_study(
-        task, encodings, train_len=train_len, eval_lens=eval_lens, out_dir=tmp_path, **TINY
-    )
+    study = tiny_study(task, encodings, train_len=train_len, eval_lens=eval_lens)
+    results = run_study(study, out_dir=tmp_path)
     check_results(results, task=task, train_len=train_len, eval_lens=eval_lens, encodings=encodings)
     assert json.loads((tmp_path / "results.json").read_text()) == results
     assert (tmp_path / "lengthgen.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -64,8 +52,8 @@ def test_a_tiny_study_per_task(
 
 
 def test_rope_extensions_with_and_without_a_fine_tune(tmp_path: Path) -> None:
-    tiny = {**TINY, "extend": "pi,ntk,yarn", "finetune_steps": 2}
-    results = run_study("lm", ["rope"], train_len=8, eval_lens=[8, 32], out_dir=tmp_path, **tiny)
+    study = tiny_study(train_len=8, eval_lens=[8, 32], extend="pi,ntk,yarn", finetune_steps=2)
+    results = run_study(study, out_dir=tmp_path)
     labels = [
         "rope",
         "rope+pi",
@@ -90,15 +78,8 @@ def test_rope_extensions_with_and_without_a_fine_tune(tmp_path: Path) -> None:
 
 
 def test_extension_models_load_the_trained_weights(tmp_path: Path) -> None:
-    run_study(
-        "copy",
-        ["rope"],
-        train_len=9,
-        eval_lens=[9, 18],
-        out_dir=tmp_path,
-        checkpoint_every=1,
-        **{**TINY, "extend": ["ntk"]},
-    )
+    study = tiny_study("copy", train_len=9, eval_lens=[9, 18], checkpoint_every=1, extend=["ntk"])
+    run_study(study, out_dir=tmp_path)
     state = torch.load(tmp_path / "checkpoints" / "rope.pt", weights_only=True)
     config = json.loads(state["config"])["model"]
     config["encoding"]["scaling"] = {"type": "ntk", "factor": 2.0}
@@ -111,9 +92,10 @@ def test_extension_models_load_the_trained_weights(tmp_path: Path) -> None:
 
 
 def test_random_positions_train_and_evaluate(tmp_path: Path) -> None:
-    results = run_study(
-        "copy", ["learned", "rope"], train_len=9, eval_lens=[9, 18, 27], random_positions=18, **TINY
+    study = tiny_study(
+        "copy", ["learned", "rope"], train_len=9, eval_lens=[9, 18, 27], random_positions=18
     )
+    results = run_study(study)
     learned = results["runs"][0]
     assert learned["config"]["max_len"] == 18  # the table covers [0, L_max)
     assert "error" not in learned["eval"]["18"] and "error" in learned["eval"]["27"]
@@ -121,28 +103,26 @@ def test_random_positions_train_and_evaluate(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_study_resumes_to_the_same_results(tmp_path: Path) -> None:
-    args = dict(train_len=8, eval_lens=[8, 16], checkpoint_every=2, **{**TINY, "steps": 5})
-    whole = run_study("lm", ["alibi", "rope"], out_dir=tmp_path / "whole", **args)
+    study = tiny_study(
+        "lm", ["alibi", "rope"], train_len=8, eval_lens=[8, 16], checkpoint_every=2, steps=5
+    )
+    whole = run_study(study, out_dir=tmp_path / "whole")
 
     def kill_during_rope(kind: str, fields: dict) -> None:
         if kind == "step" and fields["label"] == "rope" and fields["info"].step == 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_study(
-            "lm", ["alibi", "rope"], out_dir=tmp_path / "cut", on_event=kill_during_rope, **args
-        )
+        run_study(study, out_dir=tmp_path / "cut", on_event=kill_during_rope)
     assert not (tmp_path / "cut" / "results.json").exists()
     trained: list[str] = []
     resumed = run_study(
-        "lm",
-        ["alibi", "rope"],
+        study,
         out_dir=tmp_path / "cut",
         resume=True,
         on_event=lambda kind, f: (
             trained.append(f"{f['label']}:{f['info'].step}") if kind == "step" else None
         ),
-        **args,
     )
     assert trained == ["rope:3", "rope:4", "rope:5"]  # alibi was done; rope resumes after 2
     for a, b in zip(whole["runs"], resumed["runs"]):
@@ -202,10 +182,11 @@ def _corrupt(path: Path) -> None:
     ],
 )
 def test_bad_inputs_are_refused_before_training(kwargs: dict, message: str) -> None:
-    args = dict(task="lm", encodings=["rope"], train_len=8, eval_lens=[8, 16], **TINY)
+    options = {"task": "lm", "encodings": ["rope"], "train_len": 8, "eval_lens": [8, 16], **kwargs}
+    run = {k: options.pop(k) for k in ("device", "resume") if k in options}  # the run's own
     events: list[str] = []
     with pytest.raises(PosEncError, match=message):
-        run_study(**{**args, **kwargs}, on_event=lambda kind, f: events.append(kind))
+        run_study(tiny_study(**options), **run, on_event=lambda kind, f: events.append(kind))
     assert events == []
 
 
@@ -213,13 +194,13 @@ def test_unwritable_out_dir(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     with pytest.raises(PosEncError, match=r"out_dir '.*file/out' cannot be created"):
-        run_study("lm", ["rope"], train_len=8, eval_lens=[8], out_dir=blocker / "out", **TINY)
+        run_study(tiny_study(train_len=8, eval_lens=[8]), out_dir=blocker / "out")
 
 
 @pytest.mark.parametrize("damage", ["config", "corrupt"])
 def test_bad_checkpoints_are_refused_before_training(tmp_path: Path, damage: str) -> None:
-    args = dict(train_len=8, eval_lens=[8], out_dir=tmp_path, **TINY)
-    run_study("lm", ["none", "rope"], **args)
+    args = dict(task="lm", encodings=["none", "rope"], train_len=8, eval_lens=[8])
+    run_study(tiny_study(**args), out_dir=tmp_path)
     if damage == "corrupt":
         _corrupt(tmp_path / "checkpoints" / "rope.pt")
         message = r"checkpoint '.*rope\.pt' is truncated or corrupt"
@@ -233,7 +214,10 @@ def test_bad_checkpoints_are_refused_before_training(tmp_path: Path, damage: str
     events: list[str] = []
     with pytest.raises(PosEncError, match=message):
         run_study(
-            "lm", ["none", "rope"], resume=True, on_event=lambda k, f: events.append(k), **changed
+            tiny_study(**changed),
+            out_dir=tmp_path,
+            resume=True,
+            on_event=lambda k, f: events.append(k),
         )
     assert events == []
 
@@ -242,34 +226,31 @@ def test_numpy_integers_are_plain_ints_in_the_results(tmp_path: Path) -> None:
     """``checkpoint_every=np.int64(0)`` used to reach json.dumps as a NumPy scalar."""
     import numpy as np
 
-    results = run_study(
+    study = tiny_study(
         "copy",
         ["none"],
-        out_dir=tmp_path,
         train_len=np.int64(8),
         eval_lens=[np.int64(8)],
         checkpoint_every=np.int64(0),
         seed=np.int64(2),
-        **{**TINY, "steps": np.int64(2), "batch_size": np.int32(2), "dim": np.int64(16)},
+        steps=np.int64(2),
+        batch_size=np.int32(2),
+        dim=np.int64(16),
     )
+    results = run_study(study, out_dir=tmp_path)
     train = results["settings"]["train"]
     assert train["checkpoint_every"] == 0 and type(train["checkpoint_every"]) is int
     assert json.loads((tmp_path / "results.json").read_text())["settings"]["train"] == train
 
 
-def _study(world_size: int = 1, **options):
-    from posenc.experiments.settings import resolve
+def _resolved(encodings, world_size: int = 1, **options):
+    """``resolve``: the default preset with ``options`` over it, for ``world_size``
+    processes."""
+    return resolve("lm", encodings, {"preset": "default", "seed": 0, **options}, world_size)
 
-    base = dict.fromkeys(
-        "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup random_positions "
-        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples optimizer".split()
-    )
-    return resolve(
-        "lm",
-        ["none", "rope", "learned"],
-        {**base, "preset": "default", "seed": 0, **options},
-        world_size,
-    )
+
+def _study(world_size: int = 1, **options):
+    return _resolved(["none", "rope", "learned"], world_size, **options)
 
 
 def test_the_memory_estimate_lets_the_documented_studies_run() -> None:
@@ -284,18 +265,8 @@ def test_the_memory_estimate_lets_the_documented_studies_run() -> None:
 
 def test_a_study_over_max_bytes_is_refused_before_anything_is_written(tmp_path: Path) -> None:
     with pytest.raises(PosEncError, match=r"this study needs about [\d.]+ [MG]B of memory per"):
-        run_study("copy", ["none"], out_dir=tmp_path / "out", max_bytes=1000, **TINY)
+        run_study(tiny_study("copy", ["none"]), out_dir=tmp_path / "out", max_bytes=1000)
     assert not (tmp_path / "out").exists()
-
-
-def _resolved(encodings, **options):
-    from posenc.experiments.settings import resolve
-
-    base = dict.fromkeys(
-        "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup random_positions "
-        "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples optimizer".split()
-    )
-    return resolve("lm", encodings, {**base, "preset": "default", "seed": 0, **options}, 1)
 
 
 @pytest.mark.parametrize(

@@ -21,19 +21,19 @@ from posenc.cli import main
 from posenc.experiments import run_study
 from posenc.experiments.outdir import LOCK_NAME, lock_out_dir
 
-TINY = dict(
+from .tiny import tiny_study
+
+#: the study of ARGV (at 3 steps)
+STUDY = tiny_study(
+    "copy",
+    ["none"],
     train_len=8,
     eval_lens=[8],
-    steps=3,
     batch_size=2,
     dim=8,
-    num_layers=1,
     num_heads=1,
     eval_examples=4,
     warmup=0,
-    extend=[],
-    finetune_steps=0,
-    plot=False,
 )
 ARGV = (
     "lengthgen --task copy --encodings none --train-len 8 --eval-lens 8 --batch-size 2 "
@@ -51,12 +51,12 @@ def _cli(argv: list[str], capsys) -> tuple[int, str]:
 def test_a_second_run_into_the_same_out_is_refused(tmp_path: Path, capsys) -> None:
     with lock_out_dir(tmp_path):
         with pytest.raises(PosEncError, match=r"is in use by another posenc run \(pid \d+"):
-            run_study("copy", ["none"], out_dir=tmp_path, **TINY)
+            run_study(STUDY, out_dir=tmp_path, plot=False)
         code, err = _cli([*ARGV, "--steps", "2", "--out", str(tmp_path)], capsys)
         assert code == 2 and err.count("\n") == 1
         assert "is in use by another posenc run" in err and "use another --out" in err
     assert not (tmp_path / "checkpoints").exists()  # nothing trained
-    run_study("copy", ["none"], out_dir=tmp_path, **TINY)  # released: it runs
+    run_study(STUDY, out_dir=tmp_path, plot=False)  # released: it runs
     assert not (tmp_path / LOCK_NAME).exists()  # and cleans up after itself
 
 
@@ -78,18 +78,18 @@ def test_a_lock_whose_process_is_gone_is_taken_over(tmp_path: Path) -> None:
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         with pytest.raises(PosEncError, match=rf"in use by another posenc run \(pid {holder.pid}"):
-            run_study("copy", ["none"], out_dir=tmp_path, **TINY)
+            run_study(STUDY, out_dir=tmp_path, plot=False)
     finally:
         holder.send_signal(signal.SIGKILL)  # no clean-up: the lock file stays behind
         holder.wait(timeout=30)
     assert f"pid {holder.pid}" in (tmp_path / LOCK_NAME).read_text()
-    results = run_study("copy", ["none"], out_dir=tmp_path, **TINY)
+    results = run_study(STUDY, out_dir=tmp_path, plot=False)
     assert results["runs"][0]["train"]["steps"] == 3
 
 
 def test_a_lock_file_of_junk_is_taken_over(tmp_path: Path) -> None:
     (tmp_path / LOCK_NAME).write_bytes(b"\xff\x00 not a pid")
-    run_study("copy", ["none"], out_dir=tmp_path, **TINY)
+    run_study(STUDY, out_dir=tmp_path, plot=False)
 
 
 def test_stale_temporary_files_are_cleaned_on_the_next_run(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_stale_temporary_files_are_cleaned_on_the_next_run(tmp_path: Path) -> No
     keep = [tmp_path / "notes.tmp", tmp_path / "checkpoints" / ".hidden"]
     for path in stale + keep:
         path.write_bytes(b"half a file")
-    run_study("copy", ["none"], out_dir=tmp_path, **TINY)
+    run_study(STUDY, out_dir=tmp_path, plot=False)
     assert [p.exists() for p in stale] == [False, False]
     assert all(p.exists() for p in keep)  # only what an atomic write names is removed
 

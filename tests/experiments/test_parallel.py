@@ -13,21 +13,16 @@ import pytest
 from posenc import PosEncError
 from posenc.experiments import run_study
 from posenc.experiments.results import summarize
+from posenc.experiments.settings import resolve
 from posenc.experiments.train import TrainDiverged
 
 from .schema import check_results
+from .tiny import tiny_study
 
-TINY: dict[str, Any] = dict(
-    steps=4,
-    batch_size=4,
-    dim=16,
-    num_layers=1,
-    num_heads=2,
-    eval_tokens=256,
-    eval_examples=8,
-    warmup=1,
-    threads=1,
-    plot=False,
+RUN: dict[str, Any] = dict(threads=1, plot=False)  # how every study here runs
+#: the serial and the parallel study: RoPE extended by PI with a fine-tune, two seeds
+EXTENDED: dict[str, Any] = dict(
+    train_len=8, eval_lens=[8, 16], extend=["pi"], extend_factor=2.0, finetune_steps=2, steps=4
 )
 _TIMING = {"seconds", "tokens_per_second"}
 
@@ -45,18 +40,8 @@ def _numbers(results: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def serial() -> dict[str, Any]:
-    return run_study(
-        "lm",
-        ["alibi", "rope", "learned"],
-        seeds=[0, 1],
-        train_len=8,
-        eval_lens=[8, 16],
-        extend=["pi"],
-        extend_factor=2.0,
-        finetune_steps=2,
-        jobs=1,
-        **TINY,
-    )
+    study = tiny_study("lm", ["alibi", "rope", "learned"], seeds=[0, 1], **EXTENDED)
+    return run_study(study, jobs=1, **RUN)
 
 
 def test_each_run_carries_its_seed_and_units_keep_their_order(serial: dict[str, Any]) -> None:
@@ -75,14 +60,7 @@ def test_seeds_give_different_models(serial: dict[str, Any]) -> None:
 
 def test_one_seed_of_several_equals_a_study_of_that_seed(serial: dict[str, Any]) -> None:
     one = run_study(
-        "lm",
-        ["alibi"],
-        seed=1,
-        train_len=8,
-        eval_lens=[8, 16],
-        extend=(),
-        finetune_steps=0,
-        **TINY,
+        tiny_study("lm", ["alibi"], seed=1, train_len=8, eval_lens=[8, 16], steps=4), **RUN
     )
     [run] = one["runs"]
     [same] = [r for r in serial["runs"] if r["encoding"] == "alibi" and r["seed"] == 1]
@@ -115,18 +93,11 @@ def test_summary_mean_min_max_per_encoding_and_length(serial: dict[str, Any]) ->
 def test_workers_give_the_numbers_of_a_serial_run(serial: dict[str, Any], tmp_path: Path) -> None:
     events: list[tuple[str, str, int]] = []
     parallel = run_study(
-        "lm",
-        ["alibi", "rope", "learned"],
-        seeds="0,1",
-        train_len=8,
-        eval_lens=[8, 16],
-        extend=["pi"],
-        extend_factor=2.0,
-        finetune_steps=2,
+        tiny_study("lm", ["alibi", "rope", "learned"], seeds="0,1", **EXTENDED),
         jobs=2,
         out_dir=tmp_path,
         on_event=lambda kind, fields: events.append((kind, fields["label"], fields["seed"])),
-        **TINY,
+        **RUN,
     )
     assert _numbers(parallel) == _numbers(serial)
     assert parallel["environment"]["jobs"] == 2 and serial["environment"]["jobs"] == 1
@@ -151,34 +122,16 @@ def test_a_damaged_checkpoint_of_one_seed_is_refused_before_any_worker_starts(
     ckpt.mkdir()
     (ckpt / "alibi.seed1.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(PosEncError, match=r"alibi\.seed1\.pt"):
-        run_study(
-            "lm",
-            ["alibi"],
-            seeds=[0, 1],
-            train_len=8,
-            eval_lens=[8],
-            jobs=2,
-            out_dir=tmp_path,
-            resume=True,
-            extend=(),
-            finetune_steps=0,
-            **TINY,
-        )
+        study = tiny_study("lm", ["alibi"], seeds=[0, 1], train_len=8, eval_lens=[8], steps=4)
+        run_study(study, jobs=2, out_dir=tmp_path, resume=True, **RUN)
 
 
 def test_a_failing_worker_stops_the_study_with_its_error() -> None:
     with pytest.raises(TrainDiverged, match="loss"):
-        run_study(
-            "lm",
-            ["alibi", "rope"],
-            seeds=[0, 1],
-            train_len=8,
-            eval_lens=[8],
-            jobs=2,
-            extend=(),
-            finetune_steps=0,
-            **{**TINY, "lr": 1e30},
+        study = tiny_study(
+            "lm", ["alibi", "rope"], seeds=[0, 1], train_len=8, eval_lens=[8], steps=4, lr=1e30
         )
+        run_study(study, jobs=2, **RUN)
 
 
 @pytest.mark.parametrize(
@@ -199,19 +152,14 @@ def test_a_failing_worker_stops_the_study_with_its_error() -> None:
     ids=lambda v: v if isinstance(v, str) else None,
 )
 def test_bad_seeds_and_jobs_are_refused(options: dict[str, Any], pattern: str) -> None:
+    run = {k: v for k, v in options.items() if k == "jobs"}  # the run's own
+    given = {k: v for k, v in options.items() if k != "jobs"}
     with pytest.raises(PosEncError, match=pattern):
-        run_study("lm", ["alibi"], train_len=8, eval_lens=[8], **{**TINY, **options})
+        study = tiny_study("lm", ["alibi"], train_len=8, eval_lens=[8], steps=4, **given)
+        run_study(study, **run, **RUN)
 
 
-def _study(encodings: list[str], **given: Any) -> Any:
-    from posenc.experiments.settings import resolve
-
-    keys = (
-        "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup "
-        "random_positions extend extend_factor finetune_steps checkpoint_every eval_tokens optimizer "
-        "eval_examples seed seeds"
-    ).split()
-    options = {key: given.get(key) for key in keys}
+def _study(encodings: list[str], **options: Any) -> Any:
     return resolve("lm", encodings, {"preset": "quick", **options}, 1)
 
 

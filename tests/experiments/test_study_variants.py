@@ -5,7 +5,6 @@ the study settings that reach the runs, flip-flop's extra splits, and ``posenc l
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,6 @@ from torch import nn
 
 import posenc
 from posenc import PosEncError
-from posenc.cli import main
 from posenc.experiments import run_study
 from posenc.experiments.distributed import Dist
 from posenc.experiments.evaluate import evaluate
@@ -34,7 +32,8 @@ from posenc.experiments.train import StepInfo, TrainSettings, train
 from posenc.models import TinyTransformer
 from posenc.models.schedules import local_global, nope_every
 
-from .test_cli import TINY as CLI_ARGS
+from .tiny import CLI_TINY as CLI_ARGS
+from .tiny import check_one_line_error, run_cli, tiny_study
 
 # --- encoding_label / encoding_spec ---------------------------------------------------------
 
@@ -546,30 +545,16 @@ def test_drope_step_needs_a_model_that_can_drop() -> None:
 
 # --- Runner / run_study ---------------------------------------------------------------------
 
-TINY = dict(
-    steps=4,
-    batch_size=4,
-    dim=16,
-    num_layers=1,
-    num_heads=2,
-    eval_tokens=256,
-    eval_examples=8,
-    warmup=1,
-    extend=(),
-    finetune_steps=0,
-    plot=False,
-    jobs=1,
-)
+RUN: dict[str, Any] = dict(plot=False, jobs=1)  # how every study here runs
 
-_RESOLVE_KEYS = (
-    "train_len eval_lens steps batch_size dim num_layers num_heads lr warmup random_positions "
-    "extend extend_factor finetune_steps checkpoint_every eval_tokens eval_examples optimizer"
-).split()
+
+def _study(task: str, encodings: Any, **options: Any):
+    """The tiny study at 4 steps (a drop at half of them is step 2)."""
+    return tiny_study(task, encodings, **{"steps": 4, **options})
 
 
 def _resolved(task: str, encodings: Any, **options: Any):
-    base = dict.fromkeys(_RESOLVE_KEYS)
-    return resolve(task, encodings, {**base, "preset": "quick", "seed": 0, **options}, 1)
+    return resolve(task, encodings, {"preset": "quick", "seed": 0, **options}, 1)
 
 
 def _ckpt_train(out: Path, label: str) -> dict[str, Any]:
@@ -578,9 +563,8 @@ def _ckpt_train(out: Path, label: str) -> dict[str, Any]:
 
 
 def test_a_study_with_drope_records_it_as_nope(tmp_path: Path) -> None:
-    results = run_study(
-        "copy", ["rope", "drope"], train_len=9, eval_lens=[9, 18], out_dir=tmp_path, **TINY
-    )
+    study = _study("copy", ["rope", "drope"], train_len=9, eval_lens=[9, 18])
+    results = run_study(study, out_dir=tmp_path, **RUN)
     runs = {run["encoding"]: run for run in results["runs"]}
     assert list(runs) == ["rope", "drope"]
     assert runs["drope"]["config"] == {"name": "none"}
@@ -602,14 +586,8 @@ def test_drope_is_evaluated_as_nope_when_the_drop_is_the_last_step(drope_at, ste
     """Library bug: ``Runner.train_settings`` gives ``drope_step == steps`` here, and
     ``train`` only drops at the start of step ``drope_step``, which never runs: the model is
     evaluated (and recorded) with RoPE."""
-    results = run_study(
-        "copy",
-        ["drope"],
-        train_len=9,
-        eval_lens=[9],
-        drope_at=drope_at,
-        **{**TINY, "steps": steps},
-    )
+    study = _study("copy", ["drope"], train_len=9, eval_lens=[9], drope_at=drope_at, steps=steps)
+    results = run_study(study, **RUN)
     assert results["runs"][0]["config"] == {"name": "none"}
 
 
@@ -632,21 +610,24 @@ def test_drope_at_sets_the_drop_step(drope_at, steps: int, drope_step: int) -> N
 
 
 def test_drope_at_reaches_the_run(tmp_path: Path) -> None:
-    run_study("copy", ["drope"], train_len=9, eval_lens=[9], out_dir=tmp_path, drope_at=0.5, **TINY)
+    study = _study("copy", ["drope"], train_len=9, eval_lens=[9], drope_at=0.5)
+    run_study(study, out_dir=tmp_path, **RUN)
     assert _ckpt_train(tmp_path, "drope")["train"]["drope_step"] == 2
 
 
 def test_a_study_resumed_past_the_drop_gives_the_same_results(tmp_path: Path) -> None:
-    args = dict(train_len=9, eval_lens=[9, 18], checkpoint_every=2, drope_at=0.25, **TINY)
-    whole = run_study("copy", ["drope"], out_dir=tmp_path / "whole", **args)
+    study = _study(
+        "copy", ["drope"], train_len=9, eval_lens=[9, 18], checkpoint_every=2, drope_at=0.25
+    )
+    whole = run_study(study, out_dir=tmp_path / "whole", **RUN)
 
     def kill(kind: str, fields: dict) -> None:
         if kind == "step" and fields["info"].step == 3:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_study("copy", ["drope"], out_dir=tmp_path / "cut", on_event=kill, **args)
-    resumed = run_study("copy", ["drope"], out_dir=tmp_path / "cut", resume=True, **args)
+        run_study(study, out_dir=tmp_path / "cut", on_event=kill, **RUN)
+    resumed = run_study(study, out_dir=tmp_path / "cut", resume=True, **RUN)
     assert resumed["runs"][0]["train"]["resumed_from"] == 2  # drop at 1, checkpoint at 2
     assert resumed["runs"][0]["eval"] == whole["runs"][0]["eval"]
     assert resumed["runs"][0]["config"] == whole["runs"][0]["config"] == {"name": "none"}
@@ -727,13 +708,14 @@ def test_a_study_resumed_past_the_drop_gives_the_same_results(tmp_path: Path) ->
 def test_bad_study_settings_are_refused_before_training(
     tmp_path: Path, kwargs: dict, message: str
 ) -> None:
-    args = dict(task="copy", encodings=["rope"], train_len=9, eval_lens=[9], **TINY)
+    options = {"task": "copy", "encodings": ["rope"], "train_len": 9, "eval_lens": [9], **kwargs}
     events: list[str] = []
     with pytest.raises(PosEncError, match=message):
         run_study(
-            **{**args, **kwargs},
+            _study(**options),
             out_dir=tmp_path / "out",
             on_event=lambda kind, f: events.append(kind),
+            **RUN,
         )
     assert events == []
     assert not (tmp_path / "out").exists()
@@ -742,14 +724,9 @@ def test_bad_study_settings_are_refused_before_training(
 def test_a_variant_too_narrow_for_the_heads_is_refused_before_training() -> None:
     events: list[str] = []
     with pytest.raises(PosEncError, match="rotary_dim must be >= 2, got 0"):
-        run_study(
-            "copy",
-            ["rope", "prope-0.25"],
-            train_len=9,
-            eval_lens=[9],
-            on_event=lambda kind, f: events.append(kind),
-            **{**TINY, "dim": 8},  # head_dim 4: a quarter is one channel, no whole pair
-        )
+        # head_dim 4: a quarter is one channel, no whole pair
+        study = _study("copy", ["rope", "prope-0.25"], train_len=9, eval_lens=[9], dim=8)
+        run_study(study, on_event=lambda kind, f: events.append(kind), **RUN)
     assert events == []
 
 
@@ -762,8 +739,8 @@ def test_eval_split_is_the_main_split_and_the_others_are_under_splits(
     main_split, others: list[str]
 ) -> None:
     eval_lens = [9, 13]
-    args = dict(train_len=9, eval_lens=eval_lens, **TINY)
-    results = run_study("flipflop", ["rope"], eval_split=main_split, **args)
+    args = dict(train_len=9, eval_lens=eval_lens)
+    results = run_study(_study("flipflop", ["rope"], eval_split=main_split, **args), **RUN)
     assert results["settings"]["task_options"] == (
         {} if main_split is None else {"eval_split": main_split}
     )
@@ -779,7 +756,7 @@ def test_eval_split_is_the_main_split_and_the_others_are_under_splits(
     summary = results["summary"]["rope"]["9"]
     assert summary["loss"]["mean"] == evals["9"]["loss"]
     if main_split is not None:  # the main metrics are another split's than the default's
-        default = run_study("flipflop", ["rope"], **args)["runs"][0]["eval"]
+        default = run_study(_study("flipflop", ["rope"], **args), **RUN)["runs"][0]["eval"]
         for length in map(str, eval_lens):
             assert evals[length]["splits"]["sparse"] == {
                 k: v for k, v in default[length].items() if k != "splits"
@@ -794,19 +771,14 @@ def test_num_vars_reaches_the_counting_task(tmp_path: Path) -> None:
     assert study.task_options == (("num_vars", 2),)
     assert make_study_task(study).num_vars == 2
     assert make_study_task(_resolved("counting", ["rope"])).num_vars == 3
-    results = run_study("counting", ["rope"], train_len=12, eval_lens=[12], num_vars=2, **TINY)
+    study = _study("counting", ["rope"], train_len=12, eval_lens=[12], num_vars=2)
+    results = run_study(study, **RUN)
     assert results["settings"]["task_options"] == {"num_vars": 2}
 
 
 def test_a_nope_every_4_study_with_4_layers_runs(tmp_path: Path) -> None:
-    results = run_study(
-        "copy",
-        ["rope@nope-every-4"],
-        train_len=9,
-        eval_lens=[9],
-        out_dir=tmp_path,
-        **{**TINY, "num_layers": 4, "steps": 2},
-    )
+    study = _study("copy", ["rope@nope-every-4"], train_len=9, eval_lens=[9], num_layers=4, steps=2)
+    results = run_study(study, out_dir=tmp_path, **RUN)
     assert [run["encoding"] for run in results["runs"]] == ["rope@nope-every-4"]
     layers = _ckpt_train(tmp_path, "rope@nope-every-4")["model"]["layers"]
     assert [layer.get("encoding") for layer in layers] == [None, None, None, {"name": "none"}]
@@ -835,15 +807,10 @@ _LLAMA4 = {"type": "llama4", "floor_scale": 8192.0, "attn_scale": 0.1}
 def test_layer_settings_are_recorded_and_reach_every_layer(
     tmp_path: Path, kwargs: dict, layer: dict
 ) -> None:
-    results = run_study(
-        "copy",
-        ["rope@nope-every-2"],
-        train_len=9,
-        eval_lens=[9],
-        out_dir=tmp_path,
-        **{**TINY, "num_layers": 2, "steps": 1},
-        **kwargs,
+    study = _study(
+        "copy", ["rope@nope-every-2"], train_len=9, eval_lens=[9], num_layers=2, steps=1, **kwargs
     )
+    results = run_study(study, out_dir=tmp_path, **RUN)
     assert results["settings"]["layer"] == layer
     assert json.loads((tmp_path / "results.json").read_text())["settings"]["layer"] == layer
     layers = _ckpt_train(tmp_path, "rope@nope-every-2")["model"]["layers"]
@@ -902,29 +869,15 @@ def test_other_tasks_have_no_splits() -> None:
 
 # --- posenc lengthgen -----------------------------------------------------------------------
 
-# test_cli's tiny run, at 4 steps (a drop at half of them is step 2), in this process
+# the tiny run, at 4 steps (a drop at half of them is step 2), in this process
 CLI_TINY = [*CLI_ARGS[:1], "4", *CLI_ARGS[2:], "--no-plot", "--jobs", "1"]
-
-
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
-
-
-def _one_line_error(code: int, err: str, pattern: str) -> None:
-    assert code == 2
-    assert err.endswith("\n") and err.count("\n") == 1, err
-    assert err.startswith("posenc: error: ")
-    assert re.search(pattern, err), err
 
 
 def test_cli_counting_with_num_vars_and_the_new_options(tmp_path: Path, capsys) -> None:
     argv = ["lengthgen", "--task", "counting", "--num-vars", "2", "--encodings", "rope,drope"]
     argv += ["--train-len", "12", "--eval-lens", "L", "--out", str(tmp_path)]
     argv += ["--qk-norm", "--temperature", "ssmax", "--drope-at", "0.5"]
-    code, _, err = _run([*argv, *CLI_TINY], capsys)
+    code, _, err = run_cli([*argv, *CLI_TINY], capsys)
     assert code == 0, err
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["task"] == "counting"
@@ -972,14 +925,14 @@ def test_cli_bad_new_options_are_one_line_and_exit_code_2(
 ) -> None:
     base = ["lengthgen", "--task", "lm", "--encodings", "rope", "--train-len", "8"]
     base += ["--eval-lens", "8", "--out", str(tmp_path / "out"), *CLI_TINY]
-    code, _, err = _run(base + args, capsys)
-    _one_line_error(code, err, pattern)
+    code, _, err = run_cli(base + args, capsys)
+    check_one_line_error(code, err, pattern)
     assert not (tmp_path / "out").exists()
 
 
 def test_cli_help_names_the_variants_and_schedules(capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "240")
-    code, out, _ = _run(["lengthgen", "--help"], capsys)
+    code, out, _ = run_cli(["lengthgen", "--help"], capsys)
     assert code == 0
     flat = " ".join(out.replace("│", " ").split())
     for text in (
