@@ -527,6 +527,7 @@ def test_accelerate_hooked_attention_is_patched_inside_the_hook() -> None:
 
 def test_patched_model_rotates_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from posenc.rotary import kernels
+    from posenc.rotary.kernels import dispatch
 
     if not kernels.cpu_fast_path_enabled():
         pytest.skip("the fused CPU path is not built here (no C compiler)")
@@ -537,7 +538,7 @@ def test_patched_model_rotates_through_the_fused_path(monkeypatch: pytest.Monkey
         chosen.append(select(x, cos, sin))
         return chosen[-1]
 
-    monkeypatch.setattr(kernels, "select_backend", spy)
+    monkeypatch.setattr(dispatch, "select_backend", spy)  # where fused_rotary reads it
     model = patch(_model("glm4"))  # partial rotary, interleaved pairs
     _logits(model, _ids())
     assert chosen == ["cpu"] * model.config.num_hidden_layers
