@@ -34,7 +34,7 @@ from posenc.rotary import (
     parse_scaling,
 )
 
-from ._scaling_cases import ORIGINAL
+from ._scaling_cases import ORIGINAL, tf_llama3, tf_longrope
 from ._scaling_cases import longrope_factors as _longrope_factors
 
 TF_RTOL = 1e-6  # transformers' float32 frequencies
@@ -96,31 +96,16 @@ TF_CASES: dict[str, dict] = {
         "original_max_position_embeddings": 2**20,
         "beta_slow": 0.25,
     },
-    "longrope": {
-        "rope_type": "longrope",
-        "factor": 4.0,
-        "original_max_position_embeddings": ORIGINAL,
-        **_longrope_factors(HEAD_DIM),
-    },
+    "longrope": tf_longrope(ORIGINAL, _longrope_factors(HEAD_DIM)),
     "longrope-factor-none": {  # Phi-3 style: attention scale from max_position / original
         "rope_type": "longrope",
         "original_max_position_embeddings": ORIGINAL,
         **_longrope_factors(HEAD_DIM),
     },
-    "longrope-attention-factor": {
-        "rope_type": "longrope",
-        "factor": 4.0,
-        "attention_factor": 1.3,
-        "original_max_position_embeddings": ORIGINAL,
-        **_longrope_factors(HEAD_DIM),
-    },
-    "llama3": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": ORIGINAL,
-    },
+    "longrope-attention-factor": tf_longrope(
+        ORIGINAL, _longrope_factors(HEAD_DIM), attention_factor=1.3
+    ),
+    "llama3": tf_llama3(ORIGINAL),
 }
 
 

@@ -10,6 +10,8 @@ from posenc import PosEncError, RotaryEmbedding, XPosEmbedding
 from posenc import reference as ref
 from posenc.rotary.layout import LAYOUTS
 
+from ._reference import reference_rotation
+
 TOL = {  # float64: the product p * w itself rounds by ~1e-10 at p ~ 1e6 (in both)
     torch.float64: {"atol": 1e-9, "rtol": 1e-9},
     torch.float32: {"atol": 2e-6, "rtol": 1e-6},
@@ -23,18 +25,17 @@ def _expected(rope, q, k, q_pos, k_pos, *, scaling=None, seq_len=None):
     inv_freq, scale = ref.rope_frequencies(
         rope.rotary_dim, base=rope.base, scaling=scaling_dict, seq_len=seq_len
     )
-    qr, kr = ref.rotary_qk(
-        q.double().numpy(),
-        k.double().numpy(),
-        q_pos.numpy(),
-        k_pos.numpy(),
+    return reference_rotation(
+        q,
+        k,
+        q_pos,
+        k_pos,
         inv_freq,
         layout=rope.layout,
         attention_scale=scale,
         sections=rope.sections,
         xpos_scale_base=getattr(rope, "scale_base", None),
     )
-    return torch.from_numpy(qr), torch.from_numpy(kr)
 
 
 @pytest.mark.parametrize("positions_kind", ["none", "1d", "2d", "float"])

@@ -2,7 +2,6 @@
 
 import warnings
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -14,20 +13,13 @@ from posenc import reference as ref
 from posenc.rotary.layout import LAYOUTS
 from posenc.rotary.nd import axial_frequencies
 
+from ._reference import reference_rotation
+
 TOL = {torch.float64: {"atol": 1e-12, "rtol": 1e-12}, torch.float32: {"atol": 2e-6, "rtol": 1e-6}}
 
 
 def _reference(q, k, q_pos, k_pos, inv_freq, sections, layout):
-    qr, kr = ref.rotary_qk(
-        q.double().numpy(),
-        k.double().numpy(),
-        q_pos.numpy(),
-        k_pos.numpy(),
-        np.asarray(inv_freq),
-        layout=layout,
-        sections=sections,
-    )
-    return torch.from_numpy(qr), torch.from_numpy(kr)
+    return reference_rotation(q, k, q_pos, k_pos, inv_freq, layout=layout, sections=sections)
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["s_n", "b_s_n"])

@@ -17,198 +17,101 @@ from ._scaling_cases import longrope_factors as _longrope_factors
 
 LR = _longrope_factors(8)
 
-BAD_SCALINGS = [
-    ("not-a-dict", "linear", "scaling must be None, a dict"),
-    ("no-type", {"factor": 2.0}, "must hold a 'type'"),
-    (
-        "unknown-type",
+YARN = {"type": "yarn", "factor": 2, "original_max_position": 8}
+LONGROPE = {"type": "longrope", **LR, "original_max_position": 8}
+LLAMA3 = {
+    "type": "llama3",
+    "factor": 8,
+    "low_freq_factor": 1,
+    "high_freq_factor": 4,
+    "original_max_position": 8192,
+}
+
+
+def _longrope(short, long) -> dict:
+    return {**LONGROPE, "short_factor": short, "long_factor": long, "factor": 2}
+
+
+# id -> (scaling, the error's match); each case breaks one rule of a valid spec
+BAD_SCALINGS = {
+    "not-a-dict": ("linear", "scaling must be None, a dict"),
+    "no-type": ({"factor": 2.0}, "must hold a 'type'"),
+    "unknown-type": (
         {"type": "xpos", "factor": 2},
         "scaling type must be one of 'default', 'linear'",
     ),
-    (
-        "unknown-key",
+    "unknown-key": (
         {"type": "linear", "factor": 2, "fator": 3},
         "unknown key 'fator'; allowed: factor",
     ),
-    ("default-with-params", {"type": "default", "factor": 2}, "takes no parameters"),
-    ("linear-missing-factor", {"type": "linear"}, "missing required key.*'factor'"),
-    (
-        "linear-factor-below-1",
+    "default-with-params": ({"type": "default", "factor": 2}, "takes no parameters"),
+    "linear-missing-factor": ({"type": "linear"}, "missing required key.*'factor'"),
+    "linear-factor-below-1": (
         {"type": "linear", "factor": 0.5},
         r"linear scaling factor must be >= 1.0, got 0.5",
     ),
-    ("linear-factor-string", {"type": "linear", "factor": "2"}, "factor must be a number"),
-    ("linear-factor-nan", {"type": "linear", "factor": float("nan")}, "factor must be finite"),
-    ("ntk-factor-below-1", {"type": "ntk", "factor": 0.9}, "ntk scaling factor must be >= 1.0"),
-    (
-        "dynamic-missing-max",
+    "linear-factor-string": ({"type": "linear", "factor": "2"}, "factor must be a number"),
+    "linear-factor-nan": ({"type": "linear", "factor": float("nan")}, "factor must be finite"),
+    "ntk-factor-below-1": ({"type": "ntk", "factor": 0.9}, "ntk scaling factor must be >= 1.0"),
+    "dynamic-missing-max": (
         {"type": "dynamic", "factor": 2},
         "missing required key.*'max_position'",
     ),
-    (
-        "dynamic-max-zero",
+    "dynamic-max-zero": (
         {"type": "dynamic", "factor": 2, "max_position": 0},
         "max_position must be >= 1",
     ),
-    (
-        "dynamic-factor-below-1",
+    "dynamic-factor-below-1": (
         {"type": "dynamic", "factor": 0, "max_position": 8},
         "factor must be >= 1.0",
     ),
-    (
-        "yarn-missing-original",
+    "yarn-missing-original": (
         {"type": "yarn", "factor": 2},
         "missing required key.*'original_max_position'",
     ),
-    (
-        "yarn-no-factor",
+    "yarn-no-factor": (
         {"type": "yarn", "original_max_position": 8},
         "needs factor, or max_position",
     ),
-    (
-        "yarn-factor-below-1",
-        {"type": "yarn", "factor": 0.5, "original_max_position": 8},
-        "factor must be >= 1.0",
-    ),
-    (
-        "yarn-derived-factor-below-1",
+    "yarn-factor-below-1": ({**YARN, "factor": 0.5}, "factor must be >= 1.0"),
+    "yarn-derived-factor-below-1": (
         {"type": "yarn", "original_max_position": 8, "max_position": 4},
         "factor must be >= 1.0, got 0.5",
     ),
-    (
-        "yarn-beta-order",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_fast": 1, "beta_slow": 2},
-        "beta_fast must be >= beta_slow",
-    ),
-    (
-        "yarn-beta-zero",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "beta_slow": 0},
-        "beta_slow must be > 0.0",
-    ),
-    (
-        "yarn-attention-zero",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "attention_factor": 0.0},
-        "attention_factor must be > 0.0",
-    ),
-    (
-        "yarn-mscale-negative",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "mscale": -1},
-        "mscale must be >= 0.0",
-    ),
-    (
-        "yarn-truncate-string",
-        {"type": "yarn", "factor": 2, "original_max_position": 8, "truncate": "yes"},
-        "truncate must be True or False",
-    ),
-    (
-        "yarn-original-float",
-        {"type": "yarn", "factor": 2, "original_max_position": 8.5},
+    "yarn-beta-order": ({**YARN, "beta_fast": 1, "beta_slow": 2}, "beta_fast must be >= beta_slow"),
+    "yarn-beta-zero": ({**YARN, "beta_slow": 0}, "beta_slow must be > 0.0"),
+    "yarn-attention-zero": ({**YARN, "attention_factor": 0.0}, "attention_factor must be > 0.0"),
+    "yarn-mscale-negative": ({**YARN, "mscale": -1}, "mscale must be >= 0.0"),
+    "yarn-truncate-string": ({**YARN, "truncate": "yes"}, "truncate must be True or False"),
+    "yarn-original-float": (
+        {**YARN, "original_max_position": 8.5},
         "original_max_position must be an integer",
     ),
-    (
-        "longrope-missing-long",
+    "longrope-missing-long": (
         {"type": "longrope", "short_factor": [1.0], "original_max_position": 8, "factor": 2},
         "missing required key.*'long_factor'",
     ),
-    (
-        "longrope-no-factor",
-        {"type": "longrope", **LR, "original_max_position": 8},
-        "needs factor, or max_position",
-    ),
-    (
-        "longrope-lengths",
-        {
-            "type": "longrope",
-            "short_factor": [1.0],
-            "long_factor": [1.0, 2.0],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        "same length, got 1 and 2",
-    ),
-    (
-        "longrope-empty",
-        {
-            "type": "longrope",
-            "short_factor": [],
-            "long_factor": [],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        "non-empty list",
-    ),
-    (
-        "longrope-not-list",
-        {
-            "type": "longrope",
-            "short_factor": 1.0,
-            "long_factor": [1.0],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        "short_factor must be a non-empty list",
-    ),
-    (
-        "longrope-nonpositive",
-        {
-            "type": "longrope",
-            "short_factor": [1.0, 0.0],
-            "long_factor": [1.0, 2.0],
-            "original_max_position": 8,
-            "factor": 2,
-        },
-        r"short_factor\[1\] must be > 0.0",
-    ),
-    (
-        "longrope-factor-below-1",
-        {"type": "longrope", **LR, "original_max_position": 8, "factor": 0.5},
-        "factor must be >= 1.0",
-    ),
-    (
-        "longrope-max-below-original",
-        {"type": "longrope", **LR, "original_max_position": 8, "max_position": 4},
+    "longrope-no-factor": (LONGROPE, "needs factor, or max_position"),
+    "longrope-lengths": (_longrope([1.0], [1.0, 2.0]), "same length, got 1 and 2"),
+    "longrope-empty": (_longrope([], []), "non-empty list"),
+    "longrope-not-list": (_longrope(1.0, [1.0]), "short_factor must be a non-empty list"),
+    "longrope-nonpositive": (_longrope([1.0, 0.0], [1.0, 2.0]), r"short_factor\[1\] must be > 0.0"),
+    "longrope-factor-below-1": ({**LONGROPE, "factor": 0.5}, "factor must be >= 1.0"),
+    "longrope-max-below-original": (
+        {**LONGROPE, "max_position": 4},
         "max_position must be >= original_max_position",
     ),
-    ("llama3-missing", {"type": "llama3", "factor": 8}, "missing required key.*'low_freq_factor'"),
-    (
-        "llama3-high-lt-low",
-        {
-            "type": "llama3",
-            "factor": 8,
-            "low_freq_factor": 4,
-            "high_freq_factor": 3,
-            "original_max_position": 8192,
-        },
+    "llama3-missing": ({"type": "llama3", "factor": 8}, "missing required key.*'low_freq_factor'"),
+    "llama3-high-lt-low": (
+        {**LLAMA3, "low_freq_factor": 4, "high_freq_factor": 3},
         "high_freq_factor must be >= low_freq_factor",
     ),
-    (
-        "llama3-low-zero",
-        {
-            "type": "llama3",
-            "factor": 8,
-            "low_freq_factor": 0,
-            "high_freq_factor": 4,
-            "original_max_position": 8192,
-        },
-        "low_freq_factor must be > 0.0",
-    ),
-    (
-        "llama3-factor-below-1",
-        {
-            "type": "llama3",
-            "factor": 0.5,
-            "low_freq_factor": 1,
-            "high_freq_factor": 4,
-            "original_max_position": 8192,
-        },
-        "factor must be >= 1.0",
-    ),
-]
+    "llama3-low-zero": ({**LLAMA3, "low_freq_factor": 0}, "low_freq_factor must be > 0.0"),
+    "llama3-factor-below-1": ({**LLAMA3, "factor": 0.5}, "factor must be >= 1.0"),
+}
 
 
-@pytest.mark.parametrize(
-    ("scaling", "match"), [c[1:] for c in BAD_SCALINGS], ids=[c[0] for c in BAD_SCALINGS]
-)
+@pytest.mark.parametrize(("scaling", "match"), list(BAD_SCALINGS.values()), ids=list(BAD_SCALINGS))
 def test_bad_scaling(scaling, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
         posenc.rope_frequencies(8, scaling=scaling)

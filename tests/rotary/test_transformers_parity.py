@@ -30,7 +30,9 @@ import torch
 import posenc
 from posenc import PosEncError, RotaryEmbedding, reference
 from posenc.integrations.transformers import rotary_from_config
-from posenc.reference.rotary import rotary_qk
+
+from ._reference import reference_rotation
+from ._scaling_cases import longrope_factors, tf_llama3, tf_longrope
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,11 +54,7 @@ REF_ATOL = 2e-6
 
 
 def _lr(dim: int) -> dict:
-    half = dim // 2
-    return {
-        "short_factor": [1.0 + 0.05 * i for i in range(half)],
-        "long_factor": [1.0 + 0.7 * i for i in range(half)],
-    }
+    return longrope_factors(dim, 0.05, 0.7)
 
 
 LLAMA_CASES: dict[str, dict] = {
@@ -77,19 +75,8 @@ LLAMA_CASES: dict[str, dict] = {
         "factor": None,
         "original_max_position_embeddings": ORIGINAL,
     },
-    "longrope": {
-        "rope_type": "longrope",
-        "factor": 4.0,
-        "original_max_position_embeddings": ORIGINAL,
-        **_lr(HEAD_DIM),
-    },
-    "llama3": {
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": ORIGINAL,
-    },
+    "longrope": tf_longrope(ORIGINAL, _lr(HEAD_DIM)),
+    "llama3": tf_llama3(ORIGINAL),
 }
 
 
@@ -122,17 +109,16 @@ def _reference_qk(rope: RotaryEmbedding, q, k, positions, axes_last=None):
     inv_freq, scale = reference.rope_frequencies(
         rope.rotary_dim, base=rope.base, scaling=spec, seq_len=float(pos.max()) + 1
     )
-    qr, kr = rotary_qk(
-        q.double().numpy(),
-        k.double().numpy(),
-        pos.numpy(),
-        pos.numpy(),
+    return reference_rotation(
+        q,
+        k,
+        pos,
+        pos,
         inv_freq,
         layout=rope.layout,
         attention_scale=scale,
         sections=rope.sections,
     )
-    return torch.from_numpy(qr), torch.from_numpy(kr)
 
 
 def _tf_bound(x: torch.Tensor, positions: torch.Tensor, rotary_dim: int, scale: float):
