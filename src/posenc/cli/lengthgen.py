@@ -19,7 +19,6 @@ from posenc.cli._checks import byte_limit, check_out_dir, choice, integer, numbe
 if TYPE_CHECKING:
     from posenc.experiments.settings import StudySettings
 
-_DEFAULT_ENCODINGS = "none,sinusoidal,learned,rope,alibi,t5"
 _COUNT = 10**7  # steps, examples: as experiments.settings.MAX_COUNT (not imported: slow)
 _LEN = 2**20  # lengths: as experiments.settings.MAX_LENGTH
 
@@ -421,14 +420,19 @@ def _study_settings(params: Mapping[str, Any]) -> StudySettings:
     """The study the command line asks for, checked once: its options, a ``--study``
     filling what they leave out, the preset the rest (``--eval-lens`` in multiples of
     ``--train-len``, the study's or the preset's)."""
-    from posenc.experiments.settings import PRESETS, STUDY_OPTIONS, StudySettings
+    from posenc.experiments.settings import (
+        DEFAULT_ENCODINGS,
+        PRESETS,
+        STUDY_OPTIONS,
+        StudySettings,
+    )
 
     preset = check_choice("--preset", params["preset"], tuple(PRESETS))
     seed, seeds = params["seed"], params["seeds"]
     if seed is not None and seeds is not None:
         raise PosEncError(f"give --seed or --seeds, not both: got {seed} and {seeds!r}")
     given = {_SETTING_NAMES.get(k, k): v for k, v in params.items()}
-    options = {k: given[k] for k in ("task", "encodings", *STUDY_OPTIONS)}
+    options = {k: given.get(k) for k in ("task", "encodings", *STUDY_OPTIONS)}
     extend = options["extend"]
     if extend is not None and extend.strip().lower() == "none":
         options["extend"] = []
@@ -443,8 +447,9 @@ def _study_settings(params: Mapping[str, Any]) -> StudySettings:
         train_len = options["train_len"]
         base = PRESETS[preset]["train_len"] if train_len is None else train_len
         options["eval_lens"] = _lengths(params["eval_lens"], base)
-    task = options.pop("task") or "lm"
-    encodings = options.pop("encodings") or _DEFAULT_ENCODINGS
+    task, encodings = options.pop("task"), options.pop("encodings")
+    task = "lm" if task is None else task
+    encodings = DEFAULT_ENCODINGS if encodings is None else encodings
     return StudySettings.from_options(task, encodings, preset=preset, **options)
 
 
