@@ -329,73 +329,60 @@ def test_qwen2_vl_mrope(legacy: bool) -> None:
 
 GOOD = {"hidden_size": 128, "num_attention_heads": 4, "max_position_embeddings": 1024}
 
-BAD_CONFIGS = [
-    (
-        "unknown-type",
-        {"rope_parameters": {"rope_type": "no_such_type", "rope_theta": 1e4}},
+
+def _params(**params) -> dict:
+    return {"rope_parameters": params}
+
+
+def _scaling(**scaling) -> dict:
+    return {"rope_scaling": scaling}
+
+
+# id -> (what the config changes from GOOD, the error's match)
+BAD_CONFIGS = {
+    "unknown-type": (
+        _params(rope_type="no_such_type", rope_theta=1e4),
         "scaling type must be one of 'default', 'linear'",
     ),
-    (
-        "missing-factor",
-        {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}},
+    "missing-factor": (
+        _params(rope_type="linear", rope_theta=1e4),
         "missing required key.*'factor'",
     ),
-    (
-        "factor-below-1",
-        {"rope_scaling": {"type": "linear", "factor": 0.5}},
-        "factor must be >= 1.0",
-    ),
-    (
-        "unknown-key",
-        {"rope_scaling": {"type": "linear", "factor": 2, "mrope_interleaved": True}},
+    "factor-below-1": (_scaling(type="linear", factor=0.5), "factor must be >= 1.0"),
+    "unknown-key": (
+        _scaling(type="linear", factor=2, mrope_interleaved=True),
         "unknown key 'mrope_interleaved'",
     ),
-    (
-        "llama3-missing",
-        {"rope_scaling": {"rope_type": "llama3", "factor": 8}},
+    "llama3-missing": (
+        _scaling(rope_type="llama3", factor=8),
         "missing required key.*'low_freq_factor'",
     ),
-    (
-        "default-with-factor",
-        {"rope_scaling": {"rope_type": "default", "factor": 2}},
+    "default-with-factor": (
+        _scaling(rope_type="default", factor=2),
         "takes no scaling parameters",
     ),
-    (
-        "dynamic-no-max",
-        {"rope_scaling": {"type": "dynamic", "factor": 2}, "max_position_embeddings": None},
+    "dynamic-no-max": (
+        {**_scaling(type="dynamic", factor=2), "max_position_embeddings": None},
         "missing required key.*'max_position'",
     ),
-    ("no-head-dim", {"hidden_size": None}, "head_dim, or hidden_size and num_attention_heads"),
-    (
-        "odd-rotary-dim-scaled",  # odd with rope type 'default' is transformers' dim + 1
-        {"partial_rotary_factor": 0.3, "rope_parameters": {"rope_type": "linear", "factor": 2.0}},
+    "no-head-dim": ({"hidden_size": None}, "head_dim, or hidden_size and num_attention_heads"),
+    "odd-rotary-dim-scaled": (  # odd with rope type 'default' is transformers' dim + 1
+        {"partial_rotary_factor": 0.3, **_params(rope_type="linear", factor=2.0)},
         r"int\(32 \* 0.3\) must be even",
     ),
-    ("partial-zero", {"partial_rotary_factor": 0.0}, "partial_rotary_factor must be > 0.0"),
-    ("partial-above-1", {"rotary_pct": 1.5}, "partial_rotary_factor must be <= 1.0"),
-    ("theta-one", {"rope_theta": 1.0}, "rope_theta must be > 1.0"),
-    (
-        "bad-sections",
-        {"rope_parameters": {"rope_type": "default", "mrope_section": [4, 4, 4]}},
-        "sections",
-    ),
-    ("rope-not-dict", {"rope_parameters": [1, 2]}, "rope_parameters must be a dict"),
-    (
-        "nested-no-layer-type",
-        {
-            "rope_parameters": {
-                "full_attention": {"rope_type": "default"},
-                "sliding_attention": None,
-            }
-        },
+    "partial-zero": ({"partial_rotary_factor": 0.0}, "partial_rotary_factor must be > 0.0"),
+    "partial-above-1": ({"rotary_pct": 1.5}, "partial_rotary_factor must be <= 1.0"),
+    "theta-one": ({"rope_theta": 1.0}, "rope_theta must be > 1.0"),
+    "bad-sections": (_params(rope_type="default", mrope_section=[4, 4, 4]), "sections"),
+    "rope-not-dict": ({"rope_parameters": [1, 2]}, "rope_parameters must be a dict"),
+    "nested-no-layer-type": (
+        _params(full_attention={"rope_type": "default"}, sliding_attention=None),
         "pass layer_type=",
     ),
-]
+}
 
 
-@pytest.mark.parametrize(
-    ("update", "match"), [c[1:] for c in BAD_CONFIGS], ids=[c[0] for c in BAD_CONFIGS]
-)
+@pytest.mark.parametrize(("update", "match"), list(BAD_CONFIGS.values()), ids=list(BAD_CONFIGS))
 def test_bad_config(update: dict, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
         rotary_from_config({**GOOD, **update})
