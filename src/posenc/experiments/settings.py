@@ -165,9 +165,9 @@ class StudySettings:
         return cls(
             task=task,
             labels=labels,
-            specs=_specs(names, labels, train.seq_len, drope_at, model.num_layers),
             train_len=train.seq_len,
             eval_lens=eval_lens,
+            specs=_specs(names, labels, train.seq_len, drope_at, model.num_layers),
             model=model,
             train=train,
             extend=extend,

@@ -5,7 +5,7 @@ settings of its paper for a GPU run of the same command under ``torchrun``.
 ``posenc lengthgen --study NAME --out DIR`` runs one (``--scale paper`` for the paper's
 sizes); options given on the command line override the study's (:func:`with_study`). From
 Python: ``run_study(StudySettings.from_options(**study_arguments("counting")), out_dir=...)``. Each study records what its
-paper reported (:attr:`Study.paper`) and the check posenc's numbers are read against;
+paper reported (:attr:`NamedStudy.paper_says`) and the check posenc's numbers are read against;
 the README sets the measured numbers beside them.
 """
 
