@@ -332,10 +332,12 @@ _PRINTERS = {"text": _print_text, "csv": _print_csv, "json": _print_json}
 
 
 def _sinusoidal_choice(option: str, choices: tuple[str, ...], default: str) -> Any:
-    """A sinusoidal option naming one of ``choices`` (unset: the table's ``default``)."""
+    """A sinusoidal option naming one of ``choices`` (unset: the table's ``default``),
+    listed default first in its help and its error."""
+    listed = (default, *(c for c in choices if c != default))
     return typer.Option(
-        help=f"sinusoidal: {' or '.join(choices)} (default {default}).",
-        callback=choice(option, choices),
+        help=f"sinusoidal: {' or '.join(listed)} (default {default}).",
+        callback=choice(option, listed),
     )
 
 
