@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from posenc.cli import main
+from ._command import run
 
 
 @pytest.fixture
@@ -18,13 +18,6 @@ def no_matplotlib(monkeypatch):
     for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return info.value.code, out, err
 
 
 @pytest.mark.parametrize(

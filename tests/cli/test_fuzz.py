@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,8 @@ import pytest
 from typer.main import get_command
 
 from posenc.cli import _register, app, main
+
+from ._command import console_script
 
 _register()
 ROOT = get_command(app)
@@ -345,14 +346,7 @@ def test_reported_hangs_refuse_with_the_estimate(capsys, tmp_path, monkeypatch, 
 
 def test_the_console_script_refuses_without_a_traceback() -> None:
     """The installed script (not only main in-process), on a case that used to hang."""
-    script = Path(sys.executable).parent / "posenc"
-    proc = subprocess.run(
-        [str(script), "table", "sinusoidal", "--dim", "10000000000"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = console_script("table", "sinusoidal", "--dim", "10000000000", timeout=60)
     check_outcome(proc.returncode, proc.stderr, {2})
     assert "needs about" in proc.stderr
 

@@ -6,14 +6,7 @@ import json
 
 import pytest
 
-from posenc.cli import main
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
+from ._command import run
 
 
 @pytest.mark.parametrize(

@@ -7,17 +7,10 @@ import pathlib
 
 import pytest
 
-from posenc.cli import main
+from ._command import run
 
 CONFIGS = pathlib.Path(__file__).parents[1] / "data" / "hf_configs"
 FIXTURES = sorted(p.stem for p in CONFIGS.glob("*.json"))
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
 
 
 @pytest.mark.parametrize("name", FIXTURES)

@@ -7,15 +7,7 @@ import sys
 import pytest
 from PIL import Image
 
-from posenc.cli import main
-
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
-
+from ._command import run
 
 KINDS = [
     ("table", ["-e", "sinusoidal", "--positions", "0:32"]),

@@ -18,12 +18,7 @@ from posenc._base import AdditiveEncoding
 from posenc.cli import main
 from posenc.report import LENGTHGEN_SETTINGS, build_report, validate_report
 
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
+from ._command import run
 
 
 @pytest.fixture(scope="module")
@@ -186,11 +181,17 @@ class _NeedsFoo(AdditiveEncoding):
         self.dim = foo
 
 
-def test_an_encoding_that_cannot_be_measured_gets_an_error_row(tmp_path, monkeypatch):
-    module = types.ModuleType("posenc_test_needs_foo")
-    module.NeedsFoo = _NeedsFoo  # type: ignore[attr-defined]
+def _registered(monkeypatch, cls: type) -> None:
+    """``cls`` in the registry under its name, from a module of its own, for one test."""
+    module = types.ModuleType(f"posenc_test_{cls.name}")
+    attribute = cls.__name__.lstrip("_")
+    setattr(module, attribute, cls)
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(registry._ENTRIES, "needs_foo", f"{module.__name__}:NeedsFoo")
+    monkeypatch.setitem(registry._ENTRIES, cls.name, f"{module.__name__}:{attribute}")
+
+
+def test_an_encoding_that_cannot_be_measured_gets_an_error_row(tmp_path, monkeypatch):
+    _registered(monkeypatch, _NeedsFoo)
     data = build_report(tmp_path, quick=True, encodings=["needs_foo", "index"], lengthgen=False)
     validate_report(json.loads((tmp_path / "report.json").read_text()))
     bad, good = data["encodings"]
@@ -211,10 +212,7 @@ class _Scripted(AdditiveEncoding):
 
 
 def test_text_in_the_page_is_escaped(tmp_path, monkeypatch):
-    module = types.ModuleType("posenc_test_scripted")
-    module.Scripted = _Scripted  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(registry._ENTRIES, "scripted", f"{module.__name__}:Scripted")
+    _registered(monkeypatch, _Scripted)
     data = build_report(tmp_path, quick=True, encodings=["scripted", "index"], lengthgen=False)
     assert "<script>alert" in data["encodings"][0]["error"]  # the JSON keeps the raw text
     page = (tmp_path / "index.html").read_text()

@@ -9,23 +9,15 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import posenc
 from posenc import reference
-from posenc.cli import main
 from posenc.cli.table import MAX_ROWS, parse_positions
 
-
-def run(capsys, *args: str) -> tuple[int, str, str]:
-    """Run ``posenc ARGS`` in-process through the console entry point."""
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
+from ._command import console_script, run
 
 
 def _rows(text: str) -> list[list[float]]:
@@ -318,15 +310,7 @@ def test_python_dash_m_posenc():
 
 
 def test_console_script_error_has_no_traceback():
-    script = Path(sys.executable).parent / "posenc"
-    assert script.exists(), "the posenc console script is installed with the package"
-    proc = subprocess.run(
-        [str(script), "table", "sinusoidal", "--layout", "diagonal"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    proc = console_script("table", "sinusoidal", "--layout", "diagonal")
     assert proc.returncode == 2 and proc.stdout == ""
     assert (
         proc.stderr
