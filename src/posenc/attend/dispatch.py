@@ -48,7 +48,7 @@ from posenc._base import (
     RotaryEncoding,
 )
 from posenc._errors import PosEncError, check_choice, check_float, check_tensor
-from posenc.attend.paths import chunked, eager, sdpa
+from posenc.attend.paths import Call, chunked, eager, sdpa
 from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_encoding
 
 __all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
@@ -157,14 +157,17 @@ def _check_gates(gates: Any, enc: Any, b: int, k_len: int, causal: bool, device)
     enc.check_gates(gates, b, k_len, device)
 
 
-def _flex(q, k, v, *, prep, keep, causal, scale, gates=None):
+def _flex(q, k, v, call: Call) -> torch.Tensor:
     """FlexAttention with the encoding's score_mod (or, without one, its materialised bias)."""
+    prep = call.prep
     score_mod: Callable[..., torch.Tensor] | None = None
     if prep is not None and isinstance(prep.encoding, GatedEncoding):
-        score_mod = prep.encoding.gate_score_mod_at(gates, q.shape[2])
+        score_mod = prep.encoding.gate_score_mod_at(call.gates, q.shape[2])
     elif prep is not None:
-        score_mod = prep.score_mod(q, scale)
-    return _flexattn.run(q, k, v, score_mod=score_mod, keep=keep, causal=causal, scale=scale)
+        score_mod = prep.score_mod(q, call.scale)
+    return _flexattn.run(
+        q, k, v, score_mod=score_mod, keep=call.keep, causal=call.causal, scale=call.scale
+    )
 
 
 def _large(q, b: int, k_len: int) -> bool:
@@ -348,11 +351,9 @@ def attention(
         q.requires_grad or k.requires_grad or v.requires_grad or params_need_grad
     )
     path = _choose(backend, q, enc, needs_grad, dropout_p, b, k_len)
-    kwargs = dict(prep=prep, keep=keep, causal=causal, scale=scale, gates=gates)
+    call = Call(prep, keep, causal, scale, dropout_p, gates, attn_mask)
     if path == "flex":
-        return _flex(q, k, v, **kwargs)
+        return _flex(q, k, v, call)
     if path == "sdpa":
-        return sdpa(q, k, v, dropout_p=dropout_p, attn_mask=attn_mask, **kwargs)
-    if path == "chunked":
-        return chunked(q, k, v, dropout_p=dropout_p, **kwargs)
-    return eager(q, k, v, dropout_p=dropout_p, **kwargs)
+        return sdpa(q, k, v, call)
+    return chunked(q, k, v, call) if path == "chunked" else eager(q, k, v, call)

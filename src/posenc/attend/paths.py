@@ -13,6 +13,7 @@ backward pass, for sequences whose ``[b, h, q, k]`` tensors do not fit many time
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -22,7 +23,32 @@ import torch.utils.checkpoint
 from posenc._base import ContextualEncoding, GatedEncoding
 from posenc.positions import causal_pairs
 
-__all__ = ["CHUNK_SCORES", "allowed_pairs", "chunked", "eager", "sdpa"]
+__all__ = ["CHUNK_SCORES", "Call", "allowed_pairs", "chunked", "eager", "sdpa"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """What every path of one attention call needs besides ``q``, ``k``, ``v`` (validated
+    by :func:`posenc.attention`).
+
+    Attributes:
+        prep: the bias, contextual or gated encoding with its positions
+            (:class:`~posenc.attend.PreparedEncoding`), or None (no term; a rotary
+            encoding has rotated ``q`` and ``k`` already).
+        keep: the validated bool mask ``[b|1, h|1, q|1, k]`` (True = may attend), or None.
+        causal, scale, dropout_p: as :func:`posenc.attention` takes them.
+        gates: a gated encoding's per-token gates ``[b, h, k]``, or None.
+        attn_mask: the caller's own mask object (``keep`` is a view of it): the key under
+            which a prepared SDPA mask is kept for the layers of one forward pass.
+    """
+
+    prep: Any
+    keep: torch.Tensor | None
+    causal: bool
+    scale: float
+    dropout_p: float = 0.0
+    gates: torch.Tensor | None = None
+    attn_mask: Any = None
 
 
 def allowed_pairs(
@@ -54,28 +80,31 @@ def allowed_pairs(
     return allowed | empty, empty
 
 
-def _block(qf, kf, vf, *, prep, keep, causal, scale, dropout_p, gates, start, q_len):
+def _block(qf, kf, vf, call: Call, start: int, q_len: int) -> torch.Tensor:
     """Output rows ``start : start + qf.shape[2]`` (of ``q_len`` queries) of the eager path."""
+    prep = call.prep
     stop = start + qf.shape[2]
-    logits = (qf * scale) @ kf.transpose(-1, -2)  # [b, h, rows, k]
-    allowed, empty = allowed_pairs(keep, causal, q_len, kf.shape[2], qf.device, rows=(start, stop))
+    logits = (qf * call.scale) @ kf.transpose(-1, -2)  # [b, h, rows, k]
+    allowed, empty = allowed_pairs(
+        call.keep, call.causal, q_len, kf.shape[2], qf.device, rows=(start, stop)
+    )
     enc = None if prep is None else prep.encoding
     if isinstance(enc, ContextualEncoding):
-        bias = enc.contextual_bias_at(logits, qf, kf, allowed=allowed, scale=scale)
+        bias = enc.contextual_bias_at(logits, qf, kf, allowed=allowed, scale=call.scale)
         logits = logits + bias.to(logits.dtype)
     elif isinstance(enc, GatedEncoding):
-        bias = enc.gate_bias_at(gates, q_len, start=start, stop=stop)
+        bias = enc.gate_bias_at(call.gates, q_len, start=start, stop=stop)
         logits = logits + bias.to(logits.dtype)
     elif enc is not None:
-        bias = prep.bias(qf, scale)
+        bias = prep.bias(qf, call.scale)
         if (start, stop) != (0, q_len):
             bias = bias[..., start:stop, :]
         logits = logits + bias.to(logits.dtype)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    if dropout_p:
-        probs = F.dropout(probs, p=dropout_p)
+    if call.dropout_p:
+        probs = F.dropout(probs, p=call.dropout_p)
     out = probs @ vf  # [b, h, rows, d_v]
     if prep is not None and prep.value_dependent:
         out = out + prep.value_bias(probs).to(out.dtype)
@@ -93,30 +122,17 @@ def _widened(q, k, v):
     return q.to(compute), kf, vf
 
 
-def eager(q, k, v, *, prep, keep, causal, scale, dropout_p, gates=None):
+def eager(q, k, v, call: Call) -> torch.Tensor:
     """softmax(q k^T * scale + bias + mask) v with plain tensor operations, float32 or wider."""
     qf, kf, vf = _widened(q, k, v)
-    out = _block(
-        qf,
-        kf,
-        vf,
-        prep=prep,
-        keep=keep,
-        causal=causal,
-        scale=scale,
-        dropout_p=dropout_p,
-        gates=gates,
-        start=0,
-        q_len=q.shape[2],
-    )
-    return out.to(q.dtype)
+    return _block(qf, kf, vf, call, 0, q.shape[2]).to(q.dtype)
 
 
 #: The chunked path computes this many attention scores (``b * h * rows * k``) per block.
 CHUNK_SCORES = 1 << 22
 
 
-def chunked(q, k, v, *, prep, keep, causal, scale, dropout_p, gates=None, block_scores=None):
+def chunked(q, k, v, call: Call, block_scores: int | None = None) -> torch.Tensor:
     """The eager path one block of query rows at a time, each block recomputed in the
     backward pass (:func:`torch.utils.checkpoint.checkpoint`) instead of kept: memory
     ``O(b h rows k)`` instead of ``O(b h q k)`` per tensor. The same numbers as
@@ -125,35 +141,31 @@ def chunked(q, k, v, *, prep, keep, causal, scale, dropout_p, gates=None, block_
     b, h, q_len, _ = q.shape
     per_row = b * h * k.shape[2]
     rows = max(1, (block_scores or CHUNK_SCORES) // per_row)
-    inputs = [t for t in (qf, kf, vf, gates) if t is not None]
-    if prep is not None:
-        inputs += list(prep.encoding.parameters())
+    inputs = [t for t in (qf, kf, vf, call.gates) if t is not None]
+    if call.prep is not None:
+        inputs += list(call.prep.encoding.parameters())
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
     outs = []
     for start in range(0, q_len, rows):
-        kw = dict(
-            prep=prep,
-            keep=keep,
-            causal=causal,
-            scale=scale,
-            dropout_p=dropout_p,
-            gates=gates,
-            start=start,
-            q_len=q_len,
-        )
         qb = qf[:, :, start : start + rows]
         if grad:
             out = torch.utils.checkpoint.checkpoint(
-                lambda qb, kf, vf, kw=kw: _block(qb, kf, vf, **kw), qb, kf, vf, use_reentrant=False
+                lambda qb, kf, vf, start=start: _block(qb, kf, vf, call, start, q_len),
+                qb,
+                kf,
+                vf,
+                use_reentrant=False,
             )
         else:
-            out = _block(qb, kf, vf, **kw)
+            out = _block(qb, kf, vf, call, start, q_len)
         outs.append(out)
     return torch.cat(outs, dim=2).to(q.dtype)
 
 
-def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask, gates=None):
+def sdpa(q, k, v, call: Call) -> torch.Tensor:
     """SDPA: is_causal / a bool mask without a bias, one merged float mask with one."""
+    prep, keep, causal, scale = call.prep, call.keep, call.causal, call.scale
+    dropout_p = call.dropout_p
     q_len, k_len = q.shape[2], k.shape[2]
     gqa = True if q.shape[1] != k.shape[1] else False  # a Python bool under torch.compile
     if prep is None and keep is None and (not causal or q_len == k_len):
@@ -165,11 +177,11 @@ def sdpa(q, k, v, *, prep, keep, causal, scale, dropout_p, attn_mask, gates=None
         mask, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
     elif isinstance(prep.encoding, GatedEncoding):  # per-call gates: a fresh mask per call
         allowed, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
-        mask = prep.encoding.gate_bias_at(gates, q_len).to(q.dtype)
+        mask = prep.encoding.gate_bias_at(call.gates, q_len).to(q.dtype)
         if allowed is not None:
             mask = mask.masked_fill(~allowed, float("-inf"))
     else:  # the merged float mask: once per forward pass when the bias depends on no q
-        mask, empty = prep.sdpa_mask(q, scale, keep=keep, causal=causal, mask_id=attn_mask)
+        mask, empty = prep.sdpa_mask(q, scale, keep=keep, causal=causal, mask_id=call.attn_mask)
     if (
         mask is not None
         and mask.requires_grad
