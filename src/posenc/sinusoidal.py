@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 import torch
 from torch import nn
 
-from posenc import positions as _positions
+import posenc.positions as _positions
 from posenc._angles import reduced_angles
 from posenc._base import AdditiveEncoding
 from posenc._errors import (

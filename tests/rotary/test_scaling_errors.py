@@ -160,11 +160,10 @@ def test_bad_transformers_scaling(scaling, match: str) -> None:
         scaling_from_transformers(scaling)
 
 
-@pytest.mark.parametrize(
-    ("scaling", "match"),
-    [c[1:] for c in BAD_SCALINGS if isinstance(c[1], dict)],
-    ids=[c[0] for c in BAD_SCALINGS if isinstance(c[1], dict)],
-)
+_BAD_DICTS = {name: case for name, case in BAD_SCALINGS.items() if isinstance(case[0], dict)}
+
+
+@pytest.mark.parametrize(("scaling", "match"), list(_BAD_DICTS.values()), ids=list(_BAD_DICTS))
 def test_scaling_from_transformers_refuses_what_parse_scaling_refuses(scaling, match) -> None:
     """Posenc's spellings read by either function give the same errors."""
     with pytest.raises(PosEncError, match=match):

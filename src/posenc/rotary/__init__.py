@@ -1,10 +1,15 @@
 """Rotary position embeddings: frequencies and scalings, application to q/k, modules.
 
-Imports point one way, bottom to top: ``layout`` (the layout and seq_dim names) <-
-``kernels`` (the plain torch twin in ``kernels.plain`` beside the Triton and CPU fast
-paths) <- ``apply`` (cos/sin and :func:`apply_rotary`) <- ``module``
-(:class:`RotaryEmbedding`) <- ``nd`` and ``xpos`` (its subclasses); ``porting`` needs
-only ``layout``, and ``frequencies`` (with ``scalings/``) nothing of the rest.
+Imports point one way, bottom to top: ``layout`` (the layout and seq_dim names; the layout
+tuple itself is :mod:`posenc._layouts`') <- ``kernels`` (the plain torch twin in
+``kernels.plain`` beside the Triton and CPU fast paths; ``kernels/__init__`` only
+re-exports) <- ``apply`` (cos/sin and :func:`apply_rotary`) and ``rotation``
+(:class:`~posenc.rotary.rotation.Rotation`, its checks, the rotation of q and k) <-
+``module`` (:class:`RotaryEmbedding`, which also takes ``cache`` (the cos/sin table),
+``call_frequencies`` (the frequencies of each call) and ``fast`` (the common CPU call,
+handed a :class:`~posenc.rotary.fast.FastRotation`)) <- ``nd`` and ``xpos`` (its
+subclasses); ``porting`` needs only ``layout``, and ``frequencies`` (with ``scalings/``)
+nothing of the rest. M-RoPE is ``RotaryEmbedding(head_dim, sections=...)``.
 """
 
 from posenc.rotary.apply import apply_rotary, rotary_cos_sin

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from posenc import positions as _positions
+import posenc.positions as _positions
 from posenc._base import RotaryEncoding
 from posenc._errors import (
     PosEncError,
