@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from posenc._errors import PosEncError, check_float, check_int
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "human_bytes",
     "integer",
     "number",
+    "option",
     "text",
 ]
 
@@ -72,6 +75,12 @@ def check_bytes(what: str, nbytes: float) -> None:
             f"{what} needs about {human_bytes(nbytes)} of memory, over the limit of "
             f"{human_bytes(limit)}; ask for fewer positions or channels"
         )
+
+
+def option(help: str, check: Callable[[Any], Any], *names: str) -> Any:
+    """A typer option: its help text and its parse-time ``check`` (one of the callbacks
+    below); ``names`` (``"--out", "-o"``) where the parameter's own name is not enough."""
+    return typer.Option(*names, help=help, callback=check)
 
 
 def text(option: str) -> Callable[[Any], Any]:

@@ -15,13 +15,13 @@ import typer
 
 from posenc._errors import PosEncError
 from posenc.cli._app import app, fail
-from posenc.cli._checks import check_out_dir, integer, text
+from posenc.cli._checks import check_out_dir, integer, option, text
 
 __all__ = ["report"]
 
 
 # The options of `posenc report`, each checked when it is parsed (cli/_checks).
-Out = Annotated[str, typer.Option("--out", "-o", help="Output folder.", callback=text("--out"))]
+Out = Annotated[str, option("Output folder.", text("--out"), "--out", "-o")]
 Quick = Annotated[
     bool, typer.Option("--quick", help="Smaller ranges and a short study: under a minute.")
 ]
@@ -30,10 +30,7 @@ Lengthgen = Annotated[
 ]
 Jobs = Annotated[
     int | None,
-    typer.Option(
-        help="Worker processes of the study [the CPU cores].",
-        callback=integer("--jobs", min=1, max=1024),
-    ),
+    option("Worker processes of the study [the CPU cores].", integer("--jobs", min=1, max=1024)),
 ]
 
 

@@ -30,7 +30,7 @@ from rich.table import Table
 from posenc import registry
 from posenc._errors import PosEncError, check_choice, check_int
 from posenc.cli._app import app, fail
-from posenc.cli._checks import check_bytes, choice, integer, number, text
+from posenc.cli._checks import check_bytes, choice, integer, number, option, text
 from posenc.index import index_table
 from posenc.sinusoidal import LAYOUTS, ORDERS, sinusoidal_table
 
@@ -221,12 +221,10 @@ class _Request:
 def _check_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
     """The options of ``name``'s builder; one given to another entry is refused."""
     takes = TABLES[name][1]
-    for option, value in given.items():
-        if value is not None and option not in takes:
-            users = [n for n, (_, opts) in TABLES.items() if option in opts]
-            raise PosEncError(
-                f"--{option} applies to {', '.join(users)}, not {name!r}, got {value!r}"
-            )
+    for key, value in given.items():
+        if value is not None and key not in takes:
+            users = [n for n, (_, opts) in TABLES.items() if key in opts]
+            raise PosEncError(f"--{key} applies to {', '.join(users)}, not {name!r}, got {value!r}")
     if given["length"] is not None and given["normalize"] != "length":
         raise PosEncError(f"--length applies only with --normalize length, got {given['length']}")
     return {k: v for k, v in given.items() if k in takes}
@@ -331,72 +329,55 @@ def _print_json(t: _Table, rows: list[list[float]], request: _Request) -> None:
 _PRINTERS = {"text": _print_text, "csv": _print_csv, "json": _print_json}
 
 
-def _sinusoidal_choice(option: str, choices: tuple[str, ...], default: str) -> Any:
+def _sinusoidal_choice(name: str, choices: tuple[str, ...], default: str) -> Any:
     """A sinusoidal option naming one of ``choices`` (unset: the table's ``default``),
     listed default first in its help and its error."""
     listed = (default, *(c for c in choices if c != default))
-    return typer.Option(
-        help=f"sinusoidal: {' or '.join(listed)} (default {default}).",
-        callback=choice(option, listed),
-    )
+    return option(f"sinusoidal: {' or '.join(listed)} (default {default}).", choice(name, listed))
 
 
 # The options of `posenc table`, each checked when it is parsed (cli/_checks).
 EncodingArg = Annotated[
     str, typer.Argument(help=f"Encoding with a fixed table: {', '.join(TABLES)}.")
 ]
-Dim = Annotated[
-    int, typer.Option("--dim", "-d", help="Number of channels.", callback=integer("--dim", min=1))
-]
+Dim = Annotated[int, option("Number of channels.", integer("--dim", min=1), "--dim", "-d")]
 Positions = Annotated[
     str,
-    typer.Option(
+    option(
+        "Positions: 'a:b' (end excluded), 'a:b:step', or a comma list such as "
+        "'0:4,10,100.5'. Floats and negatives allowed.",
+        text("--positions"),
         "--positions",
         "-p",
-        help="Positions: 'a:b' (end excluded), 'a:b:step', or a comma list such as "
-        "'0:4,10,100.5'. Floats and negatives allowed.",
-        callback=text("--positions"),
     ),
 ]
 Layout = Annotated[str | None, _sinusoidal_choice("--layout", LAYOUTS, "interleaved")]
 Order = Annotated[str | None, _sinusoidal_choice("--order", ORDERS, "sin_cos")]
 Base = Annotated[
     float | None,
-    typer.Option(
-        help="sinusoidal: wavelength base (10000).",
-        callback=number("--base", min=1.0, exclusive=True),
-    ),
+    option("sinusoidal: wavelength base (10000).", number("--base", min=1.0, exclusive=True)),
 ]
 Normalize = Annotated[
     str | None,
-    typer.Option(
-        help="index: 'length' to add p / L instead of p.",
-        callback=choice("--normalize", ("length",)),
-    ),
+    option("index: 'length' to add p / L instead of p.", choice("--normalize", ("length",))),
 ]
 Length = Annotated[
     int | None,
-    typer.Option(
-        help="index with --normalize length: L (default: the number of positions).",
-        callback=integer("--length", min=1, max=MAX_POSITION),
+    option(
+        "index with --normalize length: L (default: the number of positions).",
+        integer("--length", min=1, max=MAX_POSITION),
     ),
 ]
 Channels = Annotated[
     str | None,
-    typer.Option(
-        help="Channels to show, same syntax as --positions (default all).",
-        callback=text("--channels"),
-    ),
+    option("Channels to show, same syntax as --positions (default all).", text("--channels")),
 ]
-Format = Annotated[
-    str,
-    typer.Option("--format", "-f", help="text, csv or json.", callback=choice("--format", FORMATS)),
-]
+Format = Annotated[str, option("text, csv or json.", choice("--format", FORMATS), "--format", "-f")]
 Digits = Annotated[
     int | None,
-    typer.Option(
-        help="Decimals: text shows 4 by default; csv and json are exact unless set.",
-        callback=integer("--digits", min=0, max=17),
+    option(
+        "Decimals: text shows 4 by default; csv and json are exact unless set.",
+        integer("--digits", min=0, max=17),
     ),
 ]
 
