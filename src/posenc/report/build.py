@@ -43,29 +43,22 @@ class Settings:
     bias_heads: int
 
 
+#: Each size of the default run beside the ``--quick`` one's (under a minute).
+_SIZES: dict[str, tuple[Any, Any]] = {
+    "positions": (512, 128),
+    "shift_positions": (256, 128),
+    "max_distance": (128, 64),
+    "figure_positions": (128, 64),
+    "dpi": (90, 72),
+    "similarity_figures": (True, False),
+    "bias_heads": (8, 4),
+}
+
+
 def settings_for(quick: bool) -> Settings:
     """The report's sizes: the default run, or the ``--quick`` one (under a minute)."""
-    if quick:
-        return Settings(
-            True,
-            positions=128,
-            shift_positions=128,
-            max_distance=64,
-            figure_positions=64,
-            dpi=72,
-            similarity_figures=False,
-            bias_heads=4,
-        )
-    return Settings(
-        False,
-        positions=512,
-        shift_positions=256,
-        max_distance=128,
-        figure_positions=128,
-        dpi=90,
-        similarity_figures=True,
-        bias_heads=8,
-    )
+    quick = bool(quick)
+    return Settings(quick, **{field: sizes[quick] for field, sizes in _SIZES.items()})
 
 
 class _Figures:
@@ -81,8 +74,16 @@ class _Figures:
 
         start = time.perf_counter()
         fig = draw(self.dpi)
-        width, height = fig.canvas.get_width_height()
         atomic_write(self.out / file, figure_bytes(fig))
+        self.record(file, title, section, encoding, fig.canvas.get_width_height())
+        self.seconds += time.perf_counter() - start
+        return file
+
+    def record(
+        self, file: str, title: str, section: str, encoding: str | None, size: tuple[int, int]
+    ) -> None:
+        """Record a figure already written as ``DIR/<file>``, ``size`` pixels wide and high."""
+        width, height = size
         self.records.append(
             {
                 "file": file,
@@ -93,14 +94,10 @@ class _Figures:
                 "height": height,
             }
         )
-        self.seconds += time.perf_counter() - start
-        return file
 
 
 def _encoding_entry(name: str, s: Settings, figs: _Figures) -> dict[str, Any]:
     """Properties and figures of one registered encoding; errors are recorded, not raised."""
-    from posenc import plot
-
     entry: dict[str, Any] = {
         "name": name,
         "kind": None,
@@ -117,47 +114,50 @@ def _encoding_entry(name: str, s: Settings, figs: _Figures) -> dict[str, Any]:
             enc, s.positions, shift_positions=s.shift_positions, max_distance=s.max_distance
         )
         entry["summary"], entry["properties"] = props.summary(), props.to_dict()
-        n = s.figure_positions
-        if enc.kind == "bias":
-            rows = -(-min(s.bias_heads, size(enc, "num_heads")) // 4)  # 4 heads a row
-            entry["figures"].append(
-                figs.add(
-                    f"bias_{name}.png",
-                    f"{name}: bias of each head",
-                    "encodings",
-                    name,
-                    lambda dpi: plot.plot_bias(
-                        enc,
-                        min(n, 48),
-                        max_heads=s.bias_heads,
-                        figsize=(8, 0.9 + 2.1 * rows),
-                        dpi=dpi,
-                    ),
-                )
-            )
-        else:
-            entry["figures"].append(
-                figs.add(
-                    f"table_{name}.png",
-                    f"{name}: table",
-                    "encodings",
-                    name,
-                    lambda dpi: plot.plot_table(enc, n, figsize=(6.5, 3.6), dpi=dpi),
-                )
-            )
-            if enc.kind != "none" and s.similarity_figures:
-                entry["figures"].append(
-                    figs.add(
-                        f"similarity_{name}.png",
-                        f"{name}: similarity of positions",
-                        "encodings",
-                        name,
-                        lambda dpi: plot.plot_similarity(enc, n, figsize=(4.4, 3.6), dpi=dpi),
-                    )
-                )
+        entry["figures"] = _encoding_figures(name, enc, s, figs)
     except Exception as e:  # a new encoding the defaults cannot build must not sink the report
         entry["error"] = f"{type(e).__name__}: {e}"
     return entry
+
+
+def _encoding_figures(name: str, enc: Any, s: Settings, figs: _Figures) -> list[str]:
+    """The figures of one encoding: its bias per head, or its table (and similarity)."""
+    from posenc import plot
+
+    n = s.figure_positions
+    if enc.kind == "bias":
+        rows = -(-min(s.bias_heads, size(enc, "num_heads")) // 4)  # 4 heads a row
+        return [
+            figs.add(
+                f"bias_{name}.png",
+                f"{name}: bias of each head",
+                "encodings",
+                name,
+                lambda dpi: plot.plot_bias(
+                    enc, min(n, 48), max_heads=s.bias_heads, figsize=(8, 0.9 + 2.1 * rows), dpi=dpi
+                ),
+            )
+        ]
+    files = [
+        figs.add(
+            f"table_{name}.png",
+            f"{name}: table",
+            "encodings",
+            name,
+            lambda dpi: plot.plot_table(enc, n, figsize=(6.5, 3.6), dpi=dpi),
+        )
+    ]
+    if enc.kind != "none" and s.similarity_figures:
+        files.append(
+            figs.add(
+                f"similarity_{name}.png",
+                f"{name}: similarity of positions",
+                "encodings",
+                name,
+                lambda dpi: plot.plot_similarity(enc, n, figsize=(4.4, 3.6), dpi=dpi),
+            )
+        )
+    return files
 
 
 def _lengthgen(
@@ -187,17 +187,13 @@ def _lengthgen(
         from PIL import Image
 
         with Image.open(path) as im:
-            width, height = im.size
-        figs.records.append(
-            {
-                "file": "lengthgen.png",
-                "title": "length generalization: every encoding and the RoPE extensions",
-                "section": "lengthgen",
-                "encoding": None,
-                "width": width,
-                "height": height,
-            }
-        )
+            figs.record(
+                "lengthgen.png",
+                "length generalization: every encoding and the RoPE extensions",
+                "lengthgen",
+                None,
+                im.size,
+            )
         figs.seconds += time.perf_counter() - start
         record["figure"] = "lengthgen.png"
     except Exception as e:  # no figure; the tables of numbers stay
@@ -264,6 +260,46 @@ def build_report(
     started = time.perf_counter()
     progress = on_progress or _quiet
     check_plot_extra()
+    out = _out_folder(out_dir)
+    names = registry.names() if encodings is None else [registry.get(n).name for n in encodings]
+    if not names:
+        raise PosEncError("encodings must name at least one encoding, got an empty list")
+    s = settings_for(bool(quick))
+    figs = _Figures(out, s.dpi)
+    total = len(names) + 3
+    t0 = time.perf_counter()
+    entries = []
+    for i, name in enumerate(names):
+        progress("analysis", i, total, f"measuring {name}")
+        entries.append(_encoding_entry(name, s, figs))
+    seconds = {"analysis": time.perf_counter() - t0 - figs.seconds}
+
+    progress("analysis", len(names), total, "decay curves")
+    _distance_figures(entries, s, figs)
+
+    progress("analysis", len(names) + 1, total, "demonstrations")
+    t0 = time.perf_counter()
+    demos = order_sensitivity().to_dict()
+    seconds["demonstrations"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    if lengthgen:
+        study = _lengthgen(out, bool(quick), figs, progress, _jobs(jobs))
+    else:
+        study = empty_record("skipped", "turned off (lengthgen=False)")
+    seconds["lengthgen"] = time.perf_counter() - t0  # with its figure
+
+    progress("analysis", len(names) + 2, total, "writing the page")
+    data = _record(s, entries, demos, study, figs, seconds)
+    _write(out, data, started)
+    progress("analysis", total, total, "done")
+    return data
+
+
+def _out_folder(out_dir: str | os.PathLike[str]) -> Path:
+    """``out_dir``, made if missing: a path that cannot be a folder is the caller's mistake
+    (PosEncError); one the environment refuses (permissions, a read-only or full file
+    system) an OSError."""
     out = Path(out_dir)
     if not str(out_dir).strip():
         raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
@@ -273,23 +309,13 @@ def build_report(
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as e:
         raise PosEncError(f"out_dir cannot be created: {str(out)!r} ({e.strerror})") from None
-    # other OSErrors (permission, read-only or full file system) are the environment's
     if not os.access(out, os.W_OK | os.X_OK):
         raise PermissionError(13, f"out_dir is not writable: {str(out)!r}")
-    names = registry.names() if encodings is None else [registry.get(n).name for n in encodings]
-    if not names:
-        raise PosEncError("encodings must name at least one encoding, got an empty list")
-    s = settings_for(bool(quick))
-    figs = _Figures(out, s.dpi)
-    total = len(names) + 3
-    entries = []
-    t0 = time.perf_counter()
-    for i, name in enumerate(names):
-        progress("analysis", i, total, f"measuring {name}")
-        entries.append(_encoding_entry(name, s, figs))
-    analysis_seconds = time.perf_counter() - t0 - figs.seconds
+    return out
 
-    progress("analysis", len(names), total, "decay curves")
+
+def _distance_figures(entries: list[dict[str, Any]], s: Settings, figs: _Figures) -> None:
+    """The decay curves of every encoding measured, and the clock hands of one rotary."""
     from posenc import plot
 
     ok = [e["name"] for e in entries if e["error"] is None]
@@ -312,20 +338,17 @@ def build_report(
             lambda dpi: plot.plot_clock_hands(clock, figsize=(12, 3.0), dpi=dpi),
         )
 
-    progress("analysis", len(names) + 1, total, "demonstrations")
-    t0 = time.perf_counter()
-    demos = order_sensitivity().to_dict()
-    demo_seconds = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    if lengthgen:
-        study = _lengthgen(out, bool(quick), figs, progress, _jobs(jobs))
-    else:
-        study = empty_record("skipped", "turned off (lengthgen=False)")
-    lengthgen_seconds = time.perf_counter() - t0  # with its figure
-
-    progress("analysis", len(names) + 2, total, "writing the page")
-    data: dict[str, Any] = {
+def _record(
+    s: Settings,
+    entries: list[dict[str, Any]],
+    demos: dict[str, Any],
+    study: dict[str, Any],
+    figs: _Figures,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    """What ``report.json`` holds (its total time is set when the page is written)."""
+    return {
         "schema_version": SCHEMA_VERSION,
         "posenc_version": posenc.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -345,20 +368,22 @@ def build_report(
         "lengthgen": study,
         "figures": figs.records,
         "seconds": {
-            "analysis": analysis_seconds,
+            "analysis": seconds["analysis"],
             "figures": figs.seconds,
-            "demonstrations": demo_seconds,
-            "lengthgen": lengthgen_seconds,
+            "demonstrations": seconds["demonstrations"],
+            "lengthgen": seconds["lengthgen"],
             "total": 0.0,
         },
     }
+
+
+def _write(out: Path, data: dict[str, Any], started: float) -> None:
+    """The page and ``report.json``, each atomically: a full disk leaves the previous
+    ones as they were."""
     from posenc.report.html import render_html
 
     html = render_html(data, out)
     data["seconds"]["total"] = time.perf_counter() - started
     validate_report(data)
-    # atomic: a full disk leaves the previous report.json / index.html as they were
     atomic_write(out / "report.json", (json.dumps(data, indent=1, allow_nan=False) + "\n").encode())
     atomic_write(out / "index.html", html.encode("utf-8"))
-    progress("analysis", total, total, "done")
-    return data

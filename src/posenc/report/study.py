@@ -273,6 +273,7 @@ def run_report_study(out: Path, quick: bool, progress: Progress, *, jobs: int) -
     record = empty_record("absent")
     try:
         from posenc.experiments.lengthgen import run_study
+        from posenc.experiments.settings import StudySettings
     except ImportError as e:
         record["reason"] = f"posenc.experiments.lengthgen is not available here ({e})"
         return record
@@ -281,23 +282,10 @@ def run_report_study(out: Path, quick: bool, progress: Progress, *, jobs: int) -
     record["settings"] = {
         k: list(v) if isinstance(v, tuple) else v for k, v in {**settings, "jobs": jobs}.items()
     }
-    runs = len(settings["encodings"]) * len(settings["seeds"])
-    total = settings["steps"] * runs
-    done: dict[tuple[str, int], int] = {}
-
-    def on_event(kind: str, fields: dict[str, Any]) -> None:
-        key = (fields["label"], fields["seed"])
-        if kind == "step":
-            done[key] = int(fields["info"].step)
-        elif kind == "done" and "+" not in fields["label"]:
-            done[key] = settings["steps"]
-        if kind in ("step", "done"):
-            progress("lengthgen", min(sum(done.values()), total), total, "training")
-
-    progress("lengthgen", 0, total, "length generalization")
+    bar = _TrainingProgress(progress, settings)
     start = time.perf_counter()
     try:
-        results = run_study(
+        study = StudySettings.from_options(
             settings["task"],
             list(settings["encodings"]),
             preset=settings["preset"],
@@ -310,18 +298,14 @@ def run_report_study(out: Path, quick: bool, progress: Progress, *, jobs: int) -
             eval_tokens=settings["eval_tokens"],
             extend=list(settings["extend"]),
             finetune_steps=settings["finetune_steps"],
-            plot=False,
-            threads=1,  # tiny models: one thread a process (as `posenc lengthgen`)
-            jobs=jobs,
-            on_event=on_event,
         )
+        # tiny models: one thread a process (as `posenc lengthgen`)
+        results = run_study(study, plot=False, threads=1, jobs=jobs, on_event=bar)
     except Exception as e:  # the analysis half of the report is still worth writing
         record["status"] = "error"
         record["reason"] = f"{type(e).__name__}: {e}"
         return record
-    progress(
-        "lengthgen", total, total, f"trained {runs} models in {time.perf_counter() - start:.0f} s"
-    )
+    bar.finished(time.perf_counter() - start)
     rat = ratios(results)
     record.update(
         status="ok",
@@ -331,3 +315,29 @@ def run_report_study(out: Path, quick: bool, progress: Progress, *, jobs: int) -
         comparison=comparison(results, rat),
     )
     return record
+
+
+class _TrainingProgress:
+    """The study's events as the report's ``lengthgen`` progress: training steps done of
+    all the runs' (an extension's fine-tune, ``label`` with a ``+``, counts none)."""
+
+    def __init__(self, progress: Progress, settings: Mapping[str, Any]) -> None:
+        self.progress, self.steps = progress, int(settings["steps"])
+        self.runs = len(settings["encodings"]) * len(settings["seeds"])
+        self.total = self.steps * self.runs
+        self.done: dict[tuple[str, int], int] = {}
+        progress("lengthgen", 0, self.total, "length generalization")
+
+    def __call__(self, kind: str, fields: dict[str, Any]) -> None:
+        key = (fields["label"], fields["seed"])
+        if kind == "step":
+            self.done[key] = int(fields["info"].step)
+        elif kind == "done" and "+" not in fields["label"]:
+            self.done[key] = self.steps
+        if kind in ("step", "done"):
+            done = min(sum(self.done.values()), self.total)
+            self.progress("lengthgen", done, self.total, "training")
+
+    def finished(self, seconds: float) -> None:
+        what = f"trained {self.runs} models in {seconds:.0f} s"
+        self.progress("lengthgen", self.total, self.total, what)
