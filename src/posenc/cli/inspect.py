@@ -31,35 +31,45 @@ def _yes(flag: bool | None, yes: str, no: str) -> str:
 
 def property_rows(props: Any) -> list[tuple[str, str, str]]:
     """``(property, verdict, detail)`` rows of a :class:`posenc.analysis.Properties`."""
-    b, u, s, d = props.boundedness, props.uniqueness, props.shift, props.decay
-    unit = b.unit
+    unit = props.boundedness.unit
+    return [
+        _boundedness_row(props.boundedness),
+        _uniqueness_row(props.uniqueness, unit),
+        *_shift_rows(props.shift),
+        _decay_row(props.decay),
+    ]
+
+
+def _boundedness_row(b: Any) -> tuple[str, str, str]:
     swamp = (
-        f"; exceeds {b.swamp_ratio:g}x at {unit} {b.first_swamping:g}"
+        f"; exceeds {b.swamp_ratio:g}x at {b.unit} {b.first_swamping:g}"
         if b.first_swamping is not None
         else ""
     )
-    rows = [
-        (
-            "boundedness",
-            _yes(b.bounded, "bounded", "grows"),
-            f"{b.measure}: max {_g(b.max_norm)} = {_g(b.max_ratio)} x reference "
-            f"{b.reference}{swamp}",
-        ),
-    ]
+    return (
+        "boundedness",
+        _yes(b.bounded, "bounded", "grows"),
+        f"{b.measure}: max {_g(b.max_norm)} = {_g(b.max_ratio)} x reference {b.reference}{swamp}",
+    )
+
+
+def _uniqueness_row(u: Any, unit: str) -> tuple[str, str, str]:
     first = (
         f"; closest: {', '.join(f'({c.a:g}, {c.b:g})' for c in u.collisions[:3])}"
         if u.collisions
         else ""
     )
-    rows.append(
-        (
-            "uniqueness",
-            "unique" if u.unique else f"{u.num_collisions} collisions",
-            f"min distance {_g(u.min_distance)} ({_g(u.min_distance / u.scale if u.scale else 0.0)} "
-            f"of the rms norm) between {unit}s {u.closest_pair[0]:g} and {u.closest_pair[1]:g} "
-            f"over {u.num_positions} {unit}s{first}",
-        )
+    return (
+        "uniqueness",
+        "unique" if u.unique else f"{u.num_collisions} collisions",
+        f"min distance {_g(u.min_distance)} ({_g(u.min_distance / u.scale if u.scale else 0.0)} "
+        f"of the rms norm) between {unit}s {u.closest_pair[0]:g} and {u.closest_pair[1]:g} "
+        f"over {u.num_positions} {unit}s{first}",
     )
+
+
+def _shift_rows(s: Any) -> list[tuple[str, str, str]]:
+    rows = []
     if s.linear_map_residuals is not None:
         rows.append(
             (
@@ -77,6 +87,10 @@ def property_rows(props: Any) -> list[tuple[str, str, str]]:
             f"{s.measure}: max relative spread over p {_g(max(s.dot_spreads))}",
         )
     )
+    return rows
+
+
+def _decay_row(d: Any) -> tuple[str, str, str]:
     picks = [k for k in (1, 4, 16, 64, 256, 1024) if k < len(d.distances)] + [d.distances[-1]]
     curve = d.normalized if d.normalized is not None else d.similarity
     values = ", ".join(f"k={k}: {curve[k]:.3g}" for k in dict.fromkeys(picks))
@@ -86,8 +100,7 @@ def property_rows(props: Any) -> list[tuple[str, str, str]]:
         bound = "; RoFormer bound " + ", ".join(
             f"{d.bound_normalized[k]:.3g}" for k in dict.fromkeys(picks)
         )
-    rows.append(("decay", what, f"{d.measure}: {values}{bound}"))
-    return rows
+    return ("decay", what, f"{d.measure}: {values}{bound}")
 
 
 def _print_hf(summary: dict[str, Any]) -> None:
