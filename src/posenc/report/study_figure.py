@@ -31,40 +31,21 @@ def draw_headline(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train_len, metric = results["train_len"], results["metric"]
+    train_len = results["train_len"]
     summary = results["summary"]
     labels = [label for label in summary if "+" not in label]
     fig, (left, right) = plt.subplots(1, 2, figsize=figsize, dpi=dpi)
-    top = 0.0
     for i, label in enumerate(labels):
         color = _COLORS.get(label, plt.get_cmap("tab10")(i % 10))
-        xs, mean, low, high = [], [], [], []
-        for length in results["eval_lens"]:
-            stats = summary[label][str(length)].get(metric)
-            if stats is not None:
-                xs.append(length)
-                mean.append(stats["mean"])
-                low.append(stats["min"])
-                high.append(stats["max"])
+        xs, mean, low, high = _perplexities(results, label)
         if not xs:
             continue
-        left.plot(xs, mean, color=color, marker="o", label=label)
-        left.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
-        top = max(top, *high)
+        _band(left, xs, (mean, low, high), color=color, label=label)
         cells = ratios.get(label, {})
         rx = [int(n) / train_len for n in cells]
         if len(rx) > 1:
-            right.plot(
-                rx, [c["mean"] for c in cells.values()], color=color, marker="o", label=label
-            )
-            right.fill_between(
-                rx,
-                [c["min"] for c in cells.values()],
-                [c["max"] for c in cells.values()],
-                color=color,
-                alpha=0.2,
-                linewidth=0,
-            )
+            stats = [[c[k] for c in cells.values()] for k in ("mean", "min", "max")]
+            _band(right, rx, stats, color=color, label=label)
     for method, points in press_ratios().items():
         if method in labels:
             xs = sorted(points)
@@ -77,6 +58,38 @@ def draw_headline(
                 markerfacecolor="white",
                 label=f"{method} (Press et al.)",
             )
+    _perplexity_axes(left, results)
+    _growth_axes(right, results)
+    fig.tight_layout()
+    return fig
+
+
+def _perplexities(results: Mapping[str, Any], label: str) -> tuple[list[Any], ...]:
+    """``(lengths, mean, min, max)`` of ``label``'s metric over the seeds, at each eval
+    length where it was measured."""
+    xs: list[Any] = []
+    mean: list[Any] = []
+    low: list[Any] = []
+    high: list[Any] = []
+    for length in results["eval_lens"]:
+        stats = results["summary"][label][str(length)].get(results["metric"])
+        if stats is not None:
+            xs.append(length)
+            mean.append(stats["mean"])
+            low.append(stats["min"])
+            high.append(stats["max"])
+    return xs, mean, low, high
+
+
+def _band(ax: Any, xs: list[Any], stats: Any, *, color: Any, label: str) -> None:
+    """The mean as a line with markers over a band from the min to the max."""
+    mean, low, high = stats
+    ax.plot(xs, mean, color=color, marker="o", label=label)
+    ax.fill_between(xs, low, high, color=color, alpha=0.2, linewidth=0)
+
+
+def _perplexity_axes(left: Any, results: Mapping[str, Any]) -> None:
+    train_len, metric = results["train_len"], results["metric"]
     lengths = list(results["eval_lens"])
     left.axvline(train_len, color="0.6", linewidth=1, linestyle="-.")
     left.set_xscale("log", base=2)
@@ -88,9 +101,13 @@ def draw_headline(
     left.set_title(f"trained at L = {train_len}; mean and min-max of {len(results['seeds'])} seeds")
     left.grid(True, alpha=0.3)
     left.legend(fontsize=8, loc="upper left")
+
+
+def _growth_axes(right: Any, results: Mapping[str, Any]) -> None:
+    train_len = results["train_len"]
     right.axhline(1.0, color="0.6", linewidth=1)
     right.set_xscale("log", base=2)
-    multiples = sorted({n / train_len for n in lengths} | {1.0})
+    multiples = sorted({n / train_len for n in results["eval_lens"]} | {1.0})
     right.set_xticks(multiples)
     right.set_xticklabels([f"{m:g}L" for m in multiples])
     right.minorticks_off()
@@ -100,5 +117,3 @@ def draw_headline(
     right.set_title("growth past L: ours (solid) and Press et al. 2022 (dashed)")
     right.grid(True, alpha=0.3, which="both")
     right.legend(fontsize=7, loc="upper left", ncol=2)
-    fig.tight_layout()
-    return fig
