@@ -90,9 +90,13 @@ def test_every_name_round_trips_through_json(name):
     assert config["name"] == name
     text = json.dumps(config)  # JSON-serialisable, as it is
     again = posenc.build(json.loads(text))
-    assert type(again) is type(module)
-    assert again.to_config() == config
-    assert json.dumps(again.to_config()) == text
+    if name == "mrope":  # deprecated: its config loads as "rope" with sections, silently
+        assert type(again) is posenc.RotaryEmbedding
+        assert again.to_config() == {**config, "name": "rope"}
+    else:
+        assert type(again) is type(module)
+        assert again.to_config() == config
+        assert json.dumps(again.to_config()) == text
     # same state (parameters, persistent buffers) and, once loaded, the same computation
     state = module.state_dict()
     assert set(again.state_dict()) == set(state)

@@ -54,7 +54,7 @@ from posenc.gated import FoXBias, fox_bias
 from posenc.attend import attention
 from posenc import models
 
-__version__ = "0.1.0"
+from posenc._version import __version__ as __version__
 
 __all__ = [
     # entry points

@@ -14,7 +14,7 @@ class StudyProgress:
     Use as a context manager around :func:`~posenc.experiments.lengthgen.run_study`::
 
         with StudyProgress() as progress:
-            run_study("lm", ["rope", "alibi"], on_event=progress)
+            run_study(StudySettings.from_options("lm", ["rope", "alibi"]), on_event=progress)
     """
 
     def __init__(self, *, transient: bool = False) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-import posenc
 from posenc import registry
 from posenc._errors import PosEncError, check_int
+from posenc._version import __version__
 from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve_encoding
 from posenc.analysis._encodings import size
 from posenc.experiments.checkpoint import atomic_write  # temp file + rename: all or nothing
@@ -350,7 +350,7 @@ def _record(
     """What ``report.json`` holds (its total time is set when the page is written)."""
     return {
         "schema_version": SCHEMA_VERSION,
-        "posenc_version": posenc.__version__,
+        "posenc_version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "settings": {
             "quick": s.quick,
