@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from posenc import positions as _positions
+from posenc._errors import check_embeddings
 
 __all__ = [
     "LOGIT_PROTOCOLS",
@@ -90,6 +91,18 @@ class AdditiveEncoding(Encoding):
     """An encoding added to token embeddings ``[b, s, d]`` before the first layer."""
 
     kind: ClassVar[Kind] = "additive"
+    dim: int
+
+    def _embeddings_positions(
+        self, x: torch.Tensor, positions: torch.Tensor | None, offset: int
+    ) -> torch.Tensor:
+        """The positions of ``forward(x, positions, offset=...)``, resolved once
+        (:func:`posenc.positions.resolve`: ``arange(s) + offset`` when None) on ``x``'s
+        device, after ``x`` is checked to be embeddings ``[b, s, dim]``."""
+        check_embeddings(x, self.dim)
+        return _positions.resolve(
+            positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device
+        )
 
 
 class RotaryEncoding(Encoding):

@@ -33,7 +33,6 @@ from posenc._errors import (
     check_alloc,
     check_choice,
     check_dtype,
-    check_embeddings,
     check_int,
 )
 
@@ -145,10 +144,7 @@ class IndexEmbedding(AdditiveEncoding):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
     ) -> torch.Tensor:
-        check_embeddings(x, self.dim)
-        pos = _positions.resolve(
-            positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device
-        )
+        pos = self._embeddings_positions(x, positions, offset)
         # L counts the tokens so far; max(.., 1) only matters for an empty first chunk
         length = max(offset + x.shape[1], 1) if self.normalize == "length" else None
         pe = _table(pos, self.dim, length, torch.float64)  # [s, dim] or [b, s, dim]

@@ -22,7 +22,6 @@ from posenc._errors import (
     check_alloc,
     check_choice,
     check_dtype,
-    check_embeddings,
     check_float,
     check_int,
 )
@@ -248,10 +247,7 @@ class SinusoidalEmbedding(AdditiveEncoding):
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
     ) -> torch.Tensor:
-        check_embeddings(x, self.dim)
-        pos = _positions.resolve(
-            positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device
-        )
+        pos = self._embeddings_positions(x, positions, offset)
         # [s, dim] or [b, s, dim], exact in float64 (positions validated once, by resolve)
         pe = _table(pos, self.dim, self.base, self.layout, self.order, torch.float64)
         scale = self.scale.double() if isinstance(self.scale, torch.Tensor) else self.scale

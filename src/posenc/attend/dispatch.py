@@ -162,7 +162,7 @@ def _flex(q, k, v, call: Call) -> torch.Tensor:
     prep = call.prep
     score_mod: Callable[..., torch.Tensor] | None = None
     if prep is not None and isinstance(prep.encoding, GatedEncoding):
-        score_mod = prep.encoding.gate_score_mod_at(call.gates, q.shape[2])
+        score_mod = prep.encoding.gate_score_mod_at(call.checked_gates(), q.shape[2])
     elif prep is not None:
         score_mod = prep.score_mod(q, call.scale)
     return _flexattn.run(

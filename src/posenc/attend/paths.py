@@ -14,7 +14,7 @@ backward pass, for sequences whose ``[b, h, q, k]`` tensors do not fit many time
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,11 @@ class Call:
     dropout_p: float = 0.0
     gates: torch.Tensor | None = None
     attn_mask: Any = None
+
+    def checked_gates(self) -> torch.Tensor:
+        """``gates`` of a gated encoding: :func:`posenc.attention` has checked they are given
+        (and fit), so they are never None here."""
+        return cast(torch.Tensor, self.gates)
 
 
 def allowed_pairs(
@@ -93,7 +98,7 @@ def _block(qf, kf, vf, call: Call, start: int, q_len: int) -> torch.Tensor:
         bias = enc.contextual_bias_at(logits, qf, kf, allowed=allowed, scale=call.scale)
         logits = logits + bias.to(logits.dtype)
     elif isinstance(enc, GatedEncoding):
-        bias = enc.gate_bias_at(call.gates, q_len, start=start, stop=stop)
+        bias = enc.gate_bias_at(call.checked_gates(), q_len, start=start, stop=stop)
         logits = logits + bias.to(logits.dtype)
     elif enc is not None:
         bias = prep.bias(qf, call.scale)
@@ -177,7 +182,7 @@ def sdpa(q, k, v, call: Call) -> torch.Tensor:
         mask, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
     elif isinstance(prep.encoding, GatedEncoding):  # per-call gates: a fresh mask per call
         allowed, empty = allowed_pairs(keep, causal, q_len, k_len, q.device)
-        mask = prep.encoding.gate_bias_at(call.gates, q_len).to(q.dtype)
+        mask = prep.encoding.gate_bias_at(call.checked_gates(), q_len).to(q.dtype)
         if allowed is not None:
             mask = mask.masked_fill(~allowed, float("-inf"))
     else:  # the merged float mask: once per forward pass when the bias depends on no q

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -37,7 +36,7 @@ import torch
 
 from posenc._errors import PosEncError, check_int
 from posenc.experiments.distributed import Dist, setup
-from posenc.experiments.outdir import lock_out_dir
+from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.parallel import (
     UnitContext,
     default_jobs,
@@ -73,22 +72,6 @@ __all__ = [
 Event = Callable[[str, dict[str, Any]], None]
 
 MAX_JOBS = 1024  # worker processes of one study
-
-
-def _check_out_dir(out_dir: Path) -> None:
-    """``out_dir`` names a folder that can be made and written. A path that cannot be a
-    folder is the caller's mistake (PosEncError); a folder the environment refuses
-    (permissions, a read-only or full file system) is an OSError, as it is."""
-    if not str(out_dir).strip():
-        raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PosEncError(f"out_dir must be a folder, got the file {str(out_dir)!r}")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:
-        raise PosEncError(f"out_dir {str(out_dir)!r} cannot be created ({e.strerror})") from None
-    with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".posenc-write-test-"):
-        pass
 
 
 def _gb(n: float) -> str:
@@ -272,7 +255,7 @@ def _open_out_dir(
         raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
     out = Path(out_dir)
     if dist.is_main:
-        _check_out_dir(out)
+        make_out_dir(out)
         held.enter_context(lock_out_dir(out))  # refuses a second run into out_dir
     dist.barrier()
     return out

@@ -1,4 +1,9 @@
-"""One run per output folder: a lock file, and the leftovers of a killed run cleaned.
+"""One run per output folder: the folder made and checked, a lock file, and the leftovers
+of a killed run cleaned.
+
+:func:`make_out_dir` makes ``OUT`` if missing and checks it can be written: a path that
+cannot be a folder is the caller's mistake (``PosEncError``), a folder the environment
+refuses (permissions, a read-only or full file system) an ``OSError``, as it is.
 
 :func:`lock_out_dir` takes ``OUT/.posenc.lock`` with an exclusive ``flock``: a second run
 into the same folder is refused, naming the process that holds it; a lock whose process
@@ -13,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +26,27 @@ from pathlib import Path
 from posenc._errors import PosEncError
 from posenc.experiments.checkpoint import clean_stale_temps
 
-__all__ = ["LOCK_NAME", "lock_out_dir"]
+__all__ = ["LOCK_NAME", "lock_out_dir", "make_out_dir"]
 
 LOCK_NAME = ".posenc.lock"
+
+
+def make_out_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """``out_dir`` as a folder that exists and can be written (made with its parents when
+    missing; a temporary file is written and removed to prove it)."""
+    out = Path(out_dir)
+    if not str(out_dir).strip():
+        raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
+    if out.exists() and not out.is_dir():
+        raise PosEncError(f"out_dir must be a folder, got the file {str(out)!r}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise PosEncError(f"out_dir {str(out)!r} cannot be created ({e.strerror})") from None
+    with tempfile.NamedTemporaryFile(dir=out, prefix=".posenc-write-test-"):
+        pass
+    return out
+
 
 try:
     import fcntl

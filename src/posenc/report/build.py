@@ -19,6 +19,7 @@ from posenc._version import __version__
 from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve_encoding
 from posenc.analysis._encodings import size
 from posenc.experiments.checkpoint import atomic_write  # temp file + rename: all or nothing
+from posenc.experiments.outdir import make_out_dir
 from posenc.report.schema import SCHEMA_VERSION, validate_report
 from posenc.report.study import LENGTHGEN_SETTINGS, empty_record, run_report_study
 
@@ -260,7 +261,7 @@ def build_report(
     started = time.perf_counter()
     progress = on_progress or _quiet
     check_plot_extra()
-    out = _out_folder(out_dir)
+    out = make_out_dir(out_dir)
     names = registry.names() if encodings is None else [registry.get(n).name for n in encodings]
     if not names:
         raise PosEncError("encodings must name at least one encoding, got an empty list")
@@ -294,24 +295,6 @@ def build_report(
     _write(out, data, started)
     progress("analysis", total, total, "done")
     return data
-
-
-def _out_folder(out_dir: str | os.PathLike[str]) -> Path:
-    """``out_dir``, made if missing: a path that cannot be a folder is the caller's mistake
-    (PosEncError); one the environment refuses (permissions, a read-only or full file
-    system) an OSError."""
-    out = Path(out_dir)
-    if not str(out_dir).strip():
-        raise PosEncError(f"out_dir must name a folder, got {str(out_dir)!r}")
-    if out.exists() and not out.is_dir():
-        raise PosEncError(f"out_dir must be a folder, got the file {str(out)!r}")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError) as e:
-        raise PosEncError(f"out_dir cannot be created: {str(out)!r} ({e.strerror})") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise PermissionError(13, f"out_dir is not writable: {str(out)!r}")
-    return out
 
 
 def _distance_figures(entries: list[dict[str, Any]], s: Settings, figs: _Figures) -> None:
