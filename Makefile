@@ -22,8 +22,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests src/posenc --doctest-modules
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard benchmarks)
-	$(BIN)/ruff format --check src tests $(wildcard benchmarks)
+	$(BIN)/ruff check src tests scripts $(wildcard benchmarks)
+	$(BIN)/ruff format --check src tests scripts $(wildcard benchmarks)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --check-untyped-defs src/posenc
