@@ -1,0 +1,233 @@
+"""``posenc extend MODEL``: a pretrained model past its trained context under each RoPE
+scaling, with no fine-tuning.
+
+posenc extend .cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf          # L, 1.5L, 2L
+posenc extend MODEL_DIR --to 4 --out runs/extend                            # up to 4L
+posenc extend MODEL.gguf --quick                                            # under 5 minutes
+posenc extend MODEL.gguf --save extended/ --scaling yarn                    # a loadable copy
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from posenc._errors import PosEncError, check_float
+from posenc.cli._app import app, fail
+from posenc.cli._checks import check_out_dir, choice, integer, number, option, text
+
+__all__ = ["extend"]
+
+_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "config")
+
+
+def _list(option_name: str, kind: type) -> Any:
+    def check(value: Any) -> Any:
+        if value is None:
+            return None
+        parts = [p.strip() for p in str(value).split(",")]
+        if any(not p for p in parts):
+            raise PosEncError(
+                f"{option_name} must be a comma-separated list with no empty entry, got {value!r}"
+            )
+        if kind is float:
+            return [check_float(option_name, p, min=0.0) for p in parts]
+        for p in parts:
+            if p not in _SCALINGS:
+                raise PosEncError(
+                    f"{option_name} entries must be among {', '.join(_SCALINGS)}, got {p!r}"
+                )
+        return parts
+
+    return check
+
+
+Model = Annotated[
+    str, typer.Argument(help="A transformers model folder or a .gguf file.", callback=text("MODEL"))
+]
+Out = Annotated[str, option("Output folder.", text("--out"), "--out", "-o")]
+To = Annotated[
+    float | None,
+    option(
+        "The longest length, as a multiple of the trained context L [2; --quick 1.5].",
+        number("--to", min=1.0, max=64.0),
+    ),
+]
+Lengths = Annotated[
+    str | None,
+    option(
+        "The lengths measured, multiples of L, e.g. 1,1.5,2 [L up to --to].",
+        _list("--lengths", float),
+    ),
+]
+Scalings = Annotated[
+    str | None,
+    option(
+        "Scalings, e.g. none,yarn [none,linear,ntk,dynamic,yarn,config].", _list("--scalings", str)
+    ),
+]
+Texts = Annotated[
+    list[str] | None,
+    option("Documents for perplexity [the longest stdlib sources].", text("--text"), "--text"),
+]
+Documents = Annotated[
+    int | None,
+    option("How many stdlib documents [3; --quick 1].", integer("--documents", min=1, max=100)),
+]
+Trials = Annotated[
+    int | None,
+    option(
+        "Passkeys per depth and length [2; --quick 1; 0: none].",
+        integer("--trials", min=0, max=100),
+    ),
+]
+Seed = Annotated[int, option("Seed of the passkeys.", integer("--seed", min=0, max=2**31 - 1))]
+Dtype = Annotated[
+    str,
+    option(
+        "float32, bfloat16, float16 or float64.",
+        choice("--dtype", ("float32", "bfloat16", "float16", "float64")),
+    ),
+]
+Device = Annotated[
+    str, option("cpu, cuda, cuda:N, or auto (device_map='auto': several GPUs).", text("--device"))
+]
+Context = Annotated[
+    int | None,
+    option(
+        "The trained context L [the config's max_position_embeddings].",
+        integer("--context", min=16),
+    ),
+]
+Quick = Annotated[
+    bool,
+    typer.Option(
+        "--quick",
+        help="One document, none at L and each scaling at 1.5L, one passkey: under 5 minutes for SmolLM2-135M on 2 cores.",
+    ),
+]
+Resume = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Keep the units already measured in --out with the same settings and model.",
+    ),
+]
+Save = Annotated[
+    str | None,
+    option(
+        "Write the model with the chosen scaling into this folder (loads with from_pretrained, no posenc).",
+        text("--save"),
+    ),
+]
+Scaling = Annotated[
+    str | None,
+    option(
+        "The scaling --save writes [the answer at the longest length].",
+        choice("--scaling", _SCALINGS),
+    ),
+]
+
+
+@app.command("extend")
+def extend(
+    model: Model,
+    out: Out = "extend",
+    to: To = None,
+    lengths: Lengths = None,
+    scalings: Scalings = None,
+    texts: Texts = None,
+    documents: Documents = None,
+    trials: Trials = None,
+    seed: Seed = 0,
+    dtype: Dtype = "float32",
+    device: Device = "cpu",
+    context: Context = None,
+    quick: Quick = False,
+    resume: Resume = False,
+    save: Save = None,
+    scaling: Scaling = None,
+) -> None:
+    """Measure MODEL past its trained context: perplexity by position and passkey
+    retrieval under each RoPE scaling, with the cost; write OUT/results.json, figures and
+    OUT/index.html, which leads with the answer.
+
+    Exit codes: 0 written, 2 a bad option or a model that cannot be measured, 1 the
+    environment refused (a folder that cannot be written, out of memory)."""
+    from posenc.extend.run import run_extend
+    from posenc.extend.settings import ExtendSettings
+
+    try:
+        settings = ExtendSettings.from_options(
+            model,
+            to=to,
+            multiples=lengths,
+            scalings=scalings,
+            texts=texts or None,
+            documents=documents,
+            trials=trials,
+            seed=seed,
+            dtype=dtype,
+            device=device,
+            context=context,
+            quick=quick,
+        )
+        path = check_out_dir(out)
+    except PosEncError as e:
+        fail(str(e))
+        return
+    with _progress() as on_event:
+        results = run_extend(settings, out_dir=path, resume=resume, on_event=on_event)
+    typer.echo(results["answer"]["sentence"])
+    if save:
+        _save(settings, results, save, scaling)
+    typer.echo(f"wrote {path / 'index.html'}, {path / 'results.json'} and 2 figures")
+
+
+def _save(settings: Any, results: dict[str, Any], save: str, scaling: str | None) -> None:
+    from posenc.extend.model import load_model
+    from posenc.extend.save import save_extended
+
+    last = results["answer"]["per_length"][-1]
+    name = scaling or last["best"]
+    target = max(results["lengths"])
+    factor = 1.0 if name in ("none", "config") else target / results["trained_context"]
+    loaded = load_model(
+        settings.model, dtype=settings.dtype, device=settings.device, context=settings.context
+    )
+    where = save_extended(loaded, name, factor, target, Path(save))
+    typer.echo(f"saved {name} (factor {factor:g}) for {target} tokens in {where}")
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[Any]:
+    """One rich bar per unit on stderr (none where stderr is not a terminal)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not console.is_terminal,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+        current: list[Any] = [None]
+
+        def on_event(kind: str, info: dict[str, Any]) -> None:
+            if kind == "unit":
+                label = f"{info['index'] + 1}/{info['total']} {info['scaling']} x{info['factor']:g} @{info['length']}"
+                current[0] = tasks[label] = bar.add_task(label, total=None)
+            elif kind == "step" and current[0] is not None:
+                bar.update(current[0], completed=info["done"], total=info["total"])
+            elif kind == "done" and current[0] is not None:
+                bar.update(current[0], completed=1, total=1) if info.get("same_as") else None
+
+        yield on_event

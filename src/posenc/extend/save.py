@@ -1,0 +1,100 @@
+"""``posenc extend --save DIR``: the model with a scaling written into its config, loadable
+by ``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` without posenc.
+
+The scaling is written in transformers' spelling (``rope_parameters``): ``linear``,
+``dynamic`` and ``yarn`` as themselves; static NTK, which transformers has no type for, as
+the base it amounts to (``rope_type: default`` with ``rope_theta = base * factor^(d / (d -
+2))``, ``d`` the rotary dim). Models with RoPE parameters per layer type (Gemma 3) change
+only the scaled layer types. ``max_position_embeddings`` becomes the target length, except
+for dynamic NTK, which reads it as the trained context.
+
+A model folder is saved as its new ``config.json`` beside links to its other files (the
+weights are not copied); a ``.gguf`` model, which transformers dequantizes on loading, is
+saved whole (``save_pretrained``: safetensors weights, config and tokenizer).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+from posenc._errors import PosEncError
+from posenc.extend.model import Loaded, scaling_for
+from posenc.integrations.transformers import rotary_from_config
+
+__all__ = ["rope_parameters_for", "save_extended"]
+
+
+def rope_parameters_for(loaded: Loaded, name: str, factor: float) -> dict[str, Any]:
+    """The ``rope_parameters`` of one scaled layer type, in transformers' spelling."""
+    config = loaded.model.config.get_text_config()
+    layer = loaded.scaled_types[0]
+    rope = rotary_from_config(config, layer_type=layer)
+    base = float(rope.base)
+    scaling = scaling_for(name, factor, loaded)
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": base}
+    old = config.rope_parameters if layer is None else config.rope_parameters[layer]
+    if "partial_rotary_factor" in (old or {}):
+        params["partial_rotary_factor"] = old["partial_rotary_factor"]
+    if name == "config":
+        return dict(old)
+    if scaling is None:
+        return params
+    kind = scaling["type"]
+    if kind == "ntk":
+        dim = rope.rotary_dim
+        return {**params, "rope_theta": base * factor ** (dim / (dim - 2))}
+    if kind == "yarn":
+        return {
+            **params,
+            "rope_type": "yarn",
+            "factor": factor,
+            "original_max_position_embeddings": loaded.trained,
+        }
+    if kind in ("linear", "dynamic"):
+        return {**params, "rope_type": kind, "factor": factor}
+    raise PosEncError(f"scaling {name!r} cannot be written as transformers' rope_parameters")
+
+
+def save_extended(
+    loaded: Loaded, name: str, factor: float, target: int, out: str | os.PathLike[str]
+) -> Path:
+    """Write the model with scaling ``name`` at ``factor`` (for ``target`` tokens) into
+    folder ``out``; returns it. Refused if ``out`` exists and is not an empty folder."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise PosEncError(f"--save must name a new or empty folder, got {str(out)!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    model = loaded.model
+    text = model.config.get_text_config()
+    params = rope_parameters_for(loaded, name, factor)
+    before = (copy.deepcopy(text.rope_parameters), text.max_position_embeddings)
+    new = (
+        params
+        if loaded.scaled_types == [None]
+        else {**text.rope_parameters, **dict.fromkeys(loaded.scaled_types, params)}
+    )
+    try:
+        text.rope_parameters = new
+        if params.get("rope_type") != "dynamic":
+            text.max_position_embeddings = target
+        if loaded.path.is_file():
+            quantization = getattr(model.config, "quantization_config", None)
+            if quantization is not None:
+                del model.config.quantization_config  # the weights saved are dequantized
+            try:
+                model.save_pretrained(out)
+            finally:
+                if quantization is not None:
+                    model.config.quantization_config = quantization
+            loaded.tokenizer.save_pretrained(out)
+        else:
+            model.config.to_json_file(out / "config.json")
+            for item in loaded.path.iterdir():
+                if item.name != "config.json":
+                    (out / item.name).symlink_to(item.resolve())
+    finally:
+        text.rope_parameters, text.max_position_embeddings = before
+    return out

@@ -1,0 +1,132 @@
+"""``ExtendSettings``: everything one ``posenc extend`` run measures, checked once.
+
+The model's trained context ``L`` is known only once its config is read, so lengths are
+given relative to it (``to``: the longest, as a multiple of ``L``; ``lengths``: the
+multiples measured) and made absolute by :meth:`ExtendSettings.lengths_for`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from posenc._errors import PosEncError, check_choice, check_float, check_int
+
+__all__ = ["DTYPES", "SCALING_NAMES", "ExtendSettings"]
+
+#: The scalings ``posenc extend`` knows, in the order they are measured and shown.
+#: ``config`` is the model's own configured scaling (Llama 3, LongRoPE, YaRN, ...), measured
+#: only where the model's config has one.
+SCALING_NAMES = ("none", "linear", "ntk", "dynamic", "yarn", "config")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+#: Depths of the passkey in its prompt (fractions of the filler before it).
+DEFAULT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExtendSettings:
+    """What ``posenc extend`` measures (see :meth:`from_options` for the checks).
+
+    Attributes:
+        model: a transformers model folder or a ``.gguf`` file.
+        to: the longest length measured, as a multiple of the trained context ``L``.
+        multiples: the lengths measured, as multiples of ``L`` (each ``<= to``; ``to``
+            always included). ``none`` at ``L`` is always measured too: the baseline.
+        scalings: names from :data:`SCALING_NAMES`.
+        texts: the documents perplexity is measured on (empty: the longest Python
+            standard-library sources).
+        documents: how many documents (the longest first).
+        depths: the passkey's depths in ``(0, 1)``.
+        trials: passkeys per (depth, length).
+        seed: the passkeys' digits and the filler's cut come from it.
+        dtype, device: where the model runs; ``device_map="auto"`` when ``device`` is
+            ``"auto"`` (several GPUs).
+        context: the trained context ``L`` when given (default: the config's
+            ``max_position_embeddings``).
+        quick: a short run (one document; ``none`` at ``L``, every scaling at ``1.5 L``; one
+            depth, one trial): under 5 minutes for SmolLM2-135M on 2 cores.
+    """
+
+    model: str
+    to: float = 2.0
+    multiples: tuple[float, ...] = (1.0, 1.5, 2.0)
+    scalings: tuple[str, ...] = ("none", "linear", "ntk", "dynamic", "yarn", "config")
+    texts: tuple[str, ...] = ()
+    documents: int = 3
+    depths: tuple[float, ...] = DEFAULT_DEPTHS
+    trials: int = 2
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    context: int | None = None
+    quick: bool = False
+
+    @classmethod
+    def from_options(cls, model: str | Path, **options: Any) -> ExtendSettings:
+        """The settings of a run, every option checked (``PosEncError`` naming it).
+
+        ``quick=True`` sets, unless given: ``to=1.5``, ``multiples=(to,)``, one document,
+        depth ``0.5`` and one trial.
+        """
+        if options.get("quick"):
+            quick = {"to": 1.5, "documents": 1, "depths": (0.5,), "trials": 1}
+            options = {**quick, **{k: v for k, v in options.items() if v is not None}}
+        options = {k: v for k, v in options.items() if v is not None}
+        to = check_float("to", options.pop("to", 2.0), min=1.0, max=64.0)
+        multiples = _multiples(options.pop("multiples", None), to, bool(options.get("quick")))
+        scalings = tuple(options.pop("scalings", SCALING_NAMES))
+        if not scalings:
+            raise PosEncError("scalings must name at least one scaling, got none")
+        for name in scalings:
+            check_choice("scalings", name, SCALING_NAMES)
+        if len(set(scalings)) != len(scalings):
+            raise PosEncError(f"scalings must not repeat a name, got {list(scalings)}")
+        depths = tuple(
+            check_float("depths", d, min=0.0, max=1.0)
+            for d in options.pop("depths", DEFAULT_DEPTHS)
+        )
+        if not depths or any(d in (0.0, 1.0) for d in depths):
+            raise PosEncError(f"depths must be fractions strictly between 0 and 1, got {depths}")
+        context = options.pop("context", None)
+        settings = cls(
+            model=str(model),
+            to=to,
+            multiples=multiples,
+            scalings=scalings,
+            texts=tuple(str(t) for t in options.pop("texts", ())),
+            documents=check_int("documents", options.pop("documents", 3), min=1, max=100),
+            depths=depths,
+            trials=check_int("trials", options.pop("trials", 2), min=0, max=100),
+            seed=check_int("seed", options.pop("seed", 0), min=0, max=2**31 - 1),
+            dtype=check_choice("dtype", options.pop("dtype", "float32"), DTYPES),
+            device=str(options.pop("device", "cpu")),
+            context=None if context is None else check_int("context", context, min=16),
+            quick=bool(options.pop("quick", False)),
+        )
+        if options:
+            raise PosEncError(f"unknown option(s) {sorted(options)} for ExtendSettings")
+        return settings
+
+    def lengths_for(self, trained: int) -> list[int]:
+        """The lengths measured for a model trained at ``trained`` tokens (``multiple *
+        trained`` rounded to whole tokens, ascending, no repeats; ``L`` itself only where
+        ``multiples`` has 1)."""
+        return sorted({round(multiple * trained) for multiple in self.multiples})
+
+    def to_record(self) -> dict[str, Any]:
+        """The settings as ``results.json`` holds them (what a resumed run must match)."""
+        return dataclasses.asdict(self)
+
+
+def _multiples(given: Sequence[float] | None, to: float, quick: bool) -> tuple[float, ...]:
+    if given is None:
+        if quick:
+            return (to,)
+        steps = [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0]
+        return tuple(sorted({*(m for m in steps if m < to), to}))
+    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
+        raise PosEncError(f"lengths must be a sequence of multiples of L, got {given!r}")
+    values = sorted({check_float("lengths", m, min=1.0, max=to) for m in given} | {to})
+    return tuple(values)

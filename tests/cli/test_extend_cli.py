@@ -1,0 +1,111 @@
+"""``posenc extend`` as a command: what it writes, ``--save``, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("matplotlib")
+
+import transformers
+from tests.extend._tiny import tiny_llama
+
+from ._command import run
+
+TEXT = Path(__file__).resolve().parents[2] / "src" / "posenc" / "rotary" / "module.py"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_llama(tmp_path_factory.mktemp("llama"))
+
+
+def test_extend_writes_results_page_and_a_loadable_copy(
+    capsys, llama: Path, tmp_path: Path
+) -> None:
+    out, saved = tmp_path / "out", tmp_path / "saved"
+    code, stdout, err = run(
+        capsys,
+        "extend",
+        str(llama),
+        "--out",
+        str(out),
+        "--text",
+        str(TEXT),
+        "--scalings",
+        "none,yarn",
+        "--trials",
+        "1",
+        "--context",
+        "256",
+        "--save",
+        str(saved),
+        "--scaling",
+        "yarn",
+    )
+    assert code in (0, None), err
+    results = json.loads((out / "results.json").read_text())
+    assert {r["key"] for r in results["records"]} == {
+        "none-256-1",
+        "yarn-256-2",
+        "none-384-1",
+        "yarn-384-1.5",
+        "none-512-1",
+        "yarn-512-2",
+    }
+    assert results["answer"]["sentence"] in stdout and "wrote" in stdout
+    assert "saved yarn (factor 2) for 512 tokens" in stdout
+    config = json.loads((saved / "config.json").read_text())
+    assert config["rope_parameters"] == {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": 256,
+    }
+    assert config["max_position_embeddings"] == 512
+    transformers.AutoModelForCausalLM.from_pretrained(saved)  # loads without posenc
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["extend", "/nonexistent/model"], "no such path"),
+        (["extend", "MODEL", "--scalings", "none,,yarn"], "no empty entry"),
+        (["extend", "MODEL", "--scalings", "rope"], "--scalings entries must be among"),
+        (["extend", "MODEL", "--lengths", "1,abc"], "--lengths"),
+        (["extend", "MODEL", "--to", "0.5"], "--to"),
+        (["extend", "MODEL", "--dtype", "int8"], "--dtype must be one of"),
+        (["extend", "MODEL", "--scaling", "rope"], "--scaling must be one of"),
+        (["extend", "MODEL", "--context", "1e10"], "--context"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(
+    capsys, llama: Path, args: list[str], match: str
+) -> None:
+    args = [str(llama) if a == "MODEL" else a for a in args]
+    code, _, err = run(capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("posenc: error:") and match in lines[0], err
+
+
+def test_a_model_with_no_rope_is_one_line(capsys, tmp_path: Path) -> None:
+    from tests.extend._tiny import byte_tokenizer
+
+    config = transformers.GPT2Config(
+        vocab_size=260,
+        n_embd=16,
+        n_layer=1,
+        n_head=2,
+        n_positions=64,
+        bos_token_id=256,
+        eos_token_id=257,
+    )
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
+    byte_tokenizer().save_pretrained(tmp_path / "gpt2")
+    capsys.readouterr()  # the saving's own progress lines
+    code, _, err = run(capsys, "extend", str(tmp_path / "gpt2"), "--out", str(tmp_path / "o"))
+    assert code == 2 and "no RoPE to scale" in err and len(err.strip().splitlines()) == 1, err
