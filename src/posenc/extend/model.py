@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from posenc._errors import PosEncError
+from posenc.extend.settings import check_model
 from posenc.integrations.transformers import patch, rope_layer_types, rotary_from_config, unpatch
 
 __all__ = ["Loaded", "file_sha256", "load_model", "scaled", "scaling_for"]
@@ -112,15 +113,7 @@ def load_model(
     """Load ``model`` (a folder with a transformers config, or a ``.gguf`` file) and read
     its RoPE; refused (``PosEncError``, one line) if it is neither, cannot be read, or has
     no rotary embedding."""
-    path = Path(model)
-    if not path.exists():
-        raise PosEncError(
-            f"model must be a model folder or a .gguf file, got {str(path)!r} (no such path)"
-        )
-    if path.is_file() and path.suffix != ".gguf":
-        raise PosEncError(
-            f"model must be a model folder or a .gguf file, got the file {str(path)!r}"
-        )
+    path = Path(check_model(model))
     if path.is_dir() and not (path / "config.json").is_file():
         raise PosEncError(f"model folder {str(path)!r} has no config.json")
     loaded, tokenizer = _from_pretrained(path, dtype, device)

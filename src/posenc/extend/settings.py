@@ -8,6 +8,7 @@ multiples measured) and made absolute by :meth:`ExtendSettings.lengths_for`.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ __all__ = ["DTYPES", "SCALING_NAMES", "ExtendSettings"]
 SCALING_NAMES = ("none", "linear", "ntk", "dynamic", "yarn", "config")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 #: Depths of the passkey in its prompt (fractions of the filler before it).
-DEFAULT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +75,10 @@ class ExtendSettings:
             quick = {"to": 1.5, "documents": 1, "depths": (0.5,), "trials": 1}
             options = {**quick, **{k: v for k, v in options.items() if v is not None}}
         options = {k: v for k, v in options.items() if v is not None}
+        model = check_model(model)
         to = check_float("to", options.pop("to", 2.0), min=1.0, max=64.0)
         multiples = _multiples(options.pop("multiples", None), to, bool(options.get("quick")))
-        scalings = tuple(options.pop("scalings", SCALING_NAMES))
+        scalings = _sequence("scalings", options.pop("scalings", SCALING_NAMES))
         if not scalings:
             raise PosEncError("scalings must name at least one scaling, got none")
         for name in scalings:
@@ -85,17 +87,17 @@ class ExtendSettings:
             raise PosEncError(f"scalings must not repeat a name, got {list(scalings)}")
         depths = tuple(
             check_float("depths", d, min=0.0, max=1.0)
-            for d in options.pop("depths", DEFAULT_DEPTHS)
+            for d in _sequence("depths", options.pop("depths", DEFAULT_DEPTHS))
         )
         if not depths or any(d in (0.0, 1.0) for d in depths):
             raise PosEncError(f"depths must be fractions strictly between 0 and 1, got {depths}")
         context = options.pop("context", None)
         settings = cls(
-            model=str(model),
+            model=model,
             to=to,
             multiples=multiples,
             scalings=scalings,
-            texts=tuple(str(t) for t in options.pop("texts", ())),
+            texts=tuple(_model_text(t) for t in _sequence("texts", options.pop("texts", ()))),
             documents=check_int("documents", options.pop("documents", 3), min=1, max=100),
             depths=depths,
             trials=check_int("trials", options.pop("trials", 2), min=0, max=100),
@@ -126,7 +128,35 @@ def _multiples(given: Sequence[float] | None, to: float, quick: bool) -> tuple[f
             return (to,)
         steps = [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0]
         return tuple(sorted({*(m for m in steps if m < to), to}))
-    if isinstance(given, (str, bytes)) or not isinstance(given, Sequence):
-        raise PosEncError(f"lengths must be a sequence of multiples of L, got {given!r}")
-    values = sorted({check_float("lengths", m, min=1.0, max=to) for m in given} | {to})
-    return tuple(values)
+    name = "multiples (--lengths)"
+    values = {check_float(name, m, min=1.0, max=to) for m in _sequence(name, given)}
+    return tuple(sorted(values | {to}))
+
+
+def _sequence(name: str, value: Any) -> tuple[Any, ...]:
+    """``value`` as a tuple: a list or tuple only (a set has no order, a string is one)."""
+    if not isinstance(value, (list, tuple)):
+        raise PosEncError(f"{name} must be a list or tuple, got {type(value).__name__} {value!r}")
+    return tuple(value)
+
+
+def check_model(model: Any) -> str:
+    """``model`` as a path string: a model folder or a ``.gguf`` file that exists."""
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise PosEncError(f"model must name a model folder or a .gguf file, got {model!r}")
+    path = Path(model)
+    if not path.exists():
+        raise PosEncError(
+            f"model must be a model folder or a .gguf file, got {str(path)!r} (no such path)"
+        )
+    if path.is_file() and path.suffix != ".gguf":
+        raise PosEncError(
+            f"model must be a model folder or a .gguf file, got the file {str(path)!r}"
+        )
+    return str(path)
+
+
+def _model_text(text: Any) -> str:
+    if not isinstance(text, (str, os.PathLike)) or not str(text).strip():
+        raise PosEncError(f"texts must be paths of text files, got {text!r}")
+    return str(text)
