@@ -1,5 +1,8 @@
-"""Bridges to other libraries' configs and models (their packages imported only when needed)."""
+"""Bridges to other libraries' configs, files and models (their packages imported only when
+needed): :mod:`posenc.integrations.transformers` (configs in, a loaded model patched) and
+:mod:`posenc.integrations.gguf` (a GGUF file's RoPE, as llama.cpp rotates it)."""
 
+from posenc.integrations.gguf import rotary_from_gguf
 from posenc.integrations.transformers import (
     patch,
     rotary_from_config,
@@ -7,4 +10,10 @@ from posenc.integrations.transformers import (
     unpatch,
 )
 
-__all__ = ["patch", "rotary_from_config", "scaling_from_transformers", "unpatch"]
+__all__ = [
+    "patch",
+    "rotary_from_config",
+    "rotary_from_gguf",
+    "scaling_from_transformers",
+    "unpatch",
+]
