@@ -17,7 +17,7 @@ import torch
 from posenc._errors import PosEncError
 from posenc.integrations.transformers import rope_layer_types, rotary_from_config
 
-__all__ = ["CHECK_POSITIONS", "hf_summary"]
+__all__ = ["CHECK_POSITIONS", "encoding_summary", "hf_summary"]
 
 #: Positions at which posenc's cos/sin are compared with the family's rotary module.
 CHECK_POSITIONS = (0, 1, 4095, 1_000_000)
@@ -44,7 +44,8 @@ def _text(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return text if isinstance(text, Mapping) else data
 
 
-def _encoding(rope: Any) -> dict[str, Any]:
+def encoding_summary(rope: Any) -> dict[str, Any]:
+    """The summary of one rotary module: type, dims, layout, base, scaling, frequencies."""
     inv = rope.inv_freq.double()
     wavelengths = (2 * math.pi / inv).tolist()
     partial = rope.rotary_dim < rope.head_dim
@@ -151,6 +152,6 @@ def hf_summary(path: str) -> dict[str, Any]:
     ropes = {lt: rotary_from_config(data, layer_type=lt) for lt in layer_types}
     return {
         "model_type": text.get("model_type"),
-        "layers": {str(lt or "all"): _encoding(r) for lt, r in ropes.items()},
+        "layers": {str(lt or "all"): encoding_summary(r) for lt, r in ropes.items()},
         "transformers": _compare(data, ropes),
     }

@@ -4,6 +4,7 @@ posenc inspect rope
 posenc inspect sinusoidal --param dim=128 --length 1024
 posenc inspect alibi --json
 posenc inspect --hf-config path/to/config.json
+posenc inspect --gguf path/to/model.gguf
 """
 
 from __future__ import annotations
@@ -153,6 +154,68 @@ def _inspect_hf(path: str, as_json: bool, param: list[str] | None) -> None:
         _print_hf(summary)
 
 
+def _print_gguf(summary: dict[str, Any]) -> None:
+    """The ``--gguf`` summary as plain lines."""
+    from posenc.cli._gguf_inspect import layer_ranges
+
+    typer.echo(f"file: {summary['file']}")
+    typer.echo(
+        f"architecture: {summary['architecture']}, context length {summary['context_length']}, "
+        f"{summary['block_count']} layers"
+    )
+    for key, value in summary["metadata"].items():
+        if isinstance(value, list) and len(value) > 8:
+            value = f"{len(value)} values, {min(value):.6g} .. {max(value):.6g}"
+        typer.echo(f"  {key} = {value}")
+    for layer_type, enc in summary["layers"].items():
+        where = f"{len(enc['layers'])} layers: {layer_ranges(enc['layers'])}"
+        if not enc["rotates"]:
+            typer.echo(f"layers without RoPE ({where})")
+            continue
+        typer.echo(f"layer type {layer_type} ({where}):")
+        typer.echo(
+            f"  type: {enc['type']}, llama.cpp rope type {enc['llama_cpp_rope_type']}, "
+            f"base: {enc['base']:g}"
+        )
+        typer.echo(
+            f"  layout: {enc['layout']} for the GGUF tensors as stored, "
+            f"{enc['layout_transformers']} for the weights as transformers loads them"
+        )
+        typer.echo(
+            f"  rotary_dim: {enc['rotary_dim']} of head_dim {enc['head_dim']} ({enc['partial']})"
+        )
+        if enc["sections"] is not None:
+            typer.echo(f"  sections: {enc['sections']}")
+        typer.echo(
+            f"  inverse frequencies: first {enc['inv_freq_first']:.6g}, last "
+            f"{enc['inv_freq_last']:.6g}; wavelengths {enc['wavelength_min']:.4g} .. "
+            f"{enc['wavelength_max']:.4g} positions"
+        )
+        typer.echo(f"  scaling: {enc['scaling'] or 'none'}")
+        typer.echo(f"  attention scale: {enc['attention_scale']:.6g}")
+        typer.echo(f"  config: {json.dumps(enc['config'])}")
+
+
+def _inspect_gguf(path: str, as_json: bool, param: list[str] | None) -> None:
+    from pathlib import Path
+
+    from posenc.cli._gguf_inspect import gguf_summary
+
+    try:
+        if not Path(path).is_file():
+            raise PosEncError(f"--gguf must be an existing file, got {path!r}")
+        if param:
+            raise PosEncError("--param does not apply to --gguf (the file sets it all)")
+        summary = gguf_summary(path)
+    except PosEncError as e:
+        fail(str(e))
+        return
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+    else:
+        _print_gguf(summary)
+
+
 # The options of `posenc inspect`, each checked when it is parsed (cli/_checks).
 EncodingArg = Annotated[
     str | None,
@@ -175,6 +238,16 @@ HfConfig = Annotated[
     ),
 ]
 
+Gguf = Annotated[
+    str | None,
+    typer.Option(
+        "--gguf",
+        help="A GGUF file (only its header is read): the RoPE llama.cpp rotates each layer "
+        "type with, as posenc reads it.",
+        callback=text("--gguf"),
+    ),
+]
+
 
 @app.command("inspect")
 def inspect(
@@ -184,9 +257,17 @@ def inspect(
     max_distance: MaxDistance = 128,
     as_json: Json = False,
     hf_config: HfConfig = None,
+    gguf: Gguf = None,
 ) -> None:
     """Measure an encoding: boundedness, uniqueness, shift structure and decay; or, with
-    --hf-config, the encoding posenc reads from a transformers config."""
+    --hf-config, the encoding posenc reads from a transformers config; or, with --gguf, the
+    RoPE of a GGUF file."""
+    if gguf is not None:
+        if encoding is not None or hf_config is not None:
+            fail("give one of ENCODING, --hf-config or --gguf, not several")
+            return
+        _inspect_gguf(gguf, as_json, param)
+        return
     if hf_config is not None:
         if encoding is not None:
             fail("give ENCODING or --hf-config, not both")
@@ -194,7 +275,7 @@ def inspect(
         _inspect_hf(hf_config, as_json, param)
         return
     if encoding is None:
-        fail("missing ENCODING (a registry name, e.g. rope) or --hf-config PATH")
+        fail("missing ENCODING (a registry name, e.g. rope), --hf-config PATH or --gguf FILE")
         return
     try:
         props = _measure(encoding, param, length, max_distance)
