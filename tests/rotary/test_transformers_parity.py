@@ -349,9 +349,9 @@ BAD_CONFIGS = {
         "missing required key.*'factor'",
     ),
     "factor-below-1": (_scaling(type="linear", factor=0.5), "factor must be >= 1.0"),
-    "unknown-key": (
+    "unknown-key": (  # M-RoPE's flag in a family without M-RoPE
         _scaling(type="linear", factor=2, mrope_interleaved=True),
-        "unknown key 'mrope_interleaved'",
+        "scaling key 'mrope_interleaved' is not a scaling parameter",
     ),
     "llama3-missing": (
         _scaling(rope_type="llama3", factor=8),

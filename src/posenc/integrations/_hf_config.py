@@ -9,9 +9,11 @@ legacy ``rope_scaling`` / ``rope_theta`` / ``partial_rotary_factor`` / GPT-NeoX
 warning (unknown rope type, unrecognised keys, a factor below 1) we raise
 :class:`posenc.PosEncError`.
 
-With the other ``_hf_*`` modules, this is the only place that knows transformers' spellings
-(``rope_type``, ``original_max_position_embeddings``, ...): :mod:`posenc.rotary` reads
-posenc's only. The public names are :mod:`posenc.integrations.transformers`'.
+With the other ``_hf_*`` modules, this is the place that knows transformers' configs; the
+translation of one scaling dict (``rope_type``, ``original_max_position_embeddings``, ...) is
+the pure function :func:`posenc.rotary._spelling.posenc_spelling`, in the rotary room so that
+:class:`posenc.RotaryEmbedding` takes either spelling. The public names are
+:mod:`posenc.integrations.transformers`'.
 
 A config dict (``config.to_dict()`` or a ``config.json`` loaded with ``json``) needs no
 transformers installed; a ``PretrainedConfig`` object is read through its attributes (both
@@ -30,11 +32,17 @@ from posenc._errors import PosEncError, check_choice, check_float, check_int
 from posenc.integrations import _hf_families as _families
 from posenc.integrations import _hf_vision as _vision
 from posenc.integrations._hf_reader import ConfigReader, first, rope_parameters
-from posenc.rotary.frequencies import SCALINGS, Scaling, parse_scaling
+from posenc.rotary._spelling import posenc_spelling
+from posenc.rotary.frequencies import Scaling, parse_scaling
 from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
 
-__all__ = ["rotary_from_config", "scaling_from_transformers"]
+__all__ = [
+    "layer_rope_parameters",
+    "rotary_from_config",
+    "rotary_from_parameters",
+    "scaling_from_transformers",
+]
 
 # Keys of rope_parameters that are not scaling parameters.
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section")
@@ -44,18 +52,6 @@ _REQUIRED = {"yarn": ("factor",)}  # keys transformers' rope functions index (a 
 
 
 # --- transformers' scaling dicts -------------------------------------------------------------
-
-# transformers' spellings -> posenc's; the type key is "type" or "rope_type".
-_KEY_ALIASES = {
-    "original_max_position_embeddings": "original_max_position",
-    "max_position_embeddings": "max_position",
-}
-_TYPE_ALIASES = {"su": "longrope"}  # early Phi-3 configs
-_NOT_SCALING = {
-    "rope_theta": "pass it as base=",
-    "partial_rotary_factor": "pass the rotary dim instead",
-    "mrope_section": "pass it as sections= to RotaryEmbedding",
-}
 
 
 def scaling_from_transformers(rope_scaling: Mapping[str, Any] | None) -> Scaling | None:
@@ -68,7 +64,10 @@ def scaling_from_transformers(rope_scaling: Mapping[str, Any] | None) -> Scaling
     other ``None`` value counts as absent. ``{"rope_type": "default"}`` is no scaling.
     ``max_position_embeddings``, a config attribute in transformers, goes in the dict here
     (dynamic NTK's length; YaRN's and LongRoPE's factor when ``factor`` is absent).
-    :func:`rotary_from_config` reads a whole config.
+    :func:`rotary_from_config` reads a whole config; :class:`posenc.RotaryEmbedding` and
+    :func:`posenc.integrations.transformers.patch` take such a dict (or a whole
+    ``rope_parameters``) as ``scaling=``. The translation is
+    :func:`posenc.rotary._spelling.posenc_spelling`'s.
 
     Raises:
         PosEncError: no or an unknown type, a key that is no scaling parameter (such as
@@ -88,40 +87,7 @@ def scaling_from_transformers(rope_scaling: Mapping[str, Any] | None) -> Scaling
         return None
     if not isinstance(rope_scaling, Mapping):
         raise PosEncError(f"rope_scaling must be None or a dict, got {type(rope_scaling).__name__}")
-    spec = dict(rope_scaling)
-    kinds = {spec.pop(k) for k in ("type", "rope_type") if k in spec}
-    if not kinds:
-        raise PosEncError(
-            f"scaling must hold a 'type' (or 'rope_type') key, got keys {sorted(spec)}"
-        )
-    if len(kinds) > 1:
-        raise PosEncError(f"scaling 'type' and 'rope_type' disagree: {sorted(map(str, kinds))}")
-    kind = kinds.pop()
-    kind = _TYPE_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
-    check_choice("scaling type", kind, ("default", *SCALINGS))
-    if kind == "default":  # no scaling: parse_scaling refuses any parameter given
-        return parse_scaling({"type": "default", **spec})
-    cls, _ = SCALINGS[kind]
-    fields = [f.name for f in dataclasses.fields(cls) if f.init]
-    args: dict[str, Any] = {}
-    for key, value in spec.items():
-        name = _KEY_ALIASES.get(key, key)
-        if name in _NOT_SCALING and name not in fields:
-            raise PosEncError(
-                f"scaling key {key!r} is not a scaling parameter: {_NOT_SCALING[name]}"
-            )
-        if name not in fields:
-            raise PosEncError(
-                f"scaling {kind!r} got unknown key {key!r}; allowed: {', '.join(fields)}"
-            )
-        if name in args:
-            raise PosEncError(f"scaling {kind!r} got {name!r} twice (as {key!r} and its alias)")
-        if value is None:
-            if name == "truncate":
-                args[name] = False  # transformers: rope_parameters.get("truncate", True) is falsy
-            continue
-        args[name] = value
-    return parse_scaling({"type": kind, **args})
+    return parse_scaling(posenc_spelling(rope_scaling))
 
 
 def rotary_from_config(
@@ -211,10 +177,39 @@ def rotary_from_config(
     """
     if layout is not None:
         check_choice("layout", layout, LAYOUTS)
+    return _read(config, layer_type, layout, None)
+
+
+def rotary_from_parameters(
+    config: Any, rope: Mapping[str, Any], *, layer_type: str | None = None
+) -> RotaryEmbedding:
+    """:func:`rotary_from_config` of ``config`` with the RoPE parameters of ``layer_type``
+    replaced by ``rope`` (a ``rope_parameters`` dict in transformers' spelling; the config's
+    other attributes read as before): what a model of this config would rotate by, had its
+    ``rope_parameters`` been edited so. ``patch(model, scaling=...)`` reads a
+    transformers-spelled ``scaling`` through it.
+
+    Raises:
+        PosEncError: as :func:`rotary_from_config` (naming the ``model_type``).
+    """
+    if not isinstance(rope, Mapping):
+        raise PosEncError(f"rope_parameters must be a dict, got {type(rope).__name__}")
+    return _read(config, layer_type, None, dict(rope))
+
+
+def layer_rope_parameters(config: Any, layer_type: str | None) -> dict[str, Any]:
+    """A copy of the RoPE parameters ``config`` gives ``layer_type`` (``{}`` where none)."""
+    cfg = ConfigReader(config)
+    return rope_parameters(cfg, layer_type, str(cfg.get("model_type")))
+
+
+def _read(
+    config: Any, layer_type: str | None, layout: Layout | None, rope: dict[str, Any] | None
+) -> RotaryEmbedding:
     cfg = ConfigReader(config)
     model_type = cfg.get("model_type")
     try:
-        return _from_config(cfg, str(model_type), layer_type, layout)
+        return _from_config(cfg, str(model_type), layer_type, layout, rope)
     except PosEncError as error:
         if model_type is None:
             raise
@@ -222,12 +217,19 @@ def rotary_from_config(
 
 
 def _from_config(
-    cfg: ConfigReader, model_type: str, layer_type: str | None, layout: Layout | None
+    cfg: ConfigReader,
+    model_type: str,
+    layer_type: str | None,
+    layout: Layout | None,
+    rope: dict[str, Any] | None,
 ) -> RotaryEmbedding:
+    """The module of :func:`rotary_from_config` (``rope``: the RoPE parameters read instead
+    of the config's, for :func:`rotary_from_parameters`)."""
     reason = _families.unsupported(model_type)
     if reason is not None:
         raise PosEncError(f"posenc cannot express this family's RoPE: {reason}")
-    rope = rope_parameters(cfg, layer_type, model_type)
+    if rope is None:
+        rope = rope_parameters(cfg, layer_type, model_type)
     if _vision.is_axial(model_type, rope):
         return _vision.axial_from_config(model_type, cfg.get, rope, layout)
     cfg = cfg.for_layer(layer_type, model_type)

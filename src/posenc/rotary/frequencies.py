@@ -14,9 +14,12 @@ depend on the positions of a call (``dynamic``, ``longrope``) says how in its da
 
 The numbers are those of transformers' ``modeling_rope_utils`` for the names it shares
 (``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``, ``proportional``), edge rules
-included, computed in float64 instead of float32. ``ntk`` is the static NTK-aware base change. The dicts
-here use posenc's spellings only; transformers' are read by
-:func:`posenc.integrations.transformers.scaling_from_transformers`.
+included, computed in float64 instead of float32. ``ntk`` is the static NTK-aware base change.
+:func:`parse_scaling` reads posenc's spelling only; transformers' (``rope_type``,
+``original_max_position_embeddings``, ...) is translated by :mod:`posenc.rotary._spelling`,
+whose public face is :func:`posenc.integrations.transformers.scaling_from_transformers`
+(:class:`posenc.RotaryEmbedding` takes either spelling; :func:`rope_frequencies` still takes
+transformers', with a :class:`DeprecationWarning`, until the next release).
 
 Shape: every function returns ``inv_freq`` ``[dim // 2]`` float64 on the CPU.
 """
@@ -24,12 +27,14 @@ Shape: every function returns ``inv_freq`` ``[dim // 2]`` float64 on the CPU.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from posenc._errors import PosEncError, check_alloc, check_choice, check_float, check_int
+from posenc.rotary._spelling import Given, from_rope_parameters, transformers_keys
 from posenc.rotary.scalings._registry import SCALINGS, ScalingParams, default_frequencies
 from posenc.rotary.scalings.linear import LinearScaling
 from posenc.rotary.scalings.llama3 import Llama3Scaling
@@ -67,7 +72,14 @@ Scaling = (
 # Where a dict in another library's spelling is read (named in the errors below).
 _ELSEWHERE = (
     "a transformers config's scaling dict is read by "
-    "posenc.integrations.transformers.scaling_from_transformers"
+    "posenc.integrations.transformers.scaling_from_transformers, and RotaryEmbedding(scaling=) "
+    "takes it as is"
+)
+_DEPRECATED_SPELLING = (
+    "rope_frequencies(scaling=...) in transformers' spelling ({keys}) is deprecated and will "
+    "be refused in the next release: use posenc's spelling ({{'type': ..., "
+    "'original_max_position': ...}}) or "
+    "posenc.integrations.transformers.scaling_from_transformers(...)"
 )
 
 
@@ -153,7 +165,10 @@ def rope_frequencies(
         base: the wavelength base, ``> 1``.
         scaling: ``None``, a dict such as ``{"type": "linear", "factor": 2.0}`` or a
             dataclass (see :func:`parse_scaling`); types: ``linear``, ``dynamic``, ``ntk``,
-            ``yarn``, ``longrope``, ``llama3``, ``proportional``.
+            ``yarn``, ``longrope``, ``llama3``, ``proportional``. A dict in transformers'
+            spelling (``rope_type``, ``original_max_position_embeddings``, ...; a
+            ``rope_theta`` must equal ``base``) is still read, with a
+            :class:`DeprecationWarning`, until the next release.
         seq_len: the largest position of the call plus one; read only by the
             position-dependent scalings (``dynamic``, ``longrope``). ``None`` gives the state
             before any call, as transformers' rotary modules hold it at construction:
@@ -189,6 +204,11 @@ def rope_frequencies(
         seq_len = int(seq_len)
     if seq_len is not None:
         seq_len = check_float("seq_len", seq_len, min=-(2.0**63), max=2.0**63)
+    keys = transformers_keys(scaling)
+    if keys and isinstance(scaling, Mapping):
+        message = _DEPRECATED_SPELLING.format(keys=", ".join(keys))
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        scaling = from_rope_parameters(scaling, Given("rope_frequencies", base))
     params = parse_scaling(scaling)
     if params is None:
         return default_frequencies(dim, base), 1.0

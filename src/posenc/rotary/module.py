@@ -33,6 +33,7 @@ from posenc._errors import (
     check_int,
     check_positions,
 )
+from posenc.rotary._spelling import Given, from_rope_parameters, is_transformers_spelling
 from posenc.rotary.apply import (
     PARTIALS,
     Partial,
@@ -73,9 +74,14 @@ class RotaryEmbedding(RotaryEncoding):
             GPT-J, Meta checkpoints, rotary-embedding-torch).
         scaling: a context-extension scaling: ``None``, a dict such as
             ``{"type": "yarn", "factor": 4, "original_max_position": 4096}`` (see
-            :func:`posenc.rotary.frequencies.parse_scaling`; transformers' dicts go through
-            :func:`posenc.integrations.transformers.scaling_from_transformers`) or a
-            dataclass from :mod:`posenc.rotary.frequencies`.
+            :func:`posenc.rotary.frequencies.parse_scaling`), a dataclass from
+            :mod:`posenc.rotary.frequencies`, or a dict in transformers' spelling: its
+            ``rope_scaling`` (``{"rope_type": "yarn", "factor": 4,
+            "original_max_position_embeddings": 4096}``, see
+            :func:`posenc.integrations.transformers.scaling_from_transformers`) or its
+            ``rope_parameters``, whose ``rope_theta`` must equal ``base``,
+            ``partial_rotary_factor`` give ``rotary_dim``, ``mrope_section`` equal
+            ``sections`` and ``mrope_interleaved`` match ``section_layout``.
         sections: M-RoPE (Qwen2-VL; its one spelling, see :mod:`posenc.rotary.nd`): sizes
             summing to ``rotary_dim / 2`` (Qwen2-VL: ``(16, 24, 24)`` for ``head_dim=128``,
             axes time, height, width); positions are then ``[..., s, len(sections)]`` and
@@ -177,6 +183,17 @@ class RotaryEmbedding(RotaryEncoding):
         )  # _kernel_dim: the channels cos/sin span (the whole head for partial="whole_head")
         self._section_layout = section_layout
         self._base = check_float("base", base, min=1.0, min_exclusive=True)
+        if isinstance(scaling, Mapping) and is_transformers_spelling(scaling):
+            # transformers' spelling: its rope_theta, ... must agree with these arguments
+            given = Given(
+                type(self).__name__,
+                self._base,
+                self._head_dim,
+                self._rotary_dim,
+                self._sections,
+                section_layout,
+            )
+            scaling = from_rope_parameters(scaling, given)
         self._scaling = parse_scaling(scaling)
         self._freqs = CallFrequencies(self._frequencies, self._scaling)
         tabled = self._freqs.fixed and self._sections is None
