@@ -1,6 +1,6 @@
 """``posenc.integrations.transformers.patch``: posenc's RoPE inside tiny random transformers models.
 
-Every supported family is built from its own config class (2 layers, hidden 64, vocab 128,
+Every supported text family is built from its own config class (2 layers, hidden 64, vocab 128,
 no download) and compared with itself unpatched: whole logits, greedy generation with the
 KV cache, ``unpatch`` restoring it bit for bit, and the precision near position 1e6 against
 a float64 run of the same model whose cos/sin are exact (written here, in plain torch).
@@ -19,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from posenc import PosEncError  # noqa: E402
-from posenc.integrations import _hf_patch as hf_patch  # noqa: E402
+from posenc.integrations import _hf_patch_applies as hf_applies  # noqa: E402
 from posenc.integrations.transformers import (  # noqa: E402
     PATCHABLE_FAMILIES,
     PatchedRotaryEmbedding,
@@ -29,107 +29,20 @@ from posenc.integrations.transformers import (  # noqa: E402
     unpatch,
 )
 
-# The tiny model of every family: its sizes, heads (4 query, 2 key / value) and special tokens.
-_SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
-_HEADS = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
-_BASE = {**_SIZES, **_HEADS, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-_MOE = dict(num_experts_per_tok=2, moe_intermediate_size=32)
-# model_type -> (config class, its small sizes). Partial rotary where the family has it.
-_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "llama": ("LlamaConfig", {}),
-    "mistral": ("MistralConfig", {"sliding_window": 16}),
-    "mixtral": ("MixtralConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
-    "qwen2": ("Qwen2Config", {}),
-    "qwen3": ("Qwen3Config", {"head_dim": 16}),
-    "qwen3_moe": ("Qwen3MoeConfig", {"head_dim": 16, "num_experts": 4, **_MOE}),
-    "gemma": ("GemmaConfig", {"head_dim": 16}),
-    "gemma2": ("Gemma2Config", {"head_dim": 16, "sliding_window": 16}),
-    "gemma3_text": ("Gemma3TextConfig", {"head_dim": 16, "sliding_window": 16}),
-    "phi3": ("Phi3Config", {"partial_rotary_factor": 0.5}),
-    "gpt_neox": ("GPTNeoXConfig", {"rotary_pct": 0.5}),
-    "cohere": ("CohereConfig", {}),
-    "glm4": ("Glm4Config", {}),  # partial_rotary_factor 0.5, interleaved pairs
-    "olmo": ("OlmoConfig", {}),
-    "olmo2": ("Olmo2Config", {}),
-    "granite": ("GraniteConfig", {}),
-    "stablelm": ("StableLmConfig", {}),  # partial_rotary_factor 0.25
-    "starcoder2": ("Starcoder2Config", {}),
-    "ministral": ("MinistralConfig", {"sliding_window": 16, "head_dim": 16}),
-    "qwen2_moe": (
-        "Qwen2MoeConfig",
-        {"num_experts": 4, "shared_expert_intermediate_size": 32, **_MOE},
-    ),
-    "phi": ("PhiConfig", {}),  # partial_rotary_factor 0.5
-    "olmo3": ("Olmo3Config", {"sliding_window": 16}),
-    "olmoe": ("OlmoeConfig", {"num_experts": 4, "num_experts_per_tok": 2}),
-    "granitemoe": ("GraniteMoeConfig", {"num_local_experts": 4, "num_experts_per_tok": 2}),
-    "smollm3": ("SmolLM3Config", {}),
-    "arcee": ("ArceeConfig", {}),
-    "exaone4": ("Exaone4Config", {"sliding_window": 16}),
-    "seed_oss": ("SeedOssConfig", {"head_dim": 16}),
-    "cohere2": ("Cohere2Config", {"sliding_window": 16}),
-    "glm": ("GlmConfig", {"head_dim": 16}),  # partial_rotary_factor 0.5, interleaved pairs
-    "deepseek_v3": (  # MLA, rope_interleave (its default): the interleaved apply
-        "DeepseekV3Config",
-        {
-            "q_lora_rank": 32,
-            "kv_lora_rank": 16,
-            "qk_rope_head_dim": 8,
-            "qk_nope_head_dim": 8,
-            "v_head_dim": 16,
-            "n_routed_experts": 4,
-            "n_group": 1,
-            "topk_group": 1,
-            "first_k_dense_replace": 1,
-            **_MOE,
-        },
-    ),
-}
-FAMILIES = sorted(_CONFIGS)
-_MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe", "deepseek_v3")
+from . import _tiny_models as tiny  # noqa: E402
+
+_CONFIGS = tiny.CONFIGS
+FAMILIES = sorted(_CONFIGS)  # the text families (the VL ones: test_hf_patch_mrope.py)
+# the families whose rotary module returns (cos, sin) of [b, s] positions, as _ExactRotary
+_COS_SIN_FAMILIES = sorted(set(FAMILIES) - {"gptj", "llama4_text"})
 RTOL, ATOL = 1e-5, 1e-5  # logits are ~0.6 at most: atol is ~1e-5 relative to the largest
-
-
-def _config(model_type: str, **extra: Any) -> Any:
-    name, sizes = _CONFIGS[model_type]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = getattr(transformers, name)(**{**_BASE, **sizes, **extra})
-    assert config.model_type == model_type
-    return config
-
-
-def _model(model_type: str, seed: int = 0, *, float64: bool = False, **extra: Any) -> Any:
-    config = _config(model_type, **extra)
-    torch.manual_seed(seed)
-    # the experts' default grouped_mm takes no float64: the eager loop does
-    eager = float64 and model_type in _MOE_FAMILIES
-    kwargs = {"experts_implementation": "eager"} if eager else {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return transformers.AutoModelForCausalLM.from_config(config, **kwargs).eval()
-
-
-def _ids(batch: int = 2, seq: int = 24, seed: int = 1) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 128, (batch, seq), generator=gen)
-
-
-def _logits(model: Any, ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-    with torch.no_grad():
-        return model(ids, position_ids=positions).logits
-
-
-def _tree(model: Any) -> list[tuple[str, int]]:
-    return [(name, id(module)) for name, module in model.named_modules()]
-
-
-def _instance_forwards(model: Any) -> list[str]:
-    return [name for name, module in model.named_modules() if "forward" in module.__dict__]
+_BASE = tiny.BASE
+_config, _model, _ids, _logits = tiny.config, tiny.model, tiny.ids, tiny.logits
+_tree, _instance_forwards = tiny.tree, tiny.instance_forwards
 
 
 def test_supported_families_are_the_tested_ones() -> None:
-    assert set(PATCHABLE_FAMILIES) == set(_CONFIGS)
+    assert set(PATCHABLE_FAMILIES) == set(tiny.ALL_FAMILIES)
 
 
 # --- equal logits, generation, unpatch -------------------------------------------------------
@@ -150,7 +63,7 @@ def test_patched_logits_equal_and_unpatch_restores_exactly(model_type: str) -> N
     tree = _tree(model)
 
     assert patch(model) is model
-    assert isinstance(model.base_model.rotary_emb, PatchedRotaryEmbedding)
+    assert isinstance(tiny.text_model(model).rotary_emb, PatchedRotaryEmbedding)
     n_layers = model.config.get_text_config().num_hidden_layers
     assert len(_instance_forwards(model)) == n_layers  # every attention layer, nothing else
     assert model.state_dict().keys() == state.keys()  # posenc adds no state
@@ -236,7 +149,7 @@ def precision_near(model_type: str, position: int = 10**6) -> dict[str, float]:
     }
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", _COS_SIN_FAMILIES)
 def test_patched_fp32_is_closer_to_exact_near_1e6(model_type: str) -> None:
     errors = precision_near(model_type)
     assert errors["patched_fp32"] < 1e-6, errors  # float32 rounding of the model itself
@@ -263,98 +176,6 @@ def test_another_model_of_the_family_is_unaffected() -> None:
     assert modeling_llama.LlamaAttention.forward is forward_before
     fresh = _model("llama", seed=1)  # built after the patch: unpatched too
     assert torch.equal(_logits(fresh, ids, positions), expected)
-
-
-_LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
-_LONGROPE = {
-    "short_factor": [1.0 + i / 8 for i in range(4)],
-    "long_factor": [2.0 + i for i in range(4)],
-}
-
-
-@pytest.mark.parametrize(
-    ("model_type", "posenc_spelling", "transformers_spelling", "extra"),
-    [
-        (
-            "llama",
-            {"type": "yarn", "factor": 4.0, "original_max_position": 4096},
-            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096},
-            {"max_position_embeddings": 16384},
-        ),
-        ("llama", {"type": "linear", "factor": 4.0}, {"rope_type": "linear", "factor": 4.0}, {}),
-        (
-            "llama",
-            {"type": "llama3", "original_max_position": 1024, **_LLAMA3},
-            {"rope_type": "llama3", "original_max_position_embeddings": 1024, **_LLAMA3},
-            {},
-        ),
-        (
-            "qwen2",
-            {"type": "dynamic", "factor": 2.0, "max_position": 4096},
-            {"rope_type": "dynamic", "factor": 2.0},
-            {},
-        ),
-        (  # rotary_dim 8 of head_dim 16: 4 factors; positions past 1024 take the long ones
-            "phi3",
-            {"type": "longrope", "original_max_position": 1024, "factor": 4.0, **_LONGROPE},
-            {"rope_type": "longrope", "original_max_position_embeddings": 1024, **_LONGROPE},
-            {"original_max_position_embeddings": 1024},  # Phi-3 reads the attribute
-        ),
-        (
-            "gpt_neox",
-            {"type": "yarn", "factor": 2.0, "original_max_position": 2048},
-            {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 2048},
-            {},
-        ),
-    ],
-    ids=[
-        "llama-yarn",
-        "llama-linear",
-        "llama-llama3",
-        "qwen2-dynamic",
-        "phi3-longrope",
-        "neox-yarn",
-    ],
-)
-def test_scaling_equals_a_model_configured_with_it(
-    model_type: str, posenc_spelling: dict, transformers_spelling: dict, extra: dict
-) -> None:
-    model = _model(model_type, **extra)
-    theta = rotary_from_config(model.config).base
-    configured = _model(
-        model_type, rope_parameters={"rope_theta": theta, **transformers_spelling}, **extra
-    )
-    configured.load_state_dict(model.state_dict())
-    ids = _ids()
-    patch(model, scaling=posenc_spelling)
-    for offset in (0, 3000):
-        positions = torch.arange(ids.shape[1])[None] + offset
-        torch.testing.assert_close(
-            _logits(model, ids, positions),
-            _logits(configured, ids, positions),
-            rtol=RTOL,
-            atol=ATOL,
-        )
-
-
-def test_scaling_per_layer_type_for_gemma3() -> None:
-    model = _model("gemma3_text")
-    rope = model.config.rope_parameters
-    configured = _model(
-        "gemma3_text",
-        rope_parameters={
-            "sliding_attention": dict(rope["sliding_attention"]),
-            "full_attention": {**rope["full_attention"], "rope_type": "linear", "factor": 8.0},
-        },
-    )
-    configured.load_state_dict(model.state_dict())
-    patch(model, scaling={"full_attention": {"type": "linear", "factor": 8.0}})
-    ropes = model.base_model.rotary_emb.ropes
-    assert ropes["sliding_attention"].scaling is None
-    ids, positions = _ids(), torch.arange(24)[None] + 3000
-    torch.testing.assert_close(
-        _logits(model, ids, positions), _logits(configured, ids, positions), rtol=RTOL, atol=ATOL
-    )
 
 
 def test_patched_model_under_torch_compile() -> None:
@@ -394,7 +215,7 @@ def test_bfloat16_model_keeps_float32_cos_sin() -> None:
 
 
 def test_apply_takes_the_sequence_second_layout() -> None:
-    apply = hf_patch._make_apply("half", hf_patch._STANDARD)
+    apply = hf_applies.make_apply("half", hf_applies.STANDARD)
     q, k = torch.randn(2, 3, 5, 8), torch.randn(2, 1, 5, 8)  # [b, h, s, d], GQA
     rope = rotary_from_config({"head_dim": 8, "rope_theta": 100.0})
     cos, sin = rope.cos_sin(torch.arange(5)[None])

@@ -2,16 +2,18 @@
 
 :func:`patch` replaces, in one model (never in the process), the two places where a
 transformers decoder computes RoPE: its rotary module(s) (``model.model.rotary_emb``) by a
-:class:`PatchedRotaryEmbedding` whose ``(cos, sin)`` are those of posenc's
+:class:`~._hf_patch_rotary.PatchedRotaryEmbedding` whose cos/sin are those of posenc's
 :class:`posenc.RotaryEmbedding` from ``rotary_from_config`` (float64 angles reduced to
 ``[-pi, pi)`` before rounding, times YaRN's / LongRoPE's attention factor as transformers
-applies it, ``[b, s, rotary_dim / 2]`` in float32 whatever the model's dtype), and the apply
-step of every attention layer: each attention instance gets a ``forward`` of its own, a copy
-of its class's (decorators rebuilt around the copy) whose globals are a copy of its modeling
-module's with ``apply_rotary_pos_emb`` (DeepSeek-V3: ``apply_rotary_pos_emb_interleave``
-too) replaced by posenc's fused rotation (:func:`posenc.rotary.kernels.fused_rotary`).
-The class, the modeling module and every other model are untouched; :func:`unpatch` puts
-back exactly what was there (module tree, ``state_dict`` and outputs as before).
+applies it, ``[b, s, rotary_dim / 2]`` in float32 whatever the model's dtype; M-RoPE from
+3-D positions), and the apply step of every attention layer: each attention instance gets a
+``forward`` of its own, a copy of its class's (decorators rebuilt around the copy) whose
+globals are a copy of its modeling module's with the family's apply function(s)
+(``apply_rotary_pos_emb``; DeepSeek-V3's ``apply_rotary_pos_emb_interleave``; Llama 4's
+``apply_rotary_emb``) replaced by posenc's fused rotation (:mod:`._hf_patch_applies`; the
+families and their forms in :mod:`._hf_patch_families`). The class, the modeling module and
+every other model are untouched; :func:`unpatch` puts back exactly what was there (module
+tree, ``state_dict`` and outputs as before).
 """
 
 from __future__ import annotations
@@ -20,176 +22,34 @@ import dataclasses
 import inspect
 import sys
 import types
-from collections.abc import Callable, Mapping
-from typing import Any, Literal, cast
+from collections.abc import Mapping
+from typing import Any
 
-import torch
 from torch import nn
 
 from posenc._errors import PosEncError
-from posenc.integrations import _hf_families as _families
-from posenc.integrations._hf_config import rotary_from_config
+from posenc.integrations._hf_config import (
+    layer_rope_parameters,
+    rotary_from_config,
+    rotary_from_parameters,
+)
 from posenc.integrations._hf_forward import forward_chain, rebuild_forward
+from posenc.integrations._hf_patch_applies import make_apply
+from posenc.integrations._hf_patch_families import (
+    FAMILIES,
+    PATCHABLE_FAMILIES,
+    REFUSED,
+    Family,
+)
+from posenc.integrations._hf_patch_rotary import PatchedRotaryEmbedding
 from posenc.integrations._hf_reader import rope_layer_types
-from posenc.rotary.frequencies import Scaling, parse_scaling
-from posenc.rotary.kernels import fused_rotary
-from posenc.rotary.layout import Layout
+from posenc.rotary._spelling import GENERAL_KEYS, is_transformers_spelling, scaling_type
+from posenc.rotary.frequencies import parse_scaling
 from posenc.rotary.module import RotaryEmbedding
 
 __all__ = ["PATCHABLE_FAMILIES", "PatchedRotaryEmbedding", "patch", "unpatch"]
 
-# The pairing of an apply function: a layout, or DeepSeek-V3's de-interleaving (interleaved
-# pairs rotated in the half layout, the output left de-interleaved).
-_Pairing = Layout | Literal["deinterleave"]
-_STANDARD = ("q", "k", "cos", "sin", "unsqueeze_dim")
-_WITH_POSITION_IDS = ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim")
-# The apply function the attention of a rope_interleave family (DeepSeek-V3) calls when
-# config.rope_interleave is true, instead of apply_rotary_pos_emb.
-_INTERLEAVE_APPLY = "apply_rotary_pos_emb_interleave"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Family:
-    """A family's modeling module (``transformers.models.<module>``) and, per apply function
-    its attention calls, that function's pairing and parameters (checked when patching)."""
-
-    module: str
-    applies: Mapping[str, tuple[_Pairing, tuple[str, ...]]]
-
-
-def _family(model_type: str, module: str | None = None) -> _Family:
-    """The apply functions of a family (whose modeling module is ``module``, default its
-    ``model_type``): ``apply_rotary_pos_emb`` pairs as the family's attention does without
-    ``rope_interleave`` (:func:`~._hf_families.layout_of`: Cohere and GLM interleaved, ...),
-    and a ``rope_interleave`` family also has :data:`_INTERLEAVE_APPLY`."""
-    applies: dict[str, tuple[_Pairing, tuple[str, ...]]] = {
-        "apply_rotary_pos_emb": (_families.layout_of(model_type, False), _STANDARD)
-    }
-    if model_type in _families.ROPE_INTERLEAVE_DEFAULT:
-        applies[_INTERLEAVE_APPLY] = ("deinterleave", _WITH_POSITION_IDS)
-    return _Family(module or model_type, applies)
-
-
-# The families whose attention and apply functions have been checked against posenc's
-# (tests/integrations/test_hf_patch.py builds a tiny model of each), by model_type.
-_PATCHABLE = (
-    "llama mistral ministral mixtral qwen2 qwen2_moe qwen3 qwen3_moe gemma gemma2 phi phi3 "
-    "gpt_neox olmo olmo2 olmo3 olmoe granite granitemoe stablelm starcoder2 smollm3 arcee "
-    "exaone4 seed_oss cohere cohere2 glm glm4 deepseek_v3"
-).split()
-_FAMILIES: dict[str, _Family] = {
-    **{t: _family(t) for t in _PATCHABLE},
-    "gemma3_text": _family("gemma3_text", "gemma3"),
-}
-
-PATCHABLE_FAMILIES: tuple[str, ...] = tuple(sorted(_FAMILIES))
-"""The ``model_type`` values :func:`patch` accepts (those of the text config)."""
-
-# Families refused with a reason more specific than "not supported" (facts of transformers).
-_REFUSED = {
-    **dict.fromkeys(
-        ("qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"),
-        "its M-RoPE sections are applied inside its own apply function",
-    ),
-    "deepseek_v2": "its attention rotates with complex freqs_cis (apply_rotary_emb)",
-    "llama4": "its attention rotates with complex freqs_cis (apply_rotary_emb)",
-    **dict.fromkeys(("gpt2", "bert"), "it has no rotary embedding (learned positions)"),
-}
-
 _PATCH_ATTR = "_posenc_patch"
-_SEQ_DIMS = {1: -2, 2: -3}  # transformers' unsqueeze_dim -> posenc's seq_dim
-
-
-# --- the replacements -------------------------------------------------------------------------
-
-
-class PatchedRotaryEmbedding(nn.Module):
-    """The rotary module :func:`patch` puts in a transformers model: ``forward(x,
-    position_ids, layer_type=None)`` returns posenc's ``(cos, sin)``.
-
-    Shape: ``x`` any (only its dtype is read: float64 gives float64 cos/sin, anything else
-    float32), ``position_ids [b, s]`` -> ``cos, sin [b, s, rotary_dim / 2]`` (one value per
-    frequency, what posenc's apply takes; not transformers' ``[b, s, head_dim]``).
-
-    Attributes:
-        ropes: the :class:`posenc.RotaryEmbedding` of each layer type (``None``: the one of
-            a model with one set of RoPE parameters).
-        original: the module it replaced (put back by :func:`unpatch`); a submodule, so
-            ``model.to(...)`` moves it too. Neither enters ``state_dict`` (no parameters,
-            transformers' rotary buffers are not persistent).
-    """
-
-    def __init__(self, ropes: Mapping[str | None, RotaryEmbedding], original: nn.Module) -> None:
-        super().__init__()
-        self.original = original
-        self._names = {key: f"rope_{i}" for i, key in enumerate(ropes)}
-        for key, rope in ropes.items():
-            self.add_module(self._names[key], rope)
-
-    @property
-    def ropes(self) -> dict[str | None, RotaryEmbedding]:
-        return {key: getattr(self, name) for key, name in self._names.items()}
-
-    def forward(
-        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        name = self._names.get(layer_type)
-        if name is None:
-            raise PosEncError(
-                f"layer_type must be one of {list(self._names)} for this model, got {layer_type!r}"
-            )
-        rope: RotaryEmbedding = getattr(self, name)
-        dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        return rope.cos_sin(position_ids, dtype=dtype)
-
-
-def _make_apply(pairing: _Pairing, params: tuple[str, ...]) -> Callable[..., Any]:
-    """posenc's stand-in for one of transformers' apply functions: ``(q, k, cos, sin)`` with
-    ``q: [b, hq, s, d]``, ``k: [b, hk, s, d]`` (``unsqueeze_dim=2``: ``[b, s, h, d]``) and
-    cos/sin from :class:`PatchedRotaryEmbedding`; the first ``2 * cos.shape[-1]`` channels
-    rotate, the rest pass through (GPT-NeoX, Phi-3, GLM-4 partial rotary)."""
-    layout: Layout = "half" if pairing == "deinterleave" else pairing
-
-    def rotate(
-        q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        seq_dim = _SEQ_DIMS.get(unsqueeze_dim)
-        if seq_dim is None:
-            raise PosEncError(f"unsqueeze_dim must be 1 or 2, got {unsqueeze_dim!r}")
-        if pairing == "deinterleave":  # (x0, x1), (x2, x3), ... -> x0, x2, ..., x1, x3, ...
-            q = q.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
-            k = k.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
-        if q.dtype != k.dtype:  # one pass each (the fused pass takes one dtype)
-            q_out = fused_rotary(q, None, cos, sin, layout=layout, seq_dim=seq_dim)[0]
-            k_out = fused_rotary(k, None, cos, sin, layout=layout, seq_dim=seq_dim)[0]
-            return q_out, k_out
-        q_out, k_both = fused_rotary(q, k, cos, sin, layout=layout, seq_dim=seq_dim)
-        return q_out, cast(torch.Tensor, k_both)  # k was given, so k_both is a tensor
-
-    if params == _WITH_POSITION_IDS:
-
-        def apply_with_position_ids(
-            q: torch.Tensor,
-            k: torch.Tensor,
-            cos: torch.Tensor,
-            sin: torch.Tensor,
-            position_ids: Any = None,
-            unsqueeze_dim: int = 1,
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            return rotate(q, k, cos, sin, unsqueeze_dim)
-
-        return apply_with_position_ids
-
-    def apply(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        unsqueeze_dim: int = 1,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotate(q, k, cos, sin, unsqueeze_dim)
-
-    return apply
 
 
 # --- patch / unpatch --------------------------------------------------------------------------
@@ -204,7 +64,7 @@ class _Record:
     attention: list[tuple[nn.Module, str, Any, Any]]
 
 
-def _patched_module(modeling: types.ModuleType, family: _Family) -> types.ModuleType:
+def _patched_module(modeling: types.ModuleType, family: Family) -> types.ModuleType:
     """The globals of the copied forwards: a copy of ``modeling``'s dict with the family's
     apply functions replaced by posenc's, made once per modeling module (it holds nothing
     of any model) and kept in ``sys.modules`` under a name of its own, because
@@ -218,7 +78,7 @@ def _patched_module(modeling: types.ModuleType, family: _Family) -> types.Module
     skip = ("__name__", "__spec__", "__loader__")
     vars(copy).update({k: v for k, v in vars(modeling).items() if k not in skip})
     for apply_name, (pairing, params) in family.applies.items():
-        vars(copy)[apply_name] = _make_apply(pairing, params)
+        vars(copy)[apply_name] = make_apply(pairing, params)
     vars(copy)["__posenc_source__"] = modeling  # a reloaded transformers gets a new copy
     sys.modules[name] = copy
     return copy
@@ -234,36 +94,77 @@ def _text_config(model: Any) -> Any:
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-def _parse_scalings(
-    scaling: Any, layer_types: list[str | None]
-) -> dict[str | None, Scaling | None] | None:
+def _scalings_by_type(scaling: Any, layer_types: list[str | None]) -> dict[str | None, Any] | None:
     """``scaling=`` per layer type: ``None`` (the config's), one scaling for every layer type,
     or (per-layer-type models) a dict of layer type -> scaling (types left out keep theirs)."""
     if scaling is None:
         return None
     named = [t for t in layer_types if t is not None]
     if named and isinstance(scaling, Mapping) and scaling and all(key in named for key in scaling):
-        return {t: parse_scaling(s) for t, s in scaling.items()}
-    return dict.fromkeys(layer_types, parse_scaling(scaling))
+        return dict(scaling)
+    return dict.fromkeys(layer_types, scaling)
 
 
 def _rope_for(config: Any, layer_type: str | None, scalings: Any) -> RotaryEmbedding:
+    """posenc's rotary module of ``layer_type``: the config's, its scaling replaced by the
+    one ``scaling=`` gives that layer type (posenc's spelling), or read from the config
+    with its RoPE parameters edited (transformers' spelling)."""
     rope = rotary_from_config(config, layer_type=layer_type)
     if scalings is None or layer_type not in scalings:
         return rope
-    config = {k: v for k, v in rope.to_config().items() if k != "name"}
-    return RotaryEmbedding(**{**config, "scaling": scalings[layer_type]})  # every other option kept
+    spec = scalings[layer_type]
+    if is_transformers_spelling(spec):
+        return _edited_rope(config, layer_type, spec, rope)
+    try:
+        params = parse_scaling(spec)
+    except PosEncError as error:
+        raise PosEncError(f"scaling is invalid: {error}") from None
+    options = {k: v for k, v in rope.to_config().items() if k != "name"}
+    return RotaryEmbedding(**{**options, "scaling": params})  # every other option kept
+
+
+# What a rotary module rotates, which a scaling= in transformers' spelling may not change.
+_KEPT = ("head_dim", "rotary_dim", "partial", "layout", "sections", "section_layout")
+
+
+def _edited_rope(
+    config: Any, layer_type: str | None, spec: Mapping[str, Any], rope: RotaryEmbedding
+) -> RotaryEmbedding:
+    """The rotary module of a config whose RoPE parameters for ``layer_type`` are ``spec``
+    (transformers' spelling), with what ``spec`` leaves out that is no scaling parameter
+    (``rope_theta``, ``partial_rotary_factor``, ``mrope_section``, ...) the model's; the
+    rotated channels must stay the model's (``rope``)."""
+    model_rope = layer_rope_parameters(config, layer_type)
+    kept = {k: v for k, v in model_rope.items() if k in GENERAL_KEYS and v is not None}
+    try:
+        if "type" in spec or "rope_type" in spec:
+            scaling_type(spec)  # transformers lets rope_type win silently: refuse a disagreement
+        new = rotary_from_parameters(config, {**kept, **spec}, layer_type=layer_type)
+    except PosEncError as error:
+        raise PosEncError(f"scaling is invalid: {error}") from None
+    for name in _KEPT:
+        if getattr(new, name) != getattr(rope, name):
+            raise PosEncError(
+                f"scaling is invalid: {dict(spec)!r} changes the model's {name} from "
+                f"{getattr(rope, name)!r} to {getattr(new, name)!r}; patch changes the "
+                f"frequencies only (partial_rotary_factor and mrope_section must be the "
+                f"model's: {kept})"
+            )
+    return new
 
 
 def patch(model: Any, *, scaling: Any = None) -> Any:
     """Put posenc's RoPE inside a loaded transformers model (in place; returns it).
 
     The model's rotary module(s) are replaced by a :class:`PatchedRotaryEmbedding` (posenc's
-    cos/sin: float64 angles reduced before rounding, used in float32) and each attention
-    layer's apply step by posenc's fused rotation; nothing outside this model changes
-    (another model of the same family in the process is unaffected). In float32 the logits
-    equal the unpatched model's within float32 rounding at ordinary positions; at long ones
-    (past ~1e5) they are closer to exact arithmetic than transformers' float32 angles.
+    cos/sin: float64 angles reduced before rounding, used in float32; M-RoPE from the 3-D
+    positions of Qwen2-VL, Qwen2.5-VL and Qwen3-VL) and each attention layer's apply step
+    by posenc's fused rotation (GPT-J's one tensor at a time, Llama 4's complex product
+    alike); a model loaded from a GGUF file patches like any other. Nothing outside this
+    model changes (another model of the same family in the process is unaffected). In
+    float32 the logits equal the unpatched model's within float32 rounding at ordinary
+    positions; at long ones (past ~1e5) they are closer to exact arithmetic than
+    transformers' float32 angles.
     Works under ``torch.compile``. :func:`unpatch` undoes it exactly.
 
     Args:
@@ -271,12 +172,18 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
             multimodal model whose text decoder is supported, ...) of a family in
             :data:`PATCHABLE_FAMILIES`.
         scaling: ``None`` (the config's RoPE scaling, read by
-            :func:`posenc.integrations.transformers.rotary_from_config`), or a scaling in
-            posenc's spelling (see :func:`posenc.rotary.frequencies.parse_scaling`, e.g.
-            ``{"type": "yarn", "factor": 4.0, "original_max_position": 4096}``) that
-            replaces it, for every layer type; models with RoPE parameters per layer type
-            (Gemma 3) also take ``{layer_type: scaling}`` for some of them. The model's
-            config is not changed.
+            :func:`posenc.integrations.transformers.rotary_from_config`), or a scaling that
+            replaces it, for every layer type: in posenc's spelling (see
+            :func:`posenc.rotary.frequencies.parse_scaling`, e.g. ``{"type": "yarn",
+            "factor": 4.0, "original_max_position": 4096}``), or in transformers' (a
+            ``rope_scaling`` dict such as ``{"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 4096}``, or a whole ``rope_parameters``
+            dict): then it is read as the model's ``rope_parameters`` edited so, a
+            ``rope_theta`` setting the base, the config filling what transformers fills
+            (``original_max_position_embeddings`` from ``max_position_embeddings``, ...);
+            a ``partial_rotary_factor`` or ``mrope_section`` must be the model's. Models
+            with RoPE parameters per layer type (Gemma 3) also take ``{layer_type:
+            scaling}`` for some of them. The model's config is not changed.
 
     Returns:
         ``model``, patched.
@@ -322,11 +229,11 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
     return model
 
 
-def _family_module(model: nn.Module, model_type: str) -> tuple[_Family, types.ModuleType]:
+def _family_module(model: nn.Module, model_type: str) -> tuple[Family, types.ModuleType]:
     """The family of ``model_type`` and its loaded modeling module; refused by name."""
-    family = _FAMILIES.get(model_type)
+    family = FAMILIES.get(model_type)
     if family is None:
-        why = _REFUSED.get(model_type, "its attention has not been checked against posenc's")
+        why = REFUSED.get(model_type, "its attention has not been checked against posenc's")
         raise PosEncError(
             f"patch does not support model_type {model_type!r}: {why}; supported: "
             f"{', '.join(PATCHABLE_FAMILIES)}"
@@ -343,20 +250,13 @@ def _family_module(model: nn.Module, model_type: str) -> tuple[_Family, types.Mo
 def _ropes(config: Any, model_type: str, scaling: Any) -> dict[str | None, RotaryEmbedding]:
     """posenc's rotary module of each layer type, from the config and ``scaling=``."""
     layer_types = rope_layer_types(config)
+    scalings = _scalings_by_type(scaling, layer_types)
     try:
-        scalings = _parse_scalings(scaling, layer_types)
+        return {t: _rope_for(config, t, scalings) for t in layer_types}
     except PosEncError as error:
-        raise PosEncError(f"scaling is invalid: {error}") from None
-    try:
-        ropes = {t: _rope_for(config, t, scalings) for t in layer_types}
-    except PosEncError as error:
-        if str(error).startswith("model_type"):
+        if str(error).startswith(("model_type", "scaling is invalid")):
             raise
         raise PosEncError(f"model_type {model_type!r}: {error}") from None
-    for rope in ropes.values():
-        if rope.sections is not None:
-            raise PosEncError(f"model_type {model_type!r}: M-RoPE sections are not supported")
-    return ropes
 
 
 @dataclasses.dataclass
@@ -364,7 +264,7 @@ class _Target:
     """One model's family and modeling module, and the forwards rebuilt for its classes."""
 
     model_type: str
-    family: _Family
+    family: Family
     modeling: types.ModuleType
     forwards: dict[type, Any] = dataclasses.field(default_factory=dict)
 
@@ -396,14 +296,15 @@ class _Target:
                     continue
                 if cls.__name__.endswith("RotaryEmbedding"):
                     if not any(word in cls.__name__ for word in ("Vision", "Audio")):
-                        new = PatchedRotaryEmbedding(ropes, child)
+                        new = PatchedRotaryEmbedding(ropes, child, self.family.output)
                         record.rotary.append((parent, child_name, child, new))
                     continue
                 forward = self.forward_of(cls, globals_)
                 if forward is not None:
                     record.attention.append(self.attention_entry(child_name, child, forward))
         if not record.rotary or not record.attention:
-            found = "rotary module" if not record.rotary else _NO_ATTENTION
+            calling = " or ".join(self.family.applies)
+            found = "rotary module" if not record.rotary else f"attention layer calling {calling}"
             raise PosEncError(
                 f"model_type {self.model_type!r}: found no {found} in {type(model).__name__}; "
                 f"patch cannot replace its RoPE"
@@ -442,9 +343,6 @@ class _Target:
                 )
             attr = "_old_forward"
         return (child, attr, types.MethodType(forward, child), child.__dict__.get(attr))
-
-
-_NO_ATTENTION = "attention layer calling apply_rotary_pos_emb"
 
 
 def unpatch(model: Any) -> Any:
