@@ -165,8 +165,7 @@ def _from_path(path: Path) -> GGUFSource:
 
 def _not_gguf(label: str, head: bytes) -> PosEncError:
     return PosEncError(
-        f"{label} is not a GGUF file: it starts with {head[:4]!r}, a GGUF file with "
-        f"{_MAGIC!r}"
+        f"{label} is not a GGUF file: it starts with {head[:4]!r}, a GGUF file with {_MAGIC!r}"
     )
 
 
