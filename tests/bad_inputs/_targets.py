@@ -708,3 +708,38 @@ fn(
         "context": 512,
     },
 )
+
+
+# --- GGUF metadata (a header-only file written with the gguf package) ------------------------
+from posenc.integrations import gguf as gg  # noqa: E402
+
+
+def _gguf_file() -> str:
+    import gguf
+
+    path = str(Path(tempfile.mkdtemp()) / "tiny.gguf")
+    writer = gguf.GGUFWriter(path, "gemma3")
+    writer.add_context_length(4096)
+    writer.add_block_count(6)
+    writer.add_embedding_length(256)
+    writer.add_head_count(4)
+    writer.add_key_length(64)
+    writer.add_rope_freq_base(1e6)
+    writer.add_sliding_window(512)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path
+
+
+fn(
+    "integrations.rotary_from_gguf",
+    gg.rotary_from_gguf,
+    lambda: {"path_or_reader": _gguf_file(), "layer": 5, "layout_for": "transformers"},
+)
+fn("integrations.gguf_layer_types", gg.gguf_layer_types, lambda: {"path_or_reader": _gguf_file()})
+fn(
+    "integrations.gguf_rope_metadata",
+    gg.gguf_rope_metadata,
+    lambda: {"path_or_reader": _gguf_file()},
+)

@@ -351,3 +351,29 @@ def test_smollm2_gguf_runs_end_to_end(tmp_path: Path) -> None:
     }
     # SmolLM2 was trained at 8192: at 512 tokens it reads code well with or without YaRN
     assert all(r["ppl"] < 30 for r in by_key.values())
+
+
+def test_a_gguf_files_own_scaling_is_read_back(tmp_path: Path) -> None:
+    """transformers' GGUF reader drops ``rope.scaling.*``; ``config`` puts it back."""
+    pytest.importorskip("gguf")
+    from tests.integrations.test_gguf import write_gguf
+
+    from posenc.extend.model import _gguf_scaling
+
+    keys = {
+        "context_length": 32768,
+        "block_count": 2,
+        "embedding_length": 64,
+        "attention.head_count": 4,
+        "rope.freq_base": 1e6,
+        "rope.scaling.type": "yarn",
+        "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 8192,
+    }
+    path = write_gguf(tmp_path / "yarn.gguf", "qwen2", keys)
+    scaling = _gguf_scaling(path, None)
+    assert (scaling.type, scaling.factor, scaling.original_max_position) == ("yarn", 4.0, 8192)
+    plain = write_gguf(
+        tmp_path / "plain.gguf", "qwen2", {k: v for k, v in keys.items() if "scaling" not in k}
+    )
+    assert _gguf_scaling(plain, None) is None

@@ -131,8 +131,9 @@ def load_model(
     if not isinstance(trained, int) or trained < 16:
         raise PosEncError(f"model {str(path)!r}: no trained context in its config; pass --context")
     scaled = [t for t in layer_types if t in (None, "full_attention")] or list(layer_types)
-    configured = {t: ropes[t].scaling for t in scaled}
-    first = next(iter(configured.values()))
+    first = ropes[scaled[0]].scaling
+    if path.is_file() and first is None:
+        first = _gguf_scaling(path, scaled[0])
     identity = {
         "path": str(path),
         "name": str(getattr(loaded.config, "_name_or_path", "") or path.name),
@@ -151,6 +152,19 @@ def load_model(
         configured=first,
         head_dim=ropes[scaled[0]].rotary_dim,
     )
+
+
+def _gguf_scaling(path: Path, layer_type: str | None) -> Any:
+    """The scaling the GGUF file itself carries (llama.cpp's ``rope.scaling.*`` keys or its
+    ``rope_freqs`` tensor), which transformers' GGUF reader drops: a Llama 3.1 file loads
+    unscaled, and ``config`` puts its own scaling back. None where it has none or its
+    metadata cannot be read by :func:`posenc.integrations.gguf.rotary_from_gguf`."""
+    from posenc.integrations.gguf import rotary_from_gguf
+
+    try:
+        return rotary_from_gguf(path, layer=layer_type, layout_for="transformers").scaling
+    except PosEncError:
+        return None
 
 
 def scaling_for(name: str, factor: float, loaded: Loaded) -> Any:

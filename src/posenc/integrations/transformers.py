@@ -13,8 +13,9 @@ some families multiply beside RoPE.
   ``llama_4_scaling_beta``), :func:`rope_layers` (which layers rotate at all),
   :func:`softmax_scale_factor` (DeepSeek MLA's YaRN factor on the softmax scale).
 
-These modules are the only place that knows transformers' spellings (``rope_type``,
-``original_max_position_embeddings``, ...): :mod:`posenc.rotary` reads posenc's only. Reading
+These modules read transformers' configs (``rope_type``, ``original_max_position_embeddings``,
+``max_position_embeddings``, ...); the translation of one scaling dict is
+``posenc.rotary._spelling``'s, so ``RotaryEmbedding(scaling=)`` takes either spelling. Reading
 a config dict needs no transformers installed; :func:`patch` needs it (the ``hf`` extra).
 """
 
