@@ -53,6 +53,7 @@ BASE: dict[tuple[str, ...], list[str]] = {
     ("plot", "clock"): f"plot clock -e rope --param head_dim=8 -p 0:8 {DRAW}".split(),
     ("report",): "report --out {tmp}/r --quick --no-lengthgen".split(),
     ("lengthgen",): f"lengthgen {LENGTHGEN_TINY}".split(),
+    ("extend",): "extend {tmp}/m.gguf --out {tmp}/e".split(),
 }
 
 # name -> (value, must the command refuse it?). Values that may be allowed (a negative
@@ -282,11 +283,25 @@ def _quick_report(out_dir: Any, **kwargs: Any) -> dict[str, Any]:
     }
 
 
+def _quick_extend(settings: Any, *, out_dir: Any, **kwargs: Any) -> dict[str, Any]:
+    """Stands in for ``run_extend`` in the fuzz: the real one loads a model (tests/extend
+    and tests/cli/test_extend_cli.py run it on tiny ones); here only the options matter."""
+    (Path(out_dir) / "index.html").write_text("<html></html>")
+    return {
+        "answer": {"sentence": "measured nothing", "per_length": [{"best": "none"}]},
+        "lengths": [16],
+        "trained_context": 16,
+    }
+
+
 @pytest.fixture
-def stub_report(monkeypatch: pytest.MonkeyPatch) -> None:
+def stub_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import posenc.extend.run
     import posenc.report.build
 
     monkeypatch.setattr(posenc.report.build, "build_report", _quick_report)
+    monkeypatch.setattr(posenc.extend.run, "run_extend", _quick_extend)
+    (tmp_path / "m.gguf").write_bytes(b"")  # the model extend's base invocation names
 
 
 @pytest.mark.parametrize("path", list(BASE), ids=["-".join(p) for p in BASE])
