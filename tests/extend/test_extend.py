@@ -15,6 +15,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("matplotlib")
 
+import itertools
+
 import transformers
 from tests import _real_models
 from tests.extend._tiny import byte_tokenizer, tiny_gemma3, tiny_llama
@@ -199,6 +201,18 @@ def test_resume_keeps_every_unit_and_other_settings_do_not(
         on_event=lambda k, i: steps.append(i) if k == "step" else None,
     )
     assert steps == [] and again["records"] == first["records"]
+    more = _settings(llama, text_file, scalings=["none", "ntk", "yarn"], to=2.0)
+    events: list[tuple] = []
+    run_extend(
+        more,
+        out_dir=tmp_path,
+        resume=True,
+        on_event=lambda k, i: events.append((k, i.get("scaling"))),
+    )
+    measured = {
+        s for (k, s), (after, _) in itertools.pairwise(events) if k == "unit" and after == "step"
+    }
+    assert measured == {"ntk"}  # a scaling added: the units of before are kept
     other = _settings(llama, text_file, scalings=["none", "yarn"], seed=1)
     run_extend(
         other,

@@ -34,7 +34,7 @@ from posenc.extend.model import Loaded, load_model, scaled, scaling_for
 from posenc.extend.settings import ExtendSettings
 from posenc.integrations.transformers import PatchedRotaryEmbedding, unpatch
 
-__all__ = ["Event", "plan_units", "run_extend"]
+__all__ = ["Event", "plan_units", "run_extend", "unit_fingerprint"]
 
 #: ``on_event(kind, info)``: ``"loaded"`` (model, lengths, units), ``"unit"`` (a unit
 #: starts: scaling, length, factor, index, total), ``"step"`` (one forward done inside a
@@ -141,6 +141,23 @@ def _measure(
     return record
 
 
+#: Settings that choose which units run, not what one unit measures: a resumed run may
+#: add a scaling or a length and keep every unit already measured.
+_PLAN_ONLY = ("to", "multiples", "scalings", "quick")
+
+
+def unit_fingerprint(
+    settings: ExtendSettings, files: dict[str, str], docs: list[Document]
+) -> dict[str, Any]:
+    """What a saved unit must match to be kept by ``--resume``: the settings that change a
+    unit's numbers (model, texts, documents, passkey depths and trials, seed, dtype,
+    device, context), the SHA-256 of the model's files and of the documents; as JSON gives
+    it back (tuples are lists there), so a saved one compares equal."""
+    record = {k: v for k, v in settings.to_record().items() if k not in _PLAN_ONLY}
+    documents = [d.sha256 for d in docs]
+    return json.loads(json.dumps({"settings": record, "files": files, "documents": documents}))
+
+
 def _saved_unit(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
     try:
         saved = json.loads(path.read_text())
@@ -188,10 +205,7 @@ def run_extend(
                 "units": units,
             },
         )
-        # as JSON gives it back (tuples are lists there), so a saved unit compares equal
-        fingerprint = json.loads(
-            json.dumps({"settings": settings.to_record(), "files": loaded.identity["files"]})
-        )
+        fingerprint = unit_fingerprint(settings, loaded.identity["files"], docs)
         (out / "units").mkdir(exist_ok=True)
         records = _run_units(loaded, settings, docs, units, out, fingerprint, resume, emit)
         results = {
