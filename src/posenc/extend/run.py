@@ -154,7 +154,7 @@ def unit_fingerprint(
     device, context), the SHA-256 of the model's files and of the documents; as JSON gives
     it back (tuples are lists there), so a saved one compares equal."""
     record = {k: v for k, v in settings.to_record().items() if k not in _PLAN_ONLY}
-    documents = [d.sha256 for d in docs]
+    documents = sorted(d.sha256 for d in docs)
     return json.loads(json.dumps({"settings": record, "files": files, "documents": documents}))
 
 
