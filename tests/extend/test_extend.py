@@ -98,7 +98,7 @@ def test_quick_is_none_at_L_and_each_scaling_at_1_5_L(llama: Path) -> None:
         1.5,
         1,
         (0.5,),
-        1,
+        0,
     )
     units = plan_units(settings, settings.lengths_for(8192), 8192, configured=False)
     assert units == [("none", 8192, 1.0), ("none", 12288, 1.0)] + [

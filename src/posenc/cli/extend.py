@@ -3,7 +3,7 @@ scaling, with no fine-tuning.
 
 posenc extend .cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf          # L, 1.5L, 2L
 posenc extend MODEL_DIR --to 4 --out runs/extend                            # up to 4L
-posenc extend MODEL.gguf --quick                                            # under 5 minutes
+posenc extend MODEL.gguf --quick                                            # a few minutes
 posenc extend MODEL.gguf --save extended/ --scaling yarn                    # a loadable copy
 """
 
@@ -88,7 +88,7 @@ Documents = Annotated[
 Trials = Annotated[
     int | None,
     option(
-        "Passkeys per depth and length [2; --quick 1; 0: none].",
+        "Passkeys per depth and length [2; --quick 0; 0: none].",
         integer("--trials", min=0, max=100),
     ),
 ]
@@ -114,7 +114,7 @@ Quick = Annotated[
     bool,
     typer.Option(
         "--quick",
-        help="One document, none at L and each scaling at 1.5L, one passkey: under 5 minutes for SmolLM2-135M on 2 cores.",
+        help="Perplexity on one document, none at L and each scaling at 1.5L, no passkey (unless --trials): a few minutes for SmolLM2-135M on 2 cores.",
     ),
 ]
 Resume = Annotated[
