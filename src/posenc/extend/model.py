@@ -136,7 +136,10 @@ def load_model(
         first = _gguf_scaling(path, scaled[0])
     identity = {
         "path": str(path),
-        "name": str(getattr(loaded.config, "_name_or_path", "") or path.name),
+        # a .gguf file's name (transformers' _name_or_path is then only its folder)
+        "name": path.stem
+        if path.is_file()
+        else str(getattr(loaded.config, "_name_or_path", "") or path.name),
         "model_type": model_type,
         "parameters": sum(p.numel() for p in loaded.parameters()),
         "files": {p.name: file_sha256(p) for p in _files(path)},
