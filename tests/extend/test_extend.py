@@ -299,6 +299,8 @@ def test_save_refuses_a_folder_that_holds_files(llama: Path, tmp_path: Path) -> 
         ({"context": 3}, "context must be"),
         ({"bogus": 1}, "unknown option"),
         ({"scalings": {"none"}}, "scalings must be a list or tuple"),
+        ({"device": "nan"}, "device must be a device name"),
+        ({"device": "meta"}, "device must be 'cpu'"),
         ({"multiples": (1.0, float("nan"))}, "multiples"),
     ],
 )

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc._errors import PosEncError, check_choice, check_device, check_float, check_int
 
 __all__ = ["DTYPES", "SCALING_NAMES", "ExtendSettings"]
 
@@ -103,7 +103,7 @@ class ExtendSettings:
             trials=check_int("trials", options.pop("trials", 2), min=0, max=100),
             seed=check_int("seed", options.pop("seed", 0), min=0, max=2**31 - 1),
             dtype=check_choice("dtype", options.pop("dtype", "float32"), DTYPES),
-            device=str(options.pop("device", "cpu")),
+            device=_device(options.pop("device", "cpu")),
             context=None if context is None else check_int("context", context, min=16),
             quick=bool(options.pop("quick", False)),
         )
@@ -154,6 +154,16 @@ def check_model(model: Any) -> str:
             f"model must be a model folder or a .gguf file, got the file {str(path)!r}"
         )
     return str(path)
+
+
+def _device(device: Any) -> str:
+    """``"auto"`` (``device_map="auto"``), or a device this torch can use, by name."""
+    if device == "auto":
+        return "auto"
+    checked = check_device("device", device)
+    if checked is None or checked.type == "meta":
+        raise PosEncError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {device!r}")
+    return str(checked)
 
 
 def _model_text(text: Any) -> str:
