@@ -235,6 +235,7 @@ def _progress() -> Iterator[Any]:
             elif kind == "step" and current[0] is not None:
                 bar.update(current[0], completed=info["done"], total=info["total"])
             elif kind == "done" and current[0] is not None:
-                bar.update(current[0], completed=1, total=1) if info.get("same_as") else None
+                # full whether it ran, took another unit's numbers or was resumed (no steps)
+                bar.update(current[0], completed=1, total=1)
 
         yield on_event
