@@ -15,6 +15,8 @@ from posenc import PosEncError, reference
 from posenc._base import BiasEncoding
 from posenc.attend import dispatch as A
 from posenc.attend import flex as FLEX
+from posenc.attend import paths as P
+from posenc.attend import prepare_encoding
 from posenc.registry import get, names
 
 ATOL = 2e-5  # float32 paths against the float64 reference
@@ -112,6 +114,10 @@ ROTARY = _registered("rotary", skip=("mrope", "axial_rope"))
 BIAS = [n for n in _registered("bias") if _positional(n)]
 ENCODINGS = ["none", *ROTARY, *BIAS, "test_slope", "test_query", "test_value"]
 LOCAL = {"test_slope": SlopeBias, "test_query": QueryBias, "test_value": ValueBias}
+
+
+def get_or_none(name: str):
+    return LOCAL.get(name) or get(name)
 
 
 def make_encoding(name: str):
@@ -287,6 +293,75 @@ def test_gradients_match_eager(name, backend):
         )
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+#: Biases of positions alone (no query in them): what the chunked path takes.
+CHUNKABLE = [n for n in [*BIAS, "test_slope"] if not get_or_none(n).query_dependent]
+
+
+def _grads_of(enc, backend: str, q, k, v, kw) -> list[torch.Tensor]:
+    """Gradients of q, k, v and of every parameter of ``enc`` through one attention call."""
+    for t in (q, k, v):
+        t.grad = None
+        t.requires_grad_(True)
+    enc.zero_grad()
+    out = posenc.attention(q, k, v, encoding=enc, backend=backend, **kw)
+    (out * torch.linspace(-1, 1, D)).sum().backward()
+    return [out.detach(), *(t.grad.clone() for t in (q, k, v))] + [
+        p.grad.clone() for p in enc.parameters()
+    ]
+
+
+@pytest.mark.parametrize("case", ["padding-causal", "decode", "full-mask"])
+@pytest.mark.parametrize("name", CHUNKABLE)
+def test_chunked_backward_matches_eager(name, case, monkeypatch):
+    """Issue 24: the chunked path's backward with a learned bias (T5, Kerple, FIRE) raised
+    CheckpointError (the prepared bias, kept after the first block, made a recomputed block
+    save other tensors than its forward). Output and every gradient, parameters' included,
+    equal the eager path's, over blocks of two query rows."""
+    monkeypatch.setattr(P, "CHUNK_SCORES", 2 * 2 * H * CASES[case].k_len)  # two rows a block
+    enc = make_encoding(name)
+    torch.manual_seed(0)
+    q, k, v, kw = make_inputs(CASES[case])
+    eager = _grads_of(enc, "eager", q, k, v, kw)
+    chunked = _grads_of(enc, "chunked", q, k, v, kw)
+    assert len(eager) == 4 + len(list(enc.parameters()))
+    for a, b in zip(eager, chunked, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
+def test_chunked_backward_of_the_issue():
+    """The call of issue 24, whole gradients against eager (q, and T5's table)."""
+    t5 = posenc.T5RelativeBias(2, causal=True)
+    grads = []
+    for backend in ("eager", "chunked"):
+        q = torch.linspace(-1, 1, 64).reshape(1, 2, 4, 8).requires_grad_(True)
+        t5.zero_grad()
+        posenc.attention(q, q, q, encoding=t5, causal=True, backend=backend).sum().backward()
+        grads.append((q.grad, t5.weight.grad.clone()))
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
+
+
+def test_chunked_backward_with_a_prepared_bias(monkeypatch):
+    """A PreparedEncoding whose bias an earlier call computed (the layers of one forward
+    pass): the chunked path's gradients still reach the table, as the eager path's do."""
+    monkeypatch.setattr(P, "CHUNK_SCORES", 1)  # a block of one row
+    grads = []
+    for backend in ("eager", "chunked"):
+        t5 = posenc.T5RelativeBias(H, causal=True)
+        torch.nn.init.normal_(t5.weight, generator=torch.Generator().manual_seed(1))
+        torch.manual_seed(0)
+        q, k, v, _ = make_inputs(CASES["self-causal"])
+        prep = prepare_encoding(t5, q_len=6, num_heads=H, head_dim=D)
+        for t in (q, k, v):
+            t.requires_grad_(True)
+        first = posenc.attention(q, k, v, encoding=prep, causal=True, backend=backend)
+        second = posenc.attention(q, k, v, encoding=prep, causal=True, backend=backend)
+        (first * second).sum().backward()
+        grads.append([q.grad, k.grad, v.grad, t5.weight.grad])
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])

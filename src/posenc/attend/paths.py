@@ -85,8 +85,11 @@ def allowed_pairs(
     return allowed | empty, empty
 
 
-def _block(qf, kf, vf, call: Call, start: int, q_len: int) -> torch.Tensor:
-    """Output rows ``start : start + qf.shape[2]`` (of ``q_len`` queries) of the eager path."""
+def _block(qf, kf, vf, call: Call, start: int, q_len: int, bias=None) -> torch.Tensor:
+    """Output rows ``start : start + qf.shape[2]`` (of ``q_len`` queries) of the eager path.
+
+    ``bias``: a bias encoding's term of these rows, computed by the caller (the chunked
+    path: once, outside the recomputed blocks); None: computed here."""
     prep = call.prep
     stop = start + qf.shape[2]
     logits = (qf * call.scale) @ kf.transpose(-1, -2)  # [b, h, rows, k]
@@ -101,9 +104,10 @@ def _block(qf, kf, vf, call: Call, start: int, q_len: int) -> torch.Tensor:
         bias = enc.gate_bias_at(call.checked_gates(), q_len, start=start, stop=stop)
         logits = logits + bias.to(logits.dtype)
     elif enc is not None:
-        bias = prep.bias(qf, call.scale)
-        if (start, stop) != (0, q_len):
-            bias = bias[..., start:stop, :]
+        if bias is None:
+            bias = prep.bias(qf, call.scale)
+            if (start, stop) != (0, q_len):
+                bias = bias[..., start:stop, :]
         logits = logits + bias.to(logits.dtype)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, float("-inf"))
@@ -141,28 +145,40 @@ def chunked(q, k, v, call: Call, block_scores: int | None = None) -> torch.Tenso
     """The eager path one block of query rows at a time, each block recomputed in the
     backward pass (:func:`torch.utils.checkpoint.checkpoint`) instead of kept: memory
     ``O(b h rows k)`` instead of ``O(b h q k)`` per tensor. The same numbers as
-    :func:`eager` (the rows do not interact)."""
+    :func:`eager` (the rows do not interact), gradients included.
+
+    A bias of positions (T5, FIRE, Kerple, ALiBi: no query in it) is computed once, before
+    the blocks, and each block is handed its rows as an input: the prepared encoding keeps
+    its bias after the first use, so a block computing it would save other tensors in its
+    forward than in its recomputation (which ``checkpoint`` refuses), and the learned
+    parameters get their gradient through that one bias."""
     qf, kf, vf = _widened(q, k, v)
     b, h, q_len, _ = q.shape
     per_row = b * h * k.shape[2]
     rows = max(1, (block_scores or CHUNK_SCORES) // per_row)
-    inputs = [t for t in (qf, kf, vf, call.gates) if t is not None]
-    if call.prep is not None:
-        inputs += list(call.prep.encoding.parameters())
+    enc = None if call.prep is None else call.prep.encoding
+    full = None
+    if enc is not None and not isinstance(enc, (ContextualEncoding, GatedEncoding)):
+        full = call.prep.bias(qf, call.scale)  # [b|1, h, q, k] or [h, q, k]: no q in it
+    inputs = [t for t in (qf, kf, vf, call.gates, full) if t is not None]
+    if enc is not None:
+        inputs += list(enc.parameters())
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
     outs = []
     for start in range(0, q_len, rows):
         qb = qf[:, :, start : start + rows]
+        bias = None if full is None else full[..., start : start + rows, :]
         if grad:
             out = torch.utils.checkpoint.checkpoint(
-                lambda qb, kf, vf, start=start: _block(qb, kf, vf, call, start, q_len),
+                lambda qb, kf, vf, bias, start=start: _block(qb, kf, vf, call, start, q_len, bias),
                 qb,
                 kf,
                 vf,
+                bias,
                 use_reentrant=False,
             )
         else:
-            out = _block(qb, kf, vf, call, start, q_len)
+            out = _block(qb, kf, vf, call, start, q_len, bias)
         outs.append(out)
     return torch.cat(outs, dim=2).to(q.dtype)
 
