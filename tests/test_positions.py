@@ -163,3 +163,62 @@ def test_bad_input(call, match):
 
 def test_error_is_value_error():
     assert issubclass(posenc.PosEncError, ValueError)
+
+
+# --- issue 24: batch=0 was accepted ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: positions.resolve(None, 4, batch=0),
+        lambda: positions.resolve(torch.arange(4), 4, batch=0),
+        lambda: positions.resolve_pair(4, batch=0),
+        lambda: positions.resolve_pair(2, 4, k_positions=torch.arange(4), batch=0),
+        lambda: posenc.RotaryEmbedding(8).rotation(4, batch=0),  # passes batch to resolve_pair
+        lambda: posenc.RotaryEmbedding(8).rotation(4, q_positions=torch.arange(4), batch=0),
+    ],
+    ids=[
+        "resolve",
+        "resolve-given",
+        "resolve_pair",
+        "resolve_pair-given",
+        "rotation",
+        "rotation-given",
+    ],
+)
+def test_batch_zero_is_refused_by_name(call):
+    with pytest.raises(posenc.PosEncError, match=r"^batch must be >= 1, got 0$"):
+        call()
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda: posenc.attention(*torch.randn(3, 0, 2, 4, 8).unbind(0), encoding="alibi"),
+            r"q and k must be non-empty .* got shapes \(0, 2, 4, 8\)",
+        ),
+        (
+            lambda: posenc.SinusoidalEmbedding(8)(torch.zeros(0, 3, 8)),
+            r"x must hold a batch of >= 1 sequences \[b, s, 8\], got shape \(0, 3, 8\)",
+        ),
+        (
+            lambda: posenc.ShawRelativeBias(2, 8).bias(4, q=torch.zeros(0, 2, 4, 8)),
+            r"q must be \[b, h, q, d\] with b >= 1, got shape \(0, 2, 4, 8\)",
+        ),
+    ],
+    ids=["attention", "additive", "shaw"],
+)
+def test_an_empty_batch_is_refused_by_the_argument_that_has_it(call, match):
+    """Callers that pass their input's batch size on name the input, not ``batch``."""
+    with pytest.raises(posenc.PosEncError, match=match):
+        call()
+
+
+def test_batch_one_still_resolves():
+    q, k = positions.resolve_pair(2, 4, batch=1)
+    torch.testing.assert_close(q, torch.tensor([2, 3]), rtol=0, atol=0)
+    torch.testing.assert_close(k, torch.arange(4), rtol=0, atol=0)
+    got = positions.resolve(torch.zeros(1, 3, dtype=torch.long), 3, batch=1)
+    torch.testing.assert_close(got, torch.zeros(1, 3, dtype=torch.long), rtol=0, atol=0)

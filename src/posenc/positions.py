@@ -248,13 +248,14 @@ def resolve(
     """The positions a module uses: validated ``positions``, or ``arange(seq_len) + offset``.
 
     Given positions are moved to ``device`` (when given) and shifted by ``offset``.
+    ``batch``: the batch size (``>= 1``) ``[b, s]`` positions must have (or 1); None: any.
     Shape: ``[s]`` or ``[b, s]`` (``b`` equal to ``batch``, or 1).
     """
     offset = check_int("offset", offset)
     seq_len = check_int("seq_len", seq_len, min=0)
     device = check_device("device", device)
     if batch is not None:
-        batch = check_int("batch", batch, min=0)
+        batch = check_int("batch", batch, min=1)
     if positions is None:
         return arange(seq_len, offset, device=device)
     check_positions(name, positions, seq_len=seq_len, batch=batch, length="seq_len")
@@ -310,7 +311,7 @@ def resolve_pair(
     Args:
         q_len, k_len: numbers of queries and keys.
         q_positions, k_positions: ``[s]`` or ``[b, s]``, or None for the default.
-        batch: the batch size ``[b, s]`` positions must have (or 1); None: any.
+        batch: the batch size (``>= 1``) ``[b, s]`` positions must have (or 1); None: any.
         device: where the result lives (None: where the given positions are; the CPU).
         coords: N-D positions (M-RoPE, axial RoPE): ``[s, coords]`` or ``[b, s, coords]``;
             defaults then give every coordinate the 1-D position.
@@ -328,7 +329,7 @@ def resolve_pair(
     q_len = check_int("q_len", q_len, min=1)
     k_len = q_len if k_len is None else check_int("k_len", k_len, min=1)
     if batch is not None:
-        batch = check_int("batch", batch, min=0)
+        batch = check_int("batch", batch, min=1)
     device = check_device("device", device)
     q_name, k_name = names
     default = names == ("q_positions", "k_positions")

@@ -93,9 +93,10 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
         raise PosEncError(
             f"the number of key/value heads must divide the number of query heads ({hq}), got {hkv}"
         )
-    if q_len < 1 or k_len < 1 or d < 1:
+    if b < 1 or q_len < 1 or k_len < 1 or d < 1:
         raise PosEncError(
-            f"q and k must be non-empty, got shapes {tuple(q.shape)}, {tuple(k.shape)}"
+            f"q and k must be non-empty (a batch, a length and a head dim >= 1 each), got "
+            f"shapes {tuple(q.shape)}, {tuple(k.shape)}"
         )
     return b, hq, hkv, q_len, k_len
 

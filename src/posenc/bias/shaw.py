@@ -61,8 +61,8 @@ def _check_table(name: str, table: torch.Tensor, head_dim: int | None = None) ->
 
 def _check_4d(name: str, x: torch.Tensor, what: str) -> torch.Tensor:
     check_tensor(name, x, floating=True)
-    if x.ndim != 4:
-        raise PosEncError(f"{name} must be {what}, got shape {tuple(x.shape)}")
+    if x.ndim != 4 or x.shape[0] < 1:
+        raise PosEncError(f"{name} must be {what} with b >= 1, got shape {tuple(x.shape)}")
     return x
 
 
