@@ -40,14 +40,17 @@ from typing import Any, BinaryIO
 
 import torch
 
-from posenc._errors import PosEncError
+from posenc._errors import MAX_ALLOC_BYTES, PosEncError, check_int
 from posenc.experiments.checkpoint_fields import KEYS, check_fields
+from posenc.experiments.files import MIB, read_regular
 
 __all__ = [
     "FORMAT",
     "TRAILER",
     "atomic_write",
+    "checkpoint_max_bytes",
     "clean_stale_temps",
+    "default_max_bytes",
     "get_rng_state",
     "load_checkpoint",
     "save_checkpoint",
@@ -177,15 +180,29 @@ def _unseal(data: bytes) -> tuple[bytes, str | None]:
     return body, None
 
 
-def _read(path: Path, map_location: str | torch.device) -> Any:
+def default_max_bytes() -> int:
+    """The most a checkpoint may be when its model is not known: half this machine's
+    memory (and at most :data:`~posenc._errors.MAX_ALLOC_BYTES`)."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: the cap alone
+        memory = MAX_ALLOC_BYTES
+    return int(min(MAX_ALLOC_BYTES, max(memory // 2, MIB)))
+
+
+def checkpoint_max_bytes(model: torch.nn.Module, world_size: int = 1) -> int:
+    """The most a checkpoint of ``model`` can legitimately be: its weights, an optimizer
+    state of twice as much (AdamW's two moments; Muon keeps one), their steps, every
+    rank's generator states and the run's small fields, each with room to spare."""
+    tensors = list(model.state_dict().values())
+    weights = sum(t.numel() * t.element_size() for t in tensors)
+    return 4 * weights + 16384 * (len(tensors) + 1) + 65536 * max(1, world_size) + 16 * MIB
+
+
+def _read(path: Path, map_location: str | torch.device, max_bytes: int) -> Any:
     """Check the seal, then unpickle with ``weights_only=True``; every failure one line."""
     where = f"checkpoint {str(path)!r}"
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise PosEncError(f"{where} does not exist") from None
-    except IsADirectoryError:
-        raise PosEncError(f"{where} is a directory, not a checkpoint file") from None
+    data = read_regular(path, what="checkpoint", max_bytes=max_bytes)
     body, damage = _unseal(data)
     if damage is not None and (body is not data or not body.startswith(b"PK")):
         # a seal that does not match, or not even a torch zip archive: unpickle nothing
@@ -225,25 +242,34 @@ def load_checkpoint(
     *,
     config: dict[str, Any],
     map_location: str | torch.device = "cpu",
+    max_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` for the run ``config``.
 
+    ``max_bytes`` is the most the file may hold (:func:`checkpoint_max_bytes` of the model
+    it is for; None: :func:`default_max_bytes`), checked before a byte is read; only a
+    regular file is read (a FIFO or a link to a device is refused, never waited on).
+
     Raises:
-        PosEncError: the file is truncated or corrupt (the sha256 trailer does not match),
+        PosEncError: the file is missing, not a regular file or larger than ``max_bytes``,
+            is truncated or corrupt (the sha256 trailer does not match),
             holds pickled objects, is not a posenc checkpoint, has a field out of its
             rules (:func:`~posenc.experiments.checkpoint_fields.check_fields`), or was
             written by a run with a different configuration.
     """
     path = Path(path)
-    state = _read(path, map_location)
+    if max_bytes is None:
+        max_bytes = default_max_bytes()
+    max_bytes = check_int("max_bytes", max_bytes, min=0)
+    state = _read(path, map_location, max_bytes)
     where = f"checkpoint {str(path)!r}"
     if not isinstance(state, dict) or any(k not in state for k in KEYS):
         raise PosEncError(f"{where} is not a posenc checkpoint (missing keys)")
-    if state["format"] != FORMAT:
-        raise PosEncError(f"{where} has format {state['format']!r}, this posenc reads {FORMAT}")
+    if type(state["format"]) is not int or state["format"] != FORMAT:
+        raise PosEncError(f"{where} has format {state['format']!r:.40}, this posenc reads {FORMAT}")
     try:
         saved = json.loads(state["config"]) if isinstance(state["config"], str) else None
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested too deep
         saved = None
     if not isinstance(saved, dict):
         raise PosEncError(

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from posenc._errors import PosEncError, check_int
+from posenc.experiments.files import read_head
 
 __all__ = [
     "VOCAB_SIZE",
@@ -136,7 +137,8 @@ def _load(
             if all(sizes[s] >= budgets[s] for s in budgets):
                 break
             continue
-        data = (Path(root) / rel).read_bytes()[: budgets[split] - sizes[split]]
+        left = budgets[split] - sizes[split]
+        data = read_head(Path(root) / rel, what="corpus file", max_bytes=left)
         chunks[split].append(data)
         sizes[split] += len(data)
     streams = {s: encode(b"".join(chunks[s])) for s in chunks}

@@ -8,7 +8,8 @@ refuses (permissions, a read-only or full file system) an ``OSError``, as it is.
 :func:`lock_out_dir` takes ``OUT/.posenc.lock`` with an exclusive ``flock``: a second run
 into the same folder is refused, naming the process that holds it; a lock whose process
 is gone (killed, crashed) holds no ``flock`` any more and is simply taken over, since the
-kernel releases it when its owner dies. While the lock is held, the temporary files of
+kernel releases it when its owner dies. The lock must be a regular file (a symbolic link,
+a FIFO or a device there is refused in one line). While the lock is held, the temporary files of
 interrupted atomic writes (``.NAME.PID.HEX.tmp``) in ``OUT`` and ``OUT/checkpoints`` can
 only be stale, and are removed.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from posenc._errors import PosEncError
 from posenc.experiments.checkpoint import clean_stale_temps
+from posenc.experiments.files import open_regular, read_regular
 
 __all__ = ["LOCK_NAME", "lock_out_dir", "make_out_dir"]
 
@@ -56,18 +58,35 @@ else:
     _CAN_LOCK = True
 
 
+_LOCK_MAX_BYTES = 4096  # the holder's one line
+
+
 def _holder(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        data = read_regular(path, what="lock file", max_bytes=_LOCK_MAX_BYTES)
+    except (OSError, PosEncError):
         return "another process"
+    text = data.decode("utf-8", errors="replace").strip()
     return text.splitlines()[0][:120] if text else "another process"
+
+
+#: The lock is opened without following a symbolic link (the stamp would truncate the
+#: file it points to) or blocking (a FIFO), and must be a regular file.
+_LOCK_FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_lock(path: Path) -> int:
+    """``path`` opened (made when missing) for the lock; refused unless a regular file."""
+    try:
+        return open_regular(path, what="lock file", flags=_LOCK_FLAGS, mode=0o644)
+    except PosEncError as e:
+        raise PosEncError(f"--out {str(path.parent)!r} cannot be locked: {e}") from None
 
 
 def _acquire(path: Path) -> int:
     """An open descriptor of ``path`` holding its exclusive flock."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -29,6 +29,7 @@ from torch import nn
 from posenc import positions as _positions
 from posenc._errors import PosEncError, check_choice, check_float, check_int
 from posenc.experiments.checkpoint import (
+    checkpoint_max_bytes,
     get_rng_state,
     load_checkpoint,
     save_checkpoint,
@@ -166,8 +167,12 @@ def load_resumable(
 ) -> dict[str, Any]:
     """Load the checkpoint at ``path`` for the run ``config`` (see :func:`run_config`) and
     check that its weights and optimizer state fit ``model`` and ``optimizer`` (None:
-    a fresh one for ``config["train"]``), before anything is loaded into them."""
-    state = load_checkpoint(path, config=config)
+    a fresh one for ``config["train"]``), before anything is loaded into them. The file
+    may hold at most what a checkpoint of ``model`` can (:func:`.checkpoint_max_bytes`),
+    checked before it is read."""
+    world = config.get("world_size", 1)
+    world = world if type(world) is int and 1 <= world <= 2**16 else 1
+    state = load_checkpoint(path, config=config, max_bytes=checkpoint_max_bytes(model, world))
     if optimizer is None:
         optimizer = _optimizer(model, TrainSettings(**config["train"]))
     check_fits(f"checkpoint {str(path)!r}", state, model, optimizer)

@@ -22,8 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from posenc._errors import PosEncError
+from posenc.experiments.files import MIB, read_regular
 
 __all__ = ["Document", "Passkey", "documents", "passkey_prompt", "stdlib_sources"]
+
+#: The most a text file may hold (a document far longer than any context measured).
+MAX_TEXT_BYTES = 64 * MIB
 
 _INSTRUCTION = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and "
@@ -71,7 +75,7 @@ def documents(tokenizer: Any, texts: Sequence[str], count: int) -> list[Document
     out = []
     for path in paths:
         try:
-            raw = path.read_bytes()
+            raw = read_regular(path, what="text", max_bytes=MAX_TEXT_BYTES)
         except OSError as error:
             raise PosEncError(f"text {str(path)!r} cannot be read ({error.strerror})") from None
         text = raw.decode("utf-8", errors="replace")

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from posenc._errors import PosEncError
+from posenc.experiments.files import open_regular
 from posenc.extend.settings import check_model
 from posenc.integrations.transformers import patch, rope_layer_types, rotary_from_config, unpatch
 
@@ -44,10 +45,18 @@ class Loaded:
 
 
 def file_sha256(path: Path) -> str:
+    """The SHA-256 of the regular file ``path`` (its size as ``fstat`` gives it, read in
+    blocks; a FIFO or a device is refused, not read for ever)."""
     digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 22), b""):
+    fd = open_regular(path, what="model file")
+    with os.fdopen(fd, "rb") as file:
+        left = os.fstat(fd).st_size
+        while left > 0:
+            block = file.read(min(left, 1 << 22))
+            if not block:
+                break
             digest.update(block)
+            left -= len(block)
     return digest.hexdigest()
 
 

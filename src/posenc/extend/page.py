@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from posenc.experiments.files import FIGURE_MAX_BYTES, read_regular
+
 __all__ = ["write_page"]
 
 _COLORS = {
@@ -146,7 +148,8 @@ def _table(results: Mapping[str, Any]) -> str:
 
 
 def _img(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
+    raw = read_regular(path, what="figure", max_bytes=FIGURE_MAX_BYTES)
+    data = base64.b64encode(raw).decode("ascii")
     return f'<figure><img src="data:image/png;base64,{data}" alt="{_e(alt)}" style="max-width:100%"><figcaption>{_e(alt)} (<code>{_e(path.name)}</code>)</figcaption></figure>'
 
 

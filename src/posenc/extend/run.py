@@ -25,6 +25,7 @@ import torch
 from posenc._errors import PosEncError
 from posenc._version import __version__
 from posenc.experiments.checkpoint import atomic_write
+from posenc.experiments.files import MIB, read_regular
 from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.results import write_results
 from posenc.extend import measure
@@ -158,10 +159,20 @@ def unit_fingerprint(
     return json.loads(json.dumps({"settings": record, "files": files, "documents": documents}))
 
 
+_UNIT_MAX_BYTES = 16 * MIB  # a unit's record: a few numbers per bucket and passkey
+
+
 def _saved_unit(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
+    """The record saved at ``path`` when it matches ``fingerprint`` (None: missing, damaged
+    or of other settings, so the unit is measured again); a FIFO, a device or a file
+    larger than a unit's record can be is refused (``PosEncError``), never waited on."""
+    if not path.exists() and not path.is_symlink():
+        return None
     try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
+        saved = json.loads(read_regular(path, what="unit record", max_bytes=_UNIT_MAX_BYTES))
+    except (OSError, ValueError, RecursionError) as error:
+        if isinstance(error, PosEncError):
+            raise
         return None
     if not isinstance(saved, dict) or saved.get("fingerprint") != fingerprint:
         return None

@@ -7,6 +7,8 @@ import html
 from pathlib import Path
 from typing import Any
 
+from posenc.experiments.files import FIGURE_MAX_BYTES, read_regular
+
 __all__ = ["_e", "_img", "_num"]
 
 
@@ -29,7 +31,8 @@ def _num(value: Any, digits: int = 3) -> str:
 
 
 def _img(out: Path, record: dict[str, Any], css: str = "") -> str:
-    data = base64.b64encode((out / record["file"]).read_bytes()).decode("ascii")
+    raw = read_regular(out / record["file"], what="figure", max_bytes=FIGURE_MAX_BYTES)
+    data = base64.b64encode(raw).decode("ascii")
     return (
         f'<figure class="{css}"><img src="data:image/png;base64,{data}" '
         f'alt="{_e(record["title"])}" width="{record["width"]}" height="{record["height"]}" '
