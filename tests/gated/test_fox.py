@@ -557,3 +557,103 @@ def test_model_trains_and_forget_gates_learn():
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     lm.trains(lm.copy_loss(model), opt, 30, after_first_backward=every_forget_gate_has_a_gradient)
+
+
+# --- issue 24: every entry point checks the gates' values -------------------------------
+
+_FOX_ENTRY = {
+    "fox_bias": lambda g: fox_bias(g),
+    "fox_cumulative": lambda g: fox_cumulative(g),
+    "FoXBias.forward": lambda g: FoXBias(g.shape[1])(g),
+    "FoXBias.check_gates": lambda g: FoXBias(g.shape[1]).check_gates(g, 1, g.shape[2], g.device),
+    **{
+        f"attention-{backend}": (
+            lambda g, backend=backend: posenc.attention(
+                *torch.randn(3, 1, g.shape[1], g.shape[2], D).unbind(0),
+                encoding=FoXBias(g.shape[1]),
+                causal=True,
+                gates=g,
+                backend=backend,
+            )
+        )
+        for backend in ("auto", "eager", "sdpa", "chunked")
+    },
+}
+
+
+def _gates_holding(value: float, dtype=torch.float32) -> torch.Tensor:
+    g = torch.full((1, 2, 4), -0.25, dtype=dtype)
+    g[0, 1, 2] = value
+    return g
+
+
+_BAD_GATES = {
+    "positive": (lambda: _gates_holding(0.5), r"gates must be log forget gates .* <= 0 .* 0\.5"),
+    "nan": (lambda: _gates_holding(float("nan")), r"gates must be log forget gates .* nan"),
+    "plus-inf": (lambda: _gates_holding(float("inf")), r"gates must be log forget gates .* inf"),
+    "minus-inf": (lambda: _gates_holding(float("-inf")), r"gates must sum to >= -3\.403e\+38"),
+    # each gate is a float32, but their sum (-4e38) is not: the split sums were -inf, D NaN
+    "sum-overflows": (
+        lambda: torch.full((1, 2, 4), -1e38),
+        r"gates must sum to >= -3\.403e\+38 over the keys .* float32",
+    ),
+    "sum-overflows-float64": (
+        lambda: torch.full((1, 2, 4), -1e308, dtype=torch.float64),
+        r"gates must sum to >= -1\.798e\+308 over the keys .* float64",
+    ),
+    "shape": (lambda: torch.zeros(3), r"gates must be the log forget gates \[b, h, k\]"),
+    "empty": (lambda: torch.zeros(1, 2, 0), r"gates must be the log forget gates \[b, h, k\]"),
+    "dtype": (lambda: torch.zeros(1, 2, 4, dtype=torch.long), "gates must have a floating-point"),
+    "not-a-tensor": (lambda: [[[0.0]]], "gates must be a torch.Tensor, got list"),
+}
+
+
+# the module and attention calls build their other arguments from the gates' shape
+_SHAPELESS = ("shape", "empty", "not-a-tensor")
+
+
+@pytest.mark.parametrize(
+    ("entry", "bad"),
+    [
+        (entry, bad)
+        for entry in _FOX_ENTRY
+        for bad in _BAD_GATES
+        if entry.startswith("fox_") or bad not in _SHAPELESS
+    ],
+)
+def test_every_entry_point_refuses_bad_gates(entry, bad):
+    make, match = _BAD_GATES[bad]
+    g = make()
+    with pytest.raises(PosEncError, match=match):
+        _FOX_ENTRY[entry](g)
+
+
+@pytest.mark.parametrize("entry", ["fox_bias", "fox_cumulative", "FoXBias.forward"])
+def test_meta_gates_are_refused_by_name(entry):
+    with pytest.raises(PosEncError, match="gates must hold values, got a tensor on the meta"):
+        _FOX_ENTRY[entry](torch.zeros(1, 2, 4, device="meta"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_extreme_valid_gates_give_the_reference(dtype):
+    """Gates of 0 (logsigmoid saturates there) and gates whose sum just fits the dtype of the
+    cumulative sums: accepted, finite wherever the key is visible, equal to the oracle."""
+    big = -1e38 if dtype == torch.float32 else -1e307
+    # (the huge gates come last: below them a float64 cumulative sum of ~1e38 has no digits
+    # left for the small ones, a precision limit of c_i - c_j, not an overflow)
+    g = torch.tensor([[[-0.5, 0.0, -0.25, big, big], [0.0, -1.0, 0.0, 0.0, 2 * big]]], dtype=dtype)
+    got = fox_bias(g, 3)
+    want = torch.from_numpy(ref.fox_bias(g.double().numpy(), 3)).to(dtype)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    visible = torch.isfinite(want)
+    assert bool(torch.isfinite(got[visible]).all())
+    torch.testing.assert_close(FoXBias(2)(g, 3), got, rtol=0, atol=0)
+    torch.testing.assert_close(fox_cumulative(g), g.double().cumsum(-1), rtol=0, atol=0)
+
+
+def test_module_call_is_fox_bias():
+    g = F.logsigmoid(torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(3)))
+    torch.testing.assert_close(FoXBias(3)(g), fox_bias(g), rtol=0, atol=0)
+    torch.testing.assert_close(FoXBias(3)(g, q_len=2), fox_bias(g, 2), rtol=0, atol=0)
+    with pytest.raises(PosEncError, match=r"gates must have 2 heads \(the encoding's num_heads\)"):
+        FoXBias(2)(g)

@@ -26,7 +26,14 @@ from typing import Any, ClassVar
 import torch
 
 from posenc._base import GatedEncoding
-from posenc._errors import PosEncError, check_alloc, check_int, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_alloc,
+    check_int,
+    check_tensor,
+    check_traced,
+    tracing,
+)
 from posenc.positions import causal_pairs
 
 __all__ = ["FoXBias", "fox_bias", "fox_cumulative"]
@@ -43,8 +50,18 @@ def _cumulative(gates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def fox_cumulative(gates: torch.Tensor) -> torch.Tensor:
-    """``c_t = sum_{l <= t} gates_l`` (float64, ``[b, h, k]``): ``D_ij = c_i - c_j``."""
-    check_tensor("gates", gates, floating=True)
+    """``c_t = sum_{l <= t} gates_l`` (float64, ``[b, h, k]``): ``D_ij = c_i - c_j``.
+
+    Args:
+        gates: log forget gates ``[b, h, k]``, checked as :func:`fox_bias` checks them.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.gated import fox_cumulative
+        >>> fox_cumulative(torch.full((1, 1, 3), -0.5))
+        tensor([[[-0.5000, -1.0000, -1.5000]]], dtype=torch.float64)
+    """
+    gates = _check_gates(gates)
     return gates.to(torch.float64).cumsum(-1)
 
 
@@ -58,7 +75,15 @@ def _rows(
     return (qh[..., :, None] - head[..., None, :]) + (qt[..., :, None] - tail[..., None, :])
 
 
-def _check_gates(gates: Any, num_heads: int | None = None) -> torch.Tensor:
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_FLOAT64_MAX = float(torch.finfo(torch.float64).max)
+
+
+def _check_gates(gates: Any, num_heads: int | None = None, *, values: bool = True) -> torch.Tensor:
+    """``gates``: a floating ``[b, h, k]`` tensor (``num_heads`` heads when given) of log
+    forget gates ``<= 0`` whose sums over the keys stay finite in the dtype the cumulative
+    sums are kept in (float64 for float64 gates, float32 otherwise): one host
+    synchronisation, a graph assertion under ``torch.compile``."""
     check_tensor("gates", gates, floating=True)
     if gates.ndim != 3 or 0 in gates.shape:
         raise PosEncError(
@@ -70,7 +95,40 @@ def _check_gates(gates: Any, num_heads: int | None = None) -> torch.Tensor:
             f"gates must have {num_heads} heads (the encoding's num_heads), got shape "
             f"{tuple(gates.shape)}"
         )
+    if values:
+        _check_gate_values(gates)
     return gates
+
+
+def _check_gate_values(gates: torch.Tensor) -> None:
+    """Log forget gates are ``<= 0`` (NaN is not) and their sum over the keys (the last
+    cumulative sum, the smallest) is ``>= -max`` of the cumulative sums' dtype (``-inf``
+    is not)."""
+    if gates.device.type == "meta":
+        raise PosEncError("gates must hold values, got a tensor on the meta device")
+    g = gates.detach()
+    limit = _FLOAT64_MAX if g.dtype == torch.float64 else _FLOAT32_MAX
+    positive = ~(g <= 0)  # NaN included
+    overflow = ~(g.to(torch.float64).sum(-1) >= -limit)  # -inf and NaN included
+    if tracing():
+        check_traced(
+            ~positive.any() & ~overflow.any(),
+            "gates must be log forget gates <= 0 whose sums over the keys are finite",
+        )
+        return
+    bad_positive, bad_sum = torch.stack([positive.any(), overflow.any()]).tolist()
+    if bad_positive:
+        worst = g[positive].flatten()[0].item()
+        raise PosEncError(
+            "gates must be log forget gates log f_t <= 0 (logsigmoid of the gate logits), "
+            f"got a tensor holding {worst}"
+        )
+    if bad_sum:
+        raise PosEncError(
+            f"gates must sum to >= -{limit:.4g} over the keys (their cumulative sums are kept "
+            f"in {'float64' if limit == _FLOAT64_MAX else 'float32'}), got a tensor holding "
+            f"-inf or gates whose sum overflows, smallest gate {g.min().item()}"
+        )
 
 
 def fox_bias(gates: torch.Tensor, q_len: int | None = None) -> torch.Tensor:
@@ -78,7 +136,10 @@ def fox_bias(gates: torch.Tensor, q_len: int | None = None) -> torch.Tensor:
     the queries are the last ``q_len`` keys), ``-inf`` on the keys after the query.
 
     Args:
-        gates: log forget gates ``log f_t <= 0``, ``[b, h, k]``.
+        gates: log forget gates ``log f_t <= 0``, ``[b, h, k]``, floating; their sum over
+            the keys must be finite in the dtype of the cumulative sums (float64 for float64
+            gates, else float32). Gates ``> 0``, NaN, ``-inf`` or an overflowing sum raise
+            :class:`~posenc.PosEncError` (one host synchronisation).
         q_len: queries (default: every key is a query).
 
     Shape:
@@ -92,7 +153,11 @@ def fox_bias(gates: torch.Tensor, q_len: int | None = None) -> torch.Tensor:
                 [-0.5000,  0.0000,    -inf],
                 [-1.0000, -0.5000,  0.0000]])
     """
-    gates = _check_gates(gates)
+    return _fox_bias(_check_gates(gates), q_len)
+
+
+def _fox_bias(gates: torch.Tensor, q_len: Any) -> torch.Tensor:
+    """:func:`fox_bias` of checked gates."""
     b, h, k_len = gates.shape
     q_len = k_len if q_len is None else check_int("q_len", q_len, min=1, max=k_len)
     check_alloc("gates", tuple(gates.shape), (b, h, q_len, k_len))
@@ -109,6 +174,11 @@ class FoXBias(GatedEncoding):
     gates. ``TinyTransformer(encoding="fox")`` computes the gates in every layer
     as ``logsigmoid(x W_f + b_f)``, ``W_f`` of shape ``[dim, num_heads]`` (the paper's
     forget gate), and caches them with the keys.
+
+    Calling the module, ``fox(gates, q_len=None)``, returns its term (:meth:`forward`,
+    :func:`fox_bias` with the heads checked). :meth:`check_gates` is what attention calls
+    first; :meth:`gate_bias_at` and :meth:`gate_score_mod_at` are the protocol's methods of
+    gates it has checked and validate nothing.
 
     Args:
         num_heads: heads of the queries (and of the gates).
@@ -130,8 +200,10 @@ class FoXBias(GatedEncoding):
         self._set_config(num_heads=self.num_heads)
 
     def check_gates(self, gates: Any, b: int, k_len: int, device: torch.device) -> torch.Tensor:
-        """Raise unless ``gates`` is ``[b, num_heads, k_len]`` floating on ``device``."""
-        gates = _check_gates(gates, self.num_heads)
+        """Raise unless ``gates`` is ``[b, num_heads, k_len]`` floating on ``device``, of log
+        forget gates ``<= 0`` whose sums over the keys are finite (as :func:`fox_bias`
+        checks them: one host synchronisation)."""
+        gates = _check_gates(gates, self.num_heads, values=False)
         if gates.shape[0] != b or gates.shape[2] != k_len:
             raise PosEncError(
                 f"gates must be [b, h, k] = [{b}, {self.num_heads}, {k_len}], got shape "
@@ -139,7 +211,14 @@ class FoXBias(GatedEncoding):
             )
         if gates.device != device:
             raise PosEncError(f"gates must be on {device} (that of q), got {gates.device}")
+        _check_gate_values(gates)
         return gates
+
+    def forward(self, gates: torch.Tensor, q_len: int | None = None) -> torch.Tensor:
+        """``module(gates, q_len)``: the term itself, :func:`fox_bias` of ``gates``
+        ``[b, num_heads, k]`` (checked as there, and for ``num_heads`` heads), ``-inf`` on
+        the keys after the query: ``[b, h, q_len, k]``."""
+        return _fox_bias(_check_gates(gates, self.num_heads), q_len)
 
     def gate_bias_at(
         self, gates: torch.Tensor, q_len: int, *, start: int = 0, stop: int | None = None
