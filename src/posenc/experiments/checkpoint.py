@@ -43,6 +43,7 @@ import torch
 from posenc._errors import MAX_ALLOC_BYTES, PosEncError, check_int
 from posenc.experiments.checkpoint_fields import KEYS, check_fields
 from posenc.experiments.files import MIB, read_regular
+from posenc.experiments.orphans import check_parent
 
 __all__ = [
     "FORMAT",
@@ -143,11 +144,13 @@ def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write`` on a fresh temporary file next to ``path``, sync it, then rename it
     over ``path``: a kill at any point leaves either the old file or the new one."""
     tmp = _temp_name(path)
+    check_parent()  # a worker whose study was killed writes nothing more
     try:
         with open(tmp, "xb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        check_parent()
         os.replace(tmp, path)
     except OSError as e:  # a full disk: name the file it was writing, not a temporary one
         Path(tmp).unlink(missing_ok=True)

@@ -11,6 +11,9 @@ extensions before the rest), so the last one to finish is a short one and no cor
 while another trains a long unit at the end; the runs still come back in the order of
 the units.
 
+A worker dies with this process (:mod:`.orphans`): a parent killed with ``kill -9``
+leaves no worker training and writing checkpoints into ``--out`` without its lock.
+
 Progress events of the workers come back through a queue and reach ``on_event`` in this
 process, each with its ``seed``. As with every ``spawn`` pool, a script that calls this
 with ``jobs > 1`` must guard its top level with ``if __name__ == "__main__":``.
@@ -31,6 +34,7 @@ from typing import Any
 import torch
 
 from posenc.experiments.distributed import Dist
+from posenc.experiments.orphans import die_with_parent
 from posenc.experiments.runner import Runner, run_unit, seed_study
 from posenc.experiments.settings import StudySettings, make_study_task
 from posenc.experiments.tasks import Task
@@ -136,7 +140,8 @@ def _make_task(study: StudySettings) -> Task:
 _worker: dict[str, Any] = {}
 
 
-def _init_worker(context: UnitContext, events: Any) -> None:
+def _init_worker(context: UnitContext, events: Any, parent: int) -> None:
+    die_with_parent(parent)  # first: a parent killed now must not leave us training
     if context.threads is not None:
         torch.set_num_threads(context.threads)
     _worker.update(context=context, events=events, task=_make_task(context.study))
@@ -188,7 +193,7 @@ def run_units(
         max_workers=min(jobs, len(units)),
         mp_context=ctx,
         initializer=_init_worker,
-        initargs=(context, events),
+        initargs=(context, events, os.getpid()),
     ) as pool:
         pending = {pool.submit(_work, i, units[i]) for i in dispatch_order(units, context.study)}
         try:
