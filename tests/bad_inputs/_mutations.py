@@ -16,11 +16,17 @@ from typing import Any
 import torch
 
 # Integer arguments that may be negative (all others are sizes, counts or lengths).
-SIGNED = frozenset({"offset", "seq_dim", "dim", "relative_position", "seed", "shift"})
+SIGNED = frozenset({"offset", "seq_dim", "dim", "relative_position", "seed", "seeds", "shift"})
 # String arguments whose text is free (any string is a valid value).
 FREE_TEXT = frozenset({"path", "name"})
 # Tensor arguments holding positions (lists, integers and NaN checks apply to them).
 POSITION_LIKE = ("position", "grid", "distances", "seq_lens", "mask", "tokens")
+
+# Mapping arguments that are transformers configs (any other key is allowed in them; each
+# of their own keys is mutated instead).
+CONFIGS = frozenset({"config"})
+# A config key mutation's kind -> the key its message must name.
+KEY_NAMES: dict[str, str] = {}
 
 Mutation = tuple[str, Callable[[], Any], str]
 
@@ -119,7 +125,35 @@ def _tensor(name: str, value: torch.Tensor) -> Iterator[Mutation]:
 def _mapping(name: str, value: dict) -> Iterator[Mutation]:
     yield "container_list", lambda: list(value.items()), "raise"
     yield "type_str", lambda: "bogus", "raise"
-    yield "value_unknown_key", lambda: {**value, "no_such_key": 1}, "raise"
+    if name in CONFIGS:
+        yield from _config_keys(value)
+    else:
+        yield "value_unknown_key", lambda: {**value, "no_such_key": 1}, "raise"
+
+
+def _config_keys(config: dict, prefix: str = "") -> Iterator[Mutation]:
+    """Each key of a transformers config dict mutated in turn (one level into nested dicts,
+    ``rope_scaling.factor``); the kind is ``key_<path>_<kind>``, and the message must name
+    the key itself (:data:`KEY_NAMES` maps a kind to it)."""
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            yield from _nested(config, key, value, path)
+            continue
+        for kind, make, rule in mutations(key, value):
+            KEY_NAMES[f"key_{path}_{kind}"] = key
+            yield (
+                f"key_{path}_{kind}",
+                lambda key=key, make=make: {**config, key: make()},
+                rule,
+            )
+
+
+def _nested(config: dict, key: str, value: dict, path: str) -> Iterator[Mutation]:
+    for kind, make, rule in _config_keys(value, prefix=f"{path}."):
+        yield kind, (lambda make=make: {**config, key: make()}), rule
+    KEY_NAMES[f"key_{path}_type_str"] = key
+    yield f"key_{path}_type_str", lambda: {**config, key: "bogus"}, "raise"
 
 
 def _other(name: str, value: Any) -> Iterator[Mutation]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import signal
 import warnings
 from collections.abc import Iterator
@@ -22,7 +23,8 @@ import torch
 
 import posenc
 
-from ._mutations import mutations
+from . import _targets_more  # noqa: F401  (appends its targets to TARGETS)
+from ._mutations import KEY_NAMES, mutations
 from ._targets import TARGETS, Target
 
 TIME_LIMIT_S = 10.0  # one case; a hang (a Python loop over a huge size) trips it
@@ -55,6 +57,12 @@ def _call(target: Target, fn, args: dict[str, Any]) -> Any:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def _names(message: str, name: str) -> bool:
+    """Whether ``message`` names ``name`` as a word of its own: ``dim`` is not named by
+    ``head_dim``, nor ``num_heads`` by ``heads`` (a message naming a sibling is vague)."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
 
 
 def _leaves(value: Any, depth: int = 0) -> Iterator[Any]:
@@ -193,7 +201,11 @@ def test_bad_input(target: Target, name: str, kind: str, make: Any, rule: str) -
         result = _call(target, fn, args)
     except posenc.PosEncError as e:
         names = ("meta",) if rule == "module_meta" else (name, *ALIASES.get(name, ()))
-        assert any(n in str(e) for n in names), f"message does not name {name!r}: {e}"
+        if kind in KEY_NAMES:  # a config's key: the message names the key
+            names = (KEY_NAMES[kind],)
+        elif kind == "value_unknown_key":  # or the key it does not know
+            names = (*names, "no_such_key")
+        assert any(_names(str(e), n) for n in names), f"message does not name {names[0]!r}: {e}"
         return
     except Hang as e:
         pytest.fail(f"hang: {e}")

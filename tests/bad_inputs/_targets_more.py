@@ -1,0 +1,218 @@
+"""More valid calls for the bad-input matrix (appended to ``_targets.TARGETS``): the
+contextual and gated families, the layer schedules, the last scaling, figures saved to a
+path, the study settings and tasks, and the transformers config readers given dicts (whose
+keys ``_mutations`` mutates one at a time).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import posenc
+from posenc import contextual, gated, plot
+from posenc.experiments import StudySettings, make_task
+from posenc.integrations import transformers as hf
+from posenc.models import schedules
+
+from ._targets import fn
+
+
+def _r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+# --- CoPE: a term computed from the logits, q and k ----------------------------------------
+fn(
+    "cope_bias",
+    contextual.cope_bias,
+    lambda: {
+        "q": _r(1, 2, 4, 8),
+        "k": _r(1, 2, 4, 8),
+        "weight": _r(6, 8),
+        "position_logit": "scaled",
+        "scale": 0.3,
+        "causal": True,
+        "attn_mask": torch.ones(1, 4, dtype=torch.bool),
+    },
+)
+fn(
+    "cope_positions",
+    contextual.cope_positions,
+    lambda: {
+        "q": _r(1, 2, 4, 8),
+        "k": _r(1, 2, 4, 8),
+        "npos_max": 6,
+        "scale": 0.3,
+        "causal": True,
+        "attn_mask": torch.ones(1, 4, dtype=torch.bool),
+    },
+)
+fn(
+    "cope_position_logits",
+    contextual.cope_position_logits,
+    lambda: {"q": _r(1, 2, 4, 8), "weight": _r(6, 8), "positions": torch.rand(1, 2, 4, 4) * 5},
+)
+fn(
+    "CoPEBias",
+    contextual.CoPEBias,
+    lambda: {"head_dim": 8, "npos_max": 6, "position_logit": "scaled", "dtype": torch.float32},
+)
+fn(
+    "attention[cope]",
+    posenc.attention,
+    lambda: {
+        "q": _r(1, 2, 4, 8),
+        "k": _r(1, 2, 4, 8),
+        "v": _r(1, 2, 4, 8),
+        "encoding": {"name": "cope", "head_dim": 8, "npos_max": 6},
+        "causal": True,
+        "attn_mask": torch.ones(1, 4, dtype=torch.bool),
+        "backend": "eager",
+    },
+)
+
+# --- forgetting attention: a term from per-token gates --------------------------------------
+fn("fox_bias", gated.fox_bias, lambda: {"gates": -torch.rand(1, 2, 4), "q_len": 3})
+fn("fox_cumulative", gated.fox_cumulative, lambda: {"gates": -torch.rand(1, 2, 4)})
+fn("FoXBias", gated.FoXBias, lambda: {"num_heads": 2})
+fn(
+    "attention[fox]",
+    posenc.attention,
+    lambda: {
+        "q": _r(1, 2, 4, 8),
+        "k": _r(1, 2, 4, 8),
+        "v": _r(1, 2, 4, 8),
+        "encoding": "fox",
+        "causal": True,
+        "gates": -torch.rand(1, 2, 4),
+    },
+)
+
+# --- per-layer schedules ------------------------------------------------------------------
+fn(
+    "schedules.nope_every",
+    schedules.nope_every,
+    lambda: {"k": 2, "num_layers": 4, "window": 8},
+)
+fn(
+    "schedules.local_global",
+    schedules.local_global,
+    lambda: {
+        "num_layers": 6,
+        "ratio": 5,
+        "window": 16,
+        "local_base": 1e4,
+        "global_base": 1e6,
+        "encoding": "rope",
+    },
+)
+fn(
+    "schedules.schedule",
+    schedules.schedule,
+    lambda: {"name": "nope-every-4", "num_layers": 4, "train_len": 16, "encoding": "rope"},
+)
+
+# --- the last scaling, and figures written to a path ----------------------------------------
+fn("ProportionalScaling", posenc.rotary.ProportionalScaling, lambda: {"factor": 2.0})
+
+
+def _fig() -> Any:
+    return plot.plot_table("sinusoidal", 4, figsize=(2.0, 2.0), dpi=10)
+
+
+fn(
+    "plot.save_figure",
+    plot.save_figure,
+    lambda: {"fig": _fig(), "path": str(Path(tempfile.mkdtemp()) / "table.png")},
+    fixed=("path",),
+)
+
+# --- studies: their settings and tasks (nothing is trained) --------------------------------
+fn(
+    "experiments.StudySettings.from_options",
+    StudySettings.from_options,
+    lambda: {
+        "task": "copy",
+        "encodings": ["none", "rope"],
+        "preset": "quick",
+        "train_len": 16,
+        "eval_lens": [16, 32],
+        "steps": 4,
+        "seeds": [0, 1],
+        "batch_size": 2,
+        "dim": 16,
+        "num_layers": 1,
+        "num_heads": 2,
+        "lr": 1e-3,
+    },
+)
+fn(
+    "experiments.make_task",
+    make_task,
+    lambda: {"name": "counting", "eval_tokens": 256, "eval_examples": 4, "num_vars": 2},
+)
+
+
+# --- transformers configs given as dicts: every key is mutated ------------------------------
+def _llama() -> dict[str, Any]:
+    return {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 256,
+        "rope_theta": 10000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    }
+
+
+def _gptj() -> dict[str, Any]:
+    return {"model_type": "gptj", "n_embd": 64, "n_head": 4, "rotary_dim": 8, "n_positions": 256}
+
+
+def _phi3() -> dict[str, Any]:
+    return {
+        "model_type": "phi3",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 1024,
+        "original_max_position_embeddings": 256,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+    }
+
+
+def _qwen2_vl() -> dict[str, Any]:
+    return {
+        "model_type": "qwen2_vl",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "rope_theta": 10000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+    }
+
+
+#: One config of each reading path (llama3 scaling, GPT-J's names, LongRoPE, M-RoPE); the
+#: CLI's ``--hf-config`` matrix (``test_config_files``) writes the same dicts to files.
+CONFIGS = {"llama": _llama, "gptj": _gptj, "phi3": _phi3, "qwen2_vl": _qwen2_vl}
+
+for _name, _config in CONFIGS.items():
+    fn(
+        f"integrations.rotary_from_config[{_name}]",
+        hf.rotary_from_config,
+        (lambda c=_config: {"config": c()}),
+    )
+fn(
+    "integrations.rope_layers[dict]",
+    hf.rope_layers,
+    lambda: {"config": {"model_type": "llama", "num_hidden_layers": 4}},  # the keys it reads
+)
