@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,13 @@ from posenc import reference as ref
 from posenc._base import BiasEncoding, ContextualEncoding, GatedEncoding
 from posenc.attend import dispatch as A
 from posenc.attend import paths as P
-from posenc.contextual import CoPEBias, cope_bias, cope_positions
+from posenc.contextual import (
+    POSITION_LOGITS,
+    CoPEBias,
+    cope_bias,
+    cope_position_logits,
+    cope_positions,
+)
 from posenc.models import TinyTransformer
 
 B, H, D = 2, 4, 8
@@ -685,3 +692,199 @@ def test_model_trains_and_every_table_learns():
     )
     for i in range(model.num_layers):
         assert model.layer_encoding(i).weight.abs().max() > 0
+
+
+# --- issue 24: NaN, overflow, a meta mask, the module call, cope_position_logits ----------
+
+_Q = torch.randn(1, 2, 4, 8, generator=torch.Generator().manual_seed(5))
+_W = torch.randn(16, 8, generator=torch.Generator().manual_seed(6))
+
+
+@pytest.mark.parametrize("scale", [1e308, 1e38])
+@pytest.mark.parametrize("fn", ["cope_bias", "cope_positions", "module", "attention"])
+def test_finite_input_overflowing_scale_is_refused_by_name(fn, scale):
+    """scale=1e308 made the logits inf / NaN and CoPE indexed its table at int64's minimum
+    (RuntimeError: index -9223372036854775808 is out of bounds)."""
+    calls = {
+        "cope_bias": lambda: cope_bias(_Q, _Q, _W, scale=scale),
+        "cope_positions": lambda: cope_positions(_Q, _Q, npos_max=16, scale=scale),
+        "module": lambda: _module(_W)(_Q, _Q, scale=scale),
+        "attention": lambda: posenc.attention(
+            _Q, _Q, _Q, encoding=_module(_W), causal=True, scale=scale
+        ),
+    }
+    with pytest.raises(PosEncError, match=r"scale"):
+        calls[fn]()
+
+
+def _module(table: torch.Tensor) -> CoPEBias:
+    cope = CoPEBias(table.shape[1], table.shape[0])
+    with torch.no_grad():
+        cope.weight.copy_(table)
+    return cope
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_nan_in_gives_nan_out_not_an_index_error(where):
+    """A NaN activation (head 1, token 2): NaN exactly where it reaches (q: that query's
+    visible keys; k: the keys up to it, for the queries that see it, as positions count
+    from the key to the query), the reference of the clean input everywhere else."""
+    q, k = _Q.double().clone(), _Q.double().clone()
+    clean = (q.numpy().copy(), k.numpy().copy())
+    (q if where == "q" else k)[0, 1, 2, 3] = float("nan")
+    want = torch.from_numpy(ref.cope_bias(*clean, _W.double().numpy(), causal=True))
+    want_pos = torch.from_numpy(ref.cope_positions(*clean, causal=True))
+    reached = torch.zeros(1, 2, 4, 4, dtype=torch.bool)
+    if where == "q":
+        reached[0, 1, 2, :3] = True
+    else:
+        reached[0, 1, 2:, :3] = True
+    want[reached], want_pos[reached] = float("nan"), float("nan")
+    got = cope_bias(q, k, _W.double())
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0, equal_nan=True)
+    pos = cope_positions(q, k)
+    torch.testing.assert_close(pos, want_pos, atol=1e-12, rtol=0, equal_nan=True)
+
+
+def test_attention_with_a_nan_activation_gives_nan_rows_not_an_index_error():
+    q = _Q.clone()
+    q[0, 0, 1, 0] = float("nan")
+    out = posenc.attention(q, _Q, _Q, encoding=_module(_W), causal=True, backend="eager")
+    assert bool(out[0, 0, 1].isnan().all())
+    clean = posenc.attention(_Q, _Q, _Q, encoding=_module(_W), causal=True, backend="eager")
+    torch.testing.assert_close(out[0, 1], clean[0, 1], rtol=0, atol=0)  # head 1: untouched
+
+
+def test_largest_finite_scale_that_fits_equals_the_reference():
+    """A large scale that does not overflow is taken as it is."""
+    q, w = _Q.double() * 1e-3, _W.double()
+    got = cope_bias(q, q, w, scale=1e6)
+    want = torch.from_numpy(ref.cope_bias(q.numpy(), q.numpy(), w.numpy(), scale=1e6, causal=True))
+    torch.testing.assert_close(got, want, atol=1e-9, rtol=1e-12)
+
+
+def test_meta_attn_mask_is_refused_by_name():
+    keep = torch.ones(1, 4, dtype=torch.bool, device="meta")
+    for call in (
+        lambda: cope_bias(_Q, _Q, _W, attn_mask=keep),
+        lambda: cope_positions(_Q, _Q, attn_mask=keep),
+    ):
+        with pytest.raises(
+            PosEncError, match="attn_mask must hold values, got a tensor on the meta"
+        ):
+            call()
+
+
+def test_meta_inputs_give_a_meta_result():
+    q = _Q.to("meta")
+    out = cope_bias(
+        q, q, _W.to("meta"), attn_mask=torch.ones(1, 4, dtype=torch.bool, device="meta")
+    )
+    assert out.device.type == "meta" and out.shape == (1, 2, 4, 4)
+
+
+def test_module_call_is_cope_bias():
+    keep = torch.tensor([[False, True, True, True]])
+    for position_logit in POSITION_LOGITS:
+        cope = CoPEBias(8, 16, position_logit=position_logit)
+        with torch.no_grad():
+            cope.weight.copy_(_W)
+        want = cope_bias(_Q, _Q, _W, position_logit=position_logit, scale=0.5, attn_mask=keep)
+        got = cope(_Q, _Q, scale=0.5, attn_mask=keep)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(PosEncError, match=r"q must be a non-empty \[b, h, s, d\]"):
+        CoPEBias(8, 16)(torch.zeros(2, 4, 8), _Q)
+
+
+def test_position_logits_match_the_reference_interpolation():
+    q, w = _Q.double(), _W.double()
+    p = cope_positions(q, q, npos_max=16)
+    got = cope_position_logits(q, w, p)
+    fixed = (q @ w.T).numpy()  # [b, h, q, npos]
+    lo = np.floor(p.numpy()).astype(np.int64)
+    hi = np.minimum(lo + 1, 15)
+    frac = p.numpy() - lo
+    z_lo, z_hi = np.take_along_axis(fixed, lo, -1), np.take_along_axis(fixed, hi, -1)
+    torch.testing.assert_close(
+        got, torch.from_numpy(z_lo + frac * (z_hi - z_lo)), atol=1e-12, rtol=0
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda: cope_position_logits(_Q, _W, torch.full((1, 2, 4, 4), float("nan"))),
+            r"positions must be finite and in \[0, 15\]",
+        ),
+        (
+            lambda: cope_position_logits(_Q, _W, torch.full((1, 2, 4, 4), 15.5)),
+            r"positions must be finite and in \[0, 15\]",
+        ),
+        (
+            lambda: cope_position_logits(_Q, _W, torch.full((1, 2, 4, 4), -1.0)),
+            r"positions must be finite and in \[0, 15\]",
+        ),
+        (
+            lambda: cope_position_logits(_Q, _W, torch.zeros(1, 2, 3, 4)),
+            r"positions must be \[1, 2, 4, k\]",
+        ),
+        (
+            lambda: cope_position_logits(_Q, _W, torch.zeros(1, 2, 4, 4, dtype=torch.long)),
+            "positions must have a floating-point",
+        ),
+        (
+            lambda: cope_position_logits(_Q, _W, torch.zeros(1, 2, 4, 0)),
+            "positions must hold >= 1 key",
+        ),
+        (
+            lambda: cope_position_logits(_Q, _W[:, :4], torch.zeros(1, 2, 4, 4)),
+            r"weight must be \[npos_max, 8\]",
+        ),
+        (
+            lambda: cope_position_logits(_Q.long(), _W, torch.zeros(1, 2, 4, 4)),
+            "q must have a floating-point",
+        ),
+        (
+            lambda: cope_position_logits(_Q[0, 0, 0], _W, torch.zeros(4)),
+            r"q must be a non-empty \[\.\., q, d\]",
+        ),
+        (
+            lambda: cope_position_logits(_Q, _W, torch.zeros(1, 2, 4, 4, device="meta")),
+            "positions must be on cpu",
+        ),
+    ],
+    ids=[
+        "nan",
+        "above",
+        "negative",
+        "shape",
+        "dtype",
+        "no-key",
+        "weight",
+        "q-dtype",
+        "q-1d",
+        "meta",
+    ],
+)
+def test_position_logits_bad_input(call, match):
+    with pytest.raises(PosEncError, match=match):
+        call()
+
+
+def test_nan_in_a_padded_key_stays_out():
+    """Gates were masked by a product (NaN * 0 = NaN): a NaN in a padded key's slot made
+    every row NaN. Now the padded key is out, and the result is the clean one, bit for bit."""
+    k = _Q.clone()
+    k[0, :, 0] = float("nan")  # key 0 is padding
+    keep = torch.tensor([[False, True, True, True]])
+    clean = _Q.clone()
+    clean[0, :, 0] = 0.0
+    for call in (
+        lambda k: cope_bias(_Q, k, _W, attn_mask=keep),
+        lambda k: cope_positions(_Q, k, attn_mask=keep),
+        lambda k: posenc.attention(
+            _Q, k, clean, encoding=_module(_W), causal=True, attn_mask=keep, backend="eager"
+        ),
+    ):
+        torch.testing.assert_close(call(k), call(clean), rtol=0, atol=0)

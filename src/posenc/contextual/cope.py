@@ -41,6 +41,7 @@ from posenc._errors import (
     check_float,
     check_int,
     check_tensor,
+    tracing,
 )
 from posenc.positions import causal_pairs
 
@@ -59,31 +60,76 @@ def _positions_from_logits(
 ) -> torch.Tensor:
     """``p_ij = sum_{t >= j} sigmoid(logits_it)`` over allowed pairs, clamped: ``[b, h, q, k]``."""
     gates = torch.sigmoid(logits)
-    if allowed is not None:
-        gates = gates * allowed
+    if allowed is not None:  # a filled 0, not a product: a NaN key stays out of the rows
+        gates = gates.masked_fill(~allowed, 0.0)  # that may not see it (NaN * 0 is NaN)
     positions = gates.flip(-1).cumsum(-1).flip(-1)  # counted from j to the last key
     return positions if npos_max is None else positions.clamp(max=npos_max - 1)
 
 
-def cope_position_logits(
+def _position_logits(
     q: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """CoPE's position logits ``z_ij = q_i . e[p_ij]``, interpolated between ``floor p`` and
-    ``floor p + 1``, for contextual positions already computed (no validation).
-
-    Shape:
-        ``q [.., q, d]``, ``weight [npos_max, d]``, ``positions [.., q, k]`` in
-        ``[0, npos_max - 1]`` -> ``[.., q, k]``.
-    """
+    """:func:`cope_position_logits` of checked tensors. A NaN position (from NaN logits)
+    gives a NaN logit: it is read at index 0 and its weight ``w = p - floor p`` is NaN."""
     npos = weight.shape[0]
     fixed = q @ weight.to(q.dtype).T  # [b, h, q, npos]: q . e[p] at every integer p
-    lo = positions.detach().floor()
+    lo = torch.nan_to_num(positions.detach(), nan=0.0).floor()
     frac = positions - lo  # differentiable in the gates, as in the paper's code
     lo_index = lo.long()
     hi_index = (lo_index + 1).clamp(max=npos - 1)
     z_lo = fixed.gather(-1, lo_index)
     z_hi = fixed.gather(-1, hi_index)
     return z_lo + frac * (z_hi - z_lo)
+
+
+def cope_position_logits(
+    q: torch.Tensor, weight: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """CoPE's position logits ``z_ij = q_i . e[p_ij]``, interpolated between ``floor p`` and
+    ``floor p + 1``, for contextual positions already computed (:func:`cope_positions`).
+
+    Args:
+        q: queries ``[.., q, d]``, floating.
+        weight: the position table ``[npos_max, d]``, on ``q``'s device.
+        positions: ``[.., q, k]`` (the leading dims of ``q``), floating, finite, in
+            ``[0, npos_max - 1]`` (checked: one host synchronisation).
+
+    Shape:
+        ``q [.., q, d]``, ``weight [npos_max, d]``, ``positions [.., q, k]`` -> ``[.., q, k]``
+        in the dtype of ``q`` and ``weight`` promoted.
+
+    Examples:
+        >>> import torch
+        >>> from posenc.contextual import cope_position_logits
+        >>> q, table = torch.ones(1, 1, 1, 2), torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+        >>> cope_position_logits(q, table, torch.tensor([[[[0.0, 0.25, 1.0]]]]))
+        tensor([[[[0.0000, 0.5000, 2.0000]]]])
+    """
+    check_tensor("q", q, floating=True)
+    if q.ndim < 2 or 0 in q.shape:
+        raise PosEncError(f"q must be a non-empty [.., q, d] tensor, got shape {tuple(q.shape)}")
+    _check_weight(weight, q)
+    check_tensor("positions", positions, floating=True)
+    want = (*q.shape[:-1], "k")
+    if positions.ndim != q.ndim or tuple(positions.shape[:-1]) != tuple(q.shape[:-1]):
+        raise PosEncError(
+            f"positions must be [{', '.join(map(str, want))}] (the leading dims of q), got "
+            f"shape {tuple(positions.shape)}"
+        )
+    if positions.device != q.device:
+        raise PosEncError(f"positions must be on {q.device} (that of q), got {positions.device}")
+    if positions.shape[-1] == 0:
+        raise PosEncError(f"positions must hold >= 1 key, got shape {tuple(positions.shape)}")
+    top = weight.shape[0] - 1
+    if q.device.type != "meta" and not tracing():
+        ok = bool(((positions >= 0) & (positions <= top)).all())  # NaN fails both
+        if not ok:
+            raise PosEncError(
+                f"positions must be finite and in [0, {top}] (npos_max - 1 = weight.shape[0] "
+                f"- 1), got values in [{positions.min().item()}, {positions.max().item()}]"
+            )
+    compute = torch.promote_types(torch.promote_types(q.dtype, weight.dtype), positions.dtype)
+    return _position_logits(q.to(compute), weight.to(compute), positions.to(compute))
 
 
 def _bias(
@@ -95,7 +141,7 @@ def _bias(
     position_logit: str,
 ) -> torch.Tensor:
     positions = _positions_from_logits(logits, allowed, weight.shape[0])
-    z = cope_position_logits(q, weight, positions)
+    z = _position_logits(q, weight, positions)
     return z * scale if position_logit == "scaled" else z
 
 
@@ -124,6 +170,35 @@ def _check_qk(q: Any, k: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return q, k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
 
 
+def _check_weight(weight: Any, q: torch.Tensor) -> None:
+    """The table ``[npos_max, d]`` (``d`` the head dim of ``q``), floating, on ``q``'s device."""
+    check_tensor("weight", weight, floating=True)
+    d = q.shape[-1]
+    if weight.ndim != 2 or weight.shape[1] != d or weight.shape[0] < 1:
+        raise PosEncError(
+            f"weight must be [npos_max, {d}] (the head dim of q), got {tuple(weight.shape)}"
+        )
+    if weight.device != q.device:
+        raise PosEncError(f"weight must be on {q.device} (that of q), got {weight.device}")
+
+
+def _check_result(out: torch.Tensor, tensors: dict[str, torch.Tensor], scale: float) -> None:
+    """Raise when finite ``tensors`` (q, k, the table) gave a non-finite ``out``: the logits
+    ``q k^T * scale`` (or the term ``z * scale``) overflowed. Non-finite input passes its
+    NaN on. One host synchronisation; none on the meta device or under ``torch.compile``."""
+    if out.device.type == "meta" or tracing() or bool(torch.isfinite(out).all()):
+        return
+    if not all(bool(torch.isfinite(t).all()) for t in tensors.values()):
+        return  # NaN or inf in, NaN out
+    names = ", ".join(tensors)
+    raise PosEncError(
+        f"scale={scale:g} makes CoPE's logits q k^T * scale (or its term) overflow "
+        f"{out.dtype} for these {names}: use a smaller scale (or smaller q and k), got "
+        f"|q| <= {tensors['q'].abs().max().item():.3g}, |k| <= "
+        f"{tensors['k'].abs().max().item():.3g}"
+    )
+
+
 def _allowed(
     attn_mask: Any, causal: bool, b: int, q_len: int, k_len: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -141,6 +216,8 @@ def _allowed(
                 f"attn_mask must be a bool key padding mask [b, k] = [{b}, {k_len}] (True = "
                 f"real token), got {attn_mask.dtype} of shape {tuple(attn_mask.shape)}"
             )
+        if attn_mask.device.type == "meta" and device.type != "meta":
+            raise PosEncError("attn_mask must hold values, got a tensor on the meta device")
         allowed = attn_mask.to(device)[:, None, None, :]
     if causal:
         tri = causal_pairs(q_len, k_len, device=device)
@@ -176,6 +253,11 @@ def cope_positions(
     Shape:
         ``[b, h, q, k]`` in the dtype of ``q`` (float32 or wider).
 
+    Raises:
+        PosEncError: when finite ``q`` and ``k`` give non-finite positions (the logits
+            ``q k^T * scale`` overflow: ``scale`` too large for them); a NaN in ``q`` or
+            ``k`` gives NaN positions. One host synchronisation.
+
     Examples:
         >>> import torch
         >>> from posenc.contextual import cope_positions
@@ -194,6 +276,7 @@ def cope_positions(
     compute = torch.promote_types(q.dtype, torch.float32)
     logits = (q.to(compute) * _scale(scale, d)) @ k.to(compute).transpose(-1, -2)
     positions = _positions_from_logits(logits, allowed, npos_max)
+    _check_result(positions, {"q": q, "k": k}, _scale(scale, d))
     return positions if allowed is None else positions.masked_fill(~allowed, 0.0)
 
 
@@ -221,17 +304,17 @@ def cope_bias(
     Shape:
         ``[b, h, q, k]`` in float32 (or float64 for float64 inputs); 0 on the pairs a query
         may not attend.
+
+    Raises:
+        PosEncError: when finite ``q``, ``k`` and ``weight`` give a non-finite term (the
+            logits ``q k^T * scale`` or the term ``z * scale`` overflow: ``scale`` too large
+            for them); a NaN in them gives NaN. ``attn_mask`` on the meta device (no values)
+            is refused (meta ``q`` and ``k`` give a meta result). One host synchronisation.
     """
     q, k = _check_qk(q, k)
     check_choice("position_logit", position_logit, POSITION_LOGITS)
-    check_tensor("weight", weight, floating=True)
+    _check_weight(weight, q)
     d = q.shape[-1]
-    if weight.ndim != 2 or weight.shape[1] != d or weight.shape[0] < 1:
-        raise PosEncError(
-            f"weight must be [npos_max, {d}] (the head dim of q), got {tuple(weight.shape)}"
-        )
-    if weight.device != q.device:
-        raise PosEncError(f"weight must be on {q.device} (that of q), got {weight.device}")
     b, h, q_len, _ = q.shape
     check_alloc("q", tuple(q.shape), (b, h, q_len, k.shape[2]))
     allowed = _allowed(attn_mask, causal, b, q_len, k.shape[2], q.device)
@@ -240,7 +323,9 @@ def cope_bias(
     qf, kf = q.to(compute), k.to(compute)
     logits = (qf * s) @ kf.transpose(-1, -2)
     bias = _bias(logits, qf, weight, allowed, s, position_logit)
-    return bias if allowed is None else bias.masked_fill(~allowed, 0.0)
+    bias = bias if allowed is None else bias.masked_fill(~allowed, 0.0)
+    _check_result(bias, {"q": q, "k": k, "weight": weight}, s)
+    return bias
 
 
 class CoPEBias(ContextualEncoding):
@@ -250,8 +335,9 @@ class CoPEBias(ContextualEncoding):
     keys, so it has no bias of positions alone; :func:`posenc.attention` computes it from
     the logits on its eager path (or the query-chunked one, for long sequences), and the
     positions passed to attention are not read. :func:`cope_bias` is the same term as a
-    pure function of ``q``, ``k`` and the table. ``TinyTransformer`` gives each layer its
-    own table (``per_layer = True``), as the paper's code does by default.
+    pure function of ``q``, ``k`` and the table; calling the module, ``cope(q, k)``, is
+    that function with its own table (:meth:`forward`). ``TinyTransformer`` gives each
+    layer its own table (``per_layer = True``), as the paper's code does by default.
 
     Args:
         head_dim: the head dimension ``d`` of the queries.
@@ -324,3 +410,25 @@ class CoPEBias(ContextualEncoding):
                 f"encoding 'cope' has head_dim={self.head_dim}; q has head dim {q.shape[-1]}"
             )
         return _bias(logits, q, self.weight, allowed, scale, self.position_logit)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        *,
+        scale: float | None = None,
+        causal: bool = True,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``module(q, k)``: the term itself, :func:`cope_bias` of ``q`` and ``k`` with this
+        module's table and ``position_logit`` (every argument checked there):
+        ``[b, h, q, k]``."""
+        return cope_bias(
+            q,
+            k,
+            self.weight,
+            position_logit=self.position_logit,
+            scale=scale,
+            causal=causal,
+            attn_mask=attn_mask,
+        )
