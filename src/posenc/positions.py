@@ -35,8 +35,10 @@ from posenc._errors import (
 )
 
 __all__ = [
+    "MAX_DISTANCE",
     "arange",
     "as_tensor",
+    "check_distances",
     "from_attention_mask",
     "from_cu_seqlens",
     "from_seq_lens",
@@ -391,6 +393,47 @@ def _check_sequence(
             f"got shape {tuple(p.shape)}"
         )
     return p
+
+
+#: The largest ``|k - q|`` a bias of positions takes: its distances are formed exactly
+#: (int64 / float64) and rounded to float32; int64 holds them below ``2**63``.
+MAX_DISTANCE = 1 << 63
+
+
+def check_distances(
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    *,
+    names: tuple[str, str] = ("q_positions", "k_positions"),
+) -> None:
+    """Raise unless every distance between a query and a key position, ``k - q`` of either
+    sign (over all rows of batched positions), is below :data:`MAX_DISTANCE` (``2**63``)
+    in magnitude: the rule of the biases of positions (ALiBi, T5, Shaw, FIRE, Kerple),
+    whose int64 distances would wrap around past it and whose float ones would reach
+    ``inf`` in float32 (a bias of ``+-inf``, or NaN). Reads the extremes of both tensors
+    (one host synchronisation; a graph assertion under ``torch.compile``); validated
+    positions only."""
+    if q_positions.numel() == 0 or k_positions.numel() == 0:
+        return
+    floating = q_positions.is_floating_point() or k_positions.is_floating_point()
+    dtype = torch.float64 if floating else torch.long
+    qr = torch.stack(torch.aminmax(q_positions.detach().to(dtype)))  # [min, max]
+    kr = torch.stack(torch.aminmax(k_positions.detach().to(dtype).to(qr.device)))
+    if tracing():
+        span = torch.maximum(kr[1].double() - qr[0].double(), qr[1].double() - kr[0].double())
+        check_traced(
+            span < float(MAX_DISTANCE),
+            f"{names[0]} and {names[1]} must be less than 2**63 apart",
+        )
+        return
+    q_lo, q_hi, k_lo, k_hi = torch.cat([qr, kr]).tolist()
+    span = max(k_hi - q_lo, q_hi - k_lo)  # exact for int64: Python integers
+    if not span < MAX_DISTANCE:
+        raise PosEncError(
+            f"{names[0]} and {names[1]} must be less than 2**63 apart (a bias forms k - q "
+            f"exactly, then in float32), got {names[0]} in [{q_lo}, {q_hi}] and "
+            f"{names[1]} in [{k_lo}, {k_hi}]"
+        )
 
 
 def causal_pairs(

@@ -269,3 +269,78 @@ def test_unknown_names_still_raise_attribute_error():
     for where in (posenc.bias, posenc.bias.alibi):
         with pytest.raises(AttributeError, match="has no attribute 'Alibi'"):
             where.Alibi  # noqa: B018
+
+
+# --- issue 24: positions whose distances overflow ------------------------------------------
+
+_WRAP = (torch.tensor([-(2**63), 2**63 - 1]), torch.tensor([2**63 - 1, -(2**63)]))  # int64 wraps
+_HUGE = (
+    torch.tensor([0.0, 1e300], dtype=torch.float64),
+    torch.tensor([-1e300, 1.0], dtype=torch.float64),
+)
+_APART = r"q_positions and k_positions must be less than 2\*\*63 apart"
+
+
+def _pure(name: str, qpos, kpos):
+    """The family's pure function at these positions."""
+    if name == "alibi":
+        return posenc.alibi_bias(qpos, kpos, posenc.alibi_slopes(4))
+    if name == "t5":
+        return posenc.bias.t5_relative_bias(qpos, kpos, torch.zeros(8, 4), max_distance=16)
+    if name == "kerple":
+        return posenc.bias.kerple_bias(qpos, kpos, torch.ones(4), torch.ones(4))
+    if name == "fire":
+        return posenc.bias.fire_bias(qpos, kpos, torch.nn.Linear(1, 4))
+    q = torch.zeros(1, 4, qpos.shape[-1], 8)
+    return posenc.bias.shaw_relative_logits(q, torch.zeros(7, 8), qpos, kpos)
+
+
+@pytest.mark.parametrize(
+    ("name", "entry", "positions"),
+    [
+        (name, entry, positions)
+        for name in BIASES
+        for entry in ("bias", "pure", "score_mod", "attention")
+        # T5 and Shaw index tables by integer distances (float positions are refused), and
+        # Shaw's keys have no score_mod
+        for positions in ("int64-wraps", *(() if name in ("t5", "shaw") else ("float64-huge",)))
+        if not (name == "shaw" and entry == "score_mod")
+    ],
+)
+def test_distances_that_overflow_are_refused_by_name(name, entry, positions):
+    """int64 positions whose k - q wraps gave wrong biases silently; float64 ones 1e300
+    apart gave +-inf (ALiBi, Kerple) or NaN (FIRE) biases."""
+    qpos, kpos = _WRAP if positions == "int64-wraps" else _HUGE
+    enc = posenc.build(name, **BIASES[name])
+    calls = {
+        "bias": lambda: call_bias(enc, 2, q_positions=qpos, k_positions=kpos),
+        "pure": lambda: _pure(name, qpos, kpos),
+        "score_mod": lambda: enc.score_mod(qpos, kpos),
+        "attention": lambda: posenc.attention(
+            *torch.randn(3, 1, 4, 2, 8).unbind(0), encoding=enc, q_positions=qpos, k_positions=kpos
+        ),
+    }
+    with pytest.raises(PosEncError, match=_APART):
+        calls[entry]()
+
+
+def test_distances_just_under_the_bound_give_the_exact_bias():
+    """Positions near 2**62 whose distances are small: the bias of those distances."""
+    base = 2**62
+    qpos, kpos = torch.tensor([base + 1, base + 2]), torch.tensor([base - 3, base, base + 2])
+    got = posenc.ALiBiBias(4).bias(2, 3, q_positions=qpos, k_positions=kpos)
+    want = posenc.ALiBiBias(4).bias(
+        2, 3, q_positions=qpos - base, k_positions=kpos - base
+    )  # the same distances near 0
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # the largest span allowed: 2**63 - 1 apart
+    far_q, far_k = torch.tensor([2**62 - 1]), torch.tensor([-(2**62)])
+    got = posenc.ALiBiBias(1, slopes=[1.0]).bias(1, 1, q_positions=far_q, k_positions=far_k)
+    torch.testing.assert_close(got, torch.tensor([[[-float(2**63 - 1)]]]), rtol=0, atol=0)
+
+
+def test_same_huge_positions_are_fine_when_close():
+    """float64 positions of 1e300 whose distances are small are taken (distance 0, 1)."""
+    p = torch.tensor([1e300, 1e300], dtype=torch.float64)
+    got = posenc.ALiBiBias(4).bias(2, q_positions=p, k_positions=p)
+    torch.testing.assert_close(got, torch.zeros(4, 2, 2), rtol=0, atol=0)

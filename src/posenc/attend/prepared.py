@@ -315,7 +315,9 @@ def prepare_encoding(
         batch: the batch size ``[b, s]`` positions must fit (or 1); None: any.
         q_positions, k_positions: as in :func:`posenc.attention`, resolved (and validated,
             once each) by :func:`posenc.positions.resolve_pair`; N-D rotary encodings
-            (M-RoPE, axial) take ``[s, n]`` / ``[b, s, n]`` coordinates.
+            (M-RoPE, axial) take ``[s, n]`` / ``[b, s, n]`` coordinates. A bias of
+            positions needs them less than ``2**63`` apart
+            (:func:`posenc.positions.check_distances`).
         device: where the positions (and what is derived from them) live.
 
     Returns:
@@ -346,4 +348,6 @@ def prepare_encoding(
     qpos, kpos = _positions.resolve_pair(
         q_len, k_len, q_positions, k_positions, batch=batch, device=device, coords=coords
     )  # validated even when no encoding reads them
+    if isinstance(enc, BiasEncoding) and (q_positions is not None or k_positions is not None):
+        _positions.check_distances(qpos, kpos)  # a bias of positions forms k - q
     return None if enc is None else PreparedEncoding(enc, qpos, kpos)

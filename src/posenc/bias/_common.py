@@ -58,7 +58,8 @@ def canonical_pair(
 
 
 def check_pair(q_positions: Any, k_positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate a pair ``[q] | [b, q]`` and ``[k] | [b, k]`` whose batch sizes agree (or are 1)."""
+    """Validate a pair ``[q] | [b, q]`` and ``[k] | [b, k]`` whose batch sizes agree (or are
+    1) and whose distances fit (:func:`posenc.positions.check_distances`)."""
     qpos = check_positions("q_positions", q_positions)
     kpos = check_positions("k_positions", k_positions)
     check_same_device(("q_positions", "k_positions"), qpos, kpos)
@@ -68,6 +69,7 @@ def check_pair(q_positions: Any, k_positions: Any) -> tuple[torch.Tensor, torch.
                 "q_positions and k_positions must have the same batch size (or 1), got "
                 f"shapes {tuple(qpos.shape)} and {tuple(kpos.shape)}"
             )
+    _positions.check_distances(qpos, kpos)
     return qpos, kpos
 
 
@@ -85,13 +87,16 @@ def resolve_pair(
     """The query and key positions a ``bias(q_len, k_len, ...)`` call means, validated once:
     the defaults of :func:`posenc.positions.resolve_pair` (keys ``arange(k_len)``, queries
     the last ``q_len`` of them), on ``device``, int64 for integer positions and float64 for
-    floating ones. ``batch``: the batch size ``[b, s]`` positions must have (or 1).
+    floating ones, their distances under ``2**63`` (:func:`posenc.positions.check_distances`).
+    ``batch``: the batch size ``[b, s]`` positions must have (or 1).
 
     ``device`` is the module's: one on the meta device (no values) is refused. With
     ``num_heads``, the ``[b, h, q, k]`` bias (times ``channels`` values per pair) it asks
     for is checked against the allocation limit first (:func:`check_bias_size`)."""
     check_module_device(device)
     qpos, kpos = _positions.resolve_pair(q_len, k_len, q_positions, k_positions, batch=batch)
+    if q_positions is not None or k_positions is not None:  # the defaults are near 0
+        _positions.check_distances(qpos, kpos)
     if num_heads is not None:
         check_bias_size(qpos, kpos, num_heads, device, channels=channels)
     return canonical_pair(qpos, kpos, device)
