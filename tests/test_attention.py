@@ -545,3 +545,45 @@ def test_bad_encoding_config():
         posenc.attention(q, k, v, encoding={"name": "rope", "head_dim": 4})
     with pytest.raises(PosEncError, match="encoding config must hold a 'name' key"):
         posenc.attention(q, k, v, encoding={"heads": 2})
+
+
+# --- issue 24: a scale whose logits overflow ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dtype", "scale", "match"),
+    [
+        (
+            torch.float32,
+            1e308,
+            r"scale must be <= 4\.254e\+37 \(scale \* head_dim finite in torch\.float32",
+        ),
+        (
+            torch.float64,
+            1e308,
+            r"scale must be <= 2\.247e\+307 \(scale \* head_dim finite in torch\.float64",
+        ),
+        (torch.float16, 1e4, r"scale must be <= 8188 \(scale \* head_dim finite in torch\.float16"),
+    ],
+)
+@pytest.mark.parametrize("backend", ["auto", "eager", "sdpa", "chunked"])
+def test_overflowing_scale_is_refused_by_name(backend, dtype, scale, match):
+    """scale=1e308 gave a NaN output from finite q, k, v."""
+    q, k, v = (t.to(dtype) for t in _qkv())
+    with pytest.raises(PosEncError, match=match):
+        posenc.attention(q, k, v, scale=scale, backend=backend, encoding="alibi")
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_largest_scale_allowed_gives_the_reference(backend):
+    """At the bound, unit-size q and k keep finite logits: the float64 reference's output."""
+    q, k, v = _qkv()
+    q, k = q / q.abs().amax(), k / k.abs().amax()  # entries in [-1, 1]
+    q, k, v = q.double(), k.double(), v.double()
+    scale = float(torch.finfo(torch.float64).max) / D / 4  # headroom for the softmax's shift
+    out = posenc.attention(q, k, v, scale=scale, backend=backend)
+    logits = np.einsum("bhqd,bhkd->bhqk", q.numpy() * scale, k.numpy())
+    logits -= logits.max(-1, keepdims=True)
+    probs = np.exp(logits)
+    want = (probs / probs.sum(-1, keepdims=True)) @ v.numpy()
+    torch.testing.assert_close(out, torch.from_numpy(want), atol=1e-12, rtol=0)

@@ -458,3 +458,39 @@ def test_forward_and_backward_equal_plain_autograd_of_the_float64_sum(dtype, lea
     assert torch.equal(x.grad, x_ref.grad)
     if learnable_scale:
         assert torch.equal(pe.scale.grad, scale_ref.grad)
+
+
+# --- issue 24: a scale beyond the dtype gave inf embeddings --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("scale", "dtype", "match"),
+    [
+        (1e308, torch.float32, r"scale must be within \+-3\.403e\+38 \(finite in torch\.float32"),
+        (-1e39, torch.float32, r"scale must be within \+-3\.403e\+38"),
+        (1e5, torch.float16, r"scale must be within \+-6\.55e\+04 \(finite in torch\.float16"),
+        (1e39, torch.bfloat16, r"scale must be within \+-3\.39e\+38 \(finite in torch\.bfloat16"),
+    ],
+)
+def test_scale_beyond_the_embeddings_dtype_is_refused_by_name(scale, dtype, match):
+    pe = posenc.SinusoidalEmbedding(8, scale=scale)
+    with pytest.raises(posenc.PosEncError, match=match):
+        pe(torch.zeros(1, 3, 8, dtype=dtype))
+
+
+def test_learnable_scale_beyond_its_parameter_dtype_is_refused_by_name():
+    with pytest.raises(
+        posenc.PosEncError, match=r"scale must be within \+-3\.403e\+38 .* parameter"
+    ):
+        posenc.SinusoidalEmbedding(8, scale=1e308, learnable_scale=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_large_scale_that_fits_equals_the_reference(dtype):
+    """The largest float32 scale, and 1e308 for float64 embeddings: x + scale * PE rounded once."""
+    scale = float(torch.finfo(dtype).max) if dtype == torch.float32 else 1e308
+    got = posenc.SinusoidalEmbedding(8, scale=scale)(torch.zeros(1, 3, 8, dtype=dtype))
+    table = reference.sinusoidal_table(np.arange(3), 8)
+    want = torch.from_numpy(scale * np.asarray(table, dtype=np.float64)).to(dtype)[None]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)  # float64: the table's rounding
+    assert bool(torch.isfinite(got).all())

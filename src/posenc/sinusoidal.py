@@ -154,6 +154,16 @@ def sinusoidal_table_nd(
     return torch.cat(blocks, dim=-1)
 
 
+def _check_scale_fits(scale: float, dtype: torch.dtype, what: str) -> None:
+    """``|scale|`` at most the largest finite value of ``dtype``: ``scale * PE`` (``|PE| <=
+    1``) rounded to it stays finite (``scale=1e308`` gave ``inf`` embeddings)."""
+    top = float(torch.finfo(dtype).max)
+    if abs(scale) > top:
+        raise PosEncError(
+            f"scale must be within +-{top:.4g} (finite in {dtype}, {what}), got {scale:g}"
+        )
+
+
 class _RoundedAdd(torch.autograd.Function):
     """``(x + addend)`` formed in float64 (``addend`` is float64) and rounded once to ``x``'s
     dtype, with the gradient autograd would give: the casts of the gradient are exact, so it
@@ -184,7 +194,9 @@ class SinusoidalEmbedding(AdditiveEncoding):
         dim: embedding size.
         base, layout, order: as in :func:`sinusoidal_table`.
         dropout: dropout probability applied after the addition.
-        scale: multiplier of the table.
+        scale: multiplier of the table, finite; a call refuses one beyond the range of its
+            embeddings' dtype (``scale * PE`` would round to ``inf``), a learnable one is
+            refused here beyond that of the default dtype (its parameter's).
         learnable_scale: make ``scale`` a trained parameter (as in ESPnet's ScaledPositionalEncoding).
 
     Shape:
@@ -220,6 +232,7 @@ class SinusoidalEmbedding(AdditiveEncoding):
         self.dropout = nn.Dropout(dropout)
         self.scale: nn.Parameter | float
         if learnable_scale:
+            _check_scale_fits(scale, torch.get_default_dtype(), "the parameter's dtype")
             self.scale = nn.Parameter(torch.tensor(scale))
         else:
             self.scale = scale
@@ -248,6 +261,8 @@ class SinusoidalEmbedding(AdditiveEncoding):
         self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0
     ) -> torch.Tensor:
         pos = self._embeddings_positions(x, positions, offset)
+        if not isinstance(self.scale, torch.Tensor):
+            _check_scale_fits(self.scale, x.dtype, "x's dtype")
         # [s, dim] or [b, s, dim], exact in float64 (positions validated once, by resolve)
         pe = _table(pos, self.dim, self.base, self.layout, self.order, torch.float64)
         scale = self.scale.double() if isinstance(self.scale, torch.Tensor) else self.scale

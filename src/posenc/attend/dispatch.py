@@ -101,6 +101,19 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
     return b, hq, hkv, q_len, k_len
 
 
+def _check_scale(scale: Any, d: int, dtype: torch.dtype) -> float:
+    """``scale > 0`` with ``scale * d`` finite in ``dtype``: the logits ``q k^T * scale`` of
+    entries of magnitude up to 1 stay finite (a larger scale made them inf, the output NaN)."""
+    scale = check_float("scale", scale, min=0.0, min_exclusive=True)
+    top = float(torch.finfo(dtype).max) / d
+    if scale > top:
+        raise PosEncError(
+            f"scale must be <= {top:.4g} (scale * head_dim finite in {dtype}, q's dtype: the "
+            f"logits q k^T * scale of entries up to 1 stay finite), got {scale:g}"
+        )
+    return scale
+
+
 def _check_mask(
     attn_mask: Any, *, b: int, h: int, q_len: int, k_len: int, device: torch.device
 ) -> torch.Tensor | None:
@@ -279,7 +292,8 @@ def attention(
         attn_mask: bool, True where a query may attend: either ``[b, k]`` (key padding:
             True = real token) or ``[b|1, h|1, q|1, k]``. Combined with ``causal``. Float
             (additive) masks are refused. A query row that may attend to no key returns 0.
-        scale: logits multiplier, default ``1 / sqrt(d)``.
+        scale: logits multiplier, default ``1 / sqrt(d)``; ``> 0`` with ``scale * d``
+            finite in ``q``'s dtype (so the logits of entries up to 1 in magnitude are).
         dropout_p: dropout on the attention probabilities (applied whenever > 0: pass 0
             at evaluation).
         backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"eager"`` or ``"chunked"`` (see the
@@ -311,11 +325,7 @@ def attention(
             f"causal attention needs q_len <= k_len (queries are the last keys), got "
             f"q_len={q_len}, k_len={k_len}"
         )
-    scale = (
-        1.0 / math.sqrt(d)
-        if scale is None
-        else check_float("scale", scale, min=0.0, min_exclusive=True)
-    )
+    scale = 1.0 / math.sqrt(d) if scale is None else _check_scale(scale, d, q.dtype)
     dropout_p = check_float("dropout_p", dropout_p, min=0.0, max=1.0)
     if dropout_p == 1.0:
         raise PosEncError("dropout_p must be < 1, got 1.0")
