@@ -156,3 +156,80 @@ def test_new_members_in_tiny_transformer(make):
         assert (plain(_tokens()) - full).abs().max() > 1e-3
     gated = isinstance(model.encoding, GatedEncoding)
     assert all((block.attn.forget is not None) == gated for block in model.blocks)
+
+
+# --- issue 24: calling a logit encoding module (nn.Module's forward) -----------------------
+
+
+class OffsetBias(BiasEncoding):
+    """A bias of positions defining only bias_at: its call is the base's bias()."""
+
+    name = "test_offset"
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+
+    def bias_at(self, q_positions, k_positions, *, q=None):
+        d = (q_positions[:, None] - k_positions[None, :]).float()
+        return d.expand(self.num_heads, *d.shape)
+
+
+def _bias_calls():
+    """(module, its call, the method the call must equal), for every registered bias."""
+    q = torch.randn(1, 4, 5, 8, generator=torch.Generator().manual_seed(2))
+    kpos = torch.arange(7) * 2
+    cases = {
+        "alibi": (posenc.ALiBiBias(4), {}),
+        "t5": (posenc.T5RelativeBias(4), {}),
+        "fire": (posenc.FIREBias(4), {}),
+        "kerple": (posenc.KerpleBias(4), {}),
+        "shaw": (posenc.ShawRelativeBias(4, 8), {"q": q}),
+        "test_offset": (OffsetBias(4), {}),
+    }
+    for name, (enc, extra) in cases.items():
+        kw = {"k_positions": kpos, **extra}
+        yield (
+            name,
+            lambda enc=enc, kw=kw: enc(5, 7, **kw),
+            lambda enc=enc, kw=kw: enc.bias(5, 7, **kw),
+        )
+
+
+@pytest.mark.parametrize(
+    ("call", "method"), [c[1:] for c in _bias_calls()], ids=[c[0] for c in _bias_calls()]
+)
+def test_a_bias_module_call_is_its_bias(call, method):
+    """module(...) raised NotImplementedError (nn.Module has no forward); it is bias()."""
+    got, want = call(), method()
+    assert got.shape[-2:] == (5, 7)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_every_registered_logit_encoding_defines_forward():
+    """Each registered bias-kind class answers module(...) with its term, never
+    nn.Module's NotImplementedError."""
+    from posenc.registry import get, names
+
+    for name in names():
+        cls = get(name)
+        if cls.kind == "bias":
+            assert cls.forward is not torch.nn.Module.forward, name
+            assert cls.forward.__doc__, name
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "match"),
+    [
+        (LogitDamp, _qkv()[:2], "LogitDamp defines no forward \\(its term from q and k\\)"),
+        (
+            lambda: HalfForget(H),
+            (_gates(),),
+            "HalfForget defines no forward \\(its term from the gates\\)",
+        ),
+    ],
+    ids=["contextual", "gated"],
+)
+def test_a_member_without_forward_says_what_to_call(make, args, match):
+    with pytest.raises(PosEncError, match=match + ".*posenc.attention"):
+        make()(*args)

@@ -162,7 +162,8 @@ class BiasEncoding(Encoding):
 
     The public :meth:`bias` / :meth:`value_bias` resolve and validate the positions once,
     then call the ``*_at`` methods; families override them where they validate more (or
-    on another device).
+    on another device). Calling the module, ``enc(q_len, ...)``, is :meth:`bias` (its
+    :meth:`forward`): every logit encoding's call returns its term.
     """
 
     kind: ClassVar[Kind] = "bias"
@@ -185,6 +186,11 @@ class BiasEncoding(Encoding):
         positions move to the module's device); query-dependent encodings add a keyword
         ``q``."""
         return self.bias_at(*self._resolve(q_len, k_len, q_positions, k_positions))
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """``module(q_len, k_len=None, *, q_positions=None, k_positions=None)``:
+        :meth:`bias`, with the same arguments (query-dependent encodings add ``q``)."""
+        return self.bias(*args, **kwargs)
 
     def _resolve(
         self,
@@ -269,10 +275,18 @@ class ContextualEncoding(Encoding):
     :meth:`contextual_bias_at`. Attention computes the term on its eager path, or the
     query-chunked one for long sequences (SDPA and Flex take no term of the logits); the
     positions attention is given are not read.
+
+    Calling the module returns its term: a member's :meth:`forward` takes what its pure
+    function takes (CoPE: ``cope(q, k)`` is ``cope_bias`` with its table); one that defines
+    none raises :class:`~posenc.PosEncError` saying so.
     """
 
     kind: ClassVar[Kind] = "bias"
     num_heads: int | None
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The term of ``q`` and ``k`` (a member's own); here: refused by name."""
+        raise _no_forward(self, "its term from q and k")
 
     def contextual_bias_at(
         self,
@@ -300,10 +314,18 @@ class GatedEncoding(Encoding):
     uses a gated encoding a projection ``dim -> num_heads`` whose output it passes as
     ``gates``. Gated encodings are causal only; the positions attention is given are not
     read.
+
+    Calling the module returns its term: a member's :meth:`forward` takes the gates (FoX:
+    ``fox(gates, q_len)`` is ``fox_bias``); one that defines none raises
+    :class:`~posenc.PosEncError` saying so.
     """
 
     kind: ClassVar[Kind] = "bias"
     num_heads: int
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The term of the gates (a member's own); here: refused by name."""
+        raise _no_forward(self, "its term from the gates")
 
     def check_gates(self, gates: Any, b: int, k_len: int, device: torch.device) -> torch.Tensor:
         """``gates`` checked to be ``[b, num_heads, k_len]`` floating on ``device``; raises
@@ -321,6 +343,13 @@ class GatedEncoding(Encoding):
     def gate_score_mod_at(self, gates: torch.Tensor, q_len: int) -> Callable[..., torch.Tensor]:
         """:meth:`gate_bias_at` as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)``."""
         raise NotImplementedError
+
+
+def _no_forward(enc: Encoding, what: str) -> PosEncError:
+    return PosEncError(
+        f"{type(enc).__name__} defines no forward ({what}): pass it to "
+        "posenc.attention(q, k, v, encoding=module, ...), which calls its protocol"
+    )
 
 
 #: The protocols of encodings that add a term to the attention logits (kind ``"bias"``):
