@@ -32,5 +32,5 @@ def checkpoint_state(step: int = 3) -> dict[str, Any]:
         "rng": [ckpt.get_rng_state()],
         "data": {"next_step": step},
         "seconds": 1.5,
-        "loss": [2.0, 1.5],
+        "loss": [2.5, 2.0, 1.5][-step:] + [1.0] * max(0, min(step, 10) - 3),
     }

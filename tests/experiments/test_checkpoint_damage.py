@@ -113,10 +113,10 @@ def _nan_weight(state: dict[str, Any]) -> None:
 
 
 CRAFTED: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
-    "loss-empty": (_set(("loss",), []), r"field loss must be a non-empty list"),
-    "loss-nan": (_set(("loss",), [1.0, math.nan]), r"field loss\[1\] must be a finite"),
-    "loss-string": (_set(("loss",), ["x"]), r"field loss\[0\] must be a number"),
-    "loss-not-list": (_set(("loss",), 3.0), r"field loss must be a non-empty list"),
+    "loss-empty": (_set(("loss",), []), r"field loss must be a list of the last 3 training"),
+    "loss-nan": (_set(("loss",), [1.0, 1.0, math.nan]), r"field loss\[2\] must be a finite"),
+    "loss-string": (_set(("loss",), ["x", 1.0, 1.0]), r"field loss\[0\] must be a number"),
+    "loss-not-list": (_set(("loss",), 3.0), r"field loss must be a list of the last 3"),
     "next-step-string": (_set(("data", "next_step"), "x"), r"next_step'\] must be an integer"),
     "next-step-missing": (_drop("data", "next_step"), r"field data must be a dict holding"),
     "next-step-huge": (_set(("data", "next_step"), 10**9), r"next_step'\] must be an integer in"),
@@ -215,7 +215,7 @@ FITS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "weight-extra": (_set(("model", "extra"), torch.zeros(1)), r"unexpected \['extra'\]"),
     "moment-shape": (
         _set(("optimizer", "state", 0, "exp_avg"), torch.zeros(7)),
-        r"\['exp_avg'\] must be a tensor of shape \[2, 3\]",
+        r"\['exp_avg'\] must be a floating tensor of shape \[2, 3\]",
     ),
     "moment-missing": (_drop("optimizer", "state", 0, "exp_avg_sq"), r"\['exp_avg_sq'\] must be"),
     "step-junk": (_set(("optimizer", "state", 0, "step"), "x"), r"\['step'\] must be a one-elem"),

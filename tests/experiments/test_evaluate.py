@@ -137,3 +137,23 @@ def test_perplexity() -> None:
     assert perplexity(math.log(7.0)) == pytest.approx(7.0)
     assert perplexity(None) is None
     assert perplexity(800.0) is None
+
+
+@pytest.mark.parametrize("task_name", ["lm", "copy"])
+def test_a_loss_that_overflows_is_an_error_cell_not_nan(task_name: str) -> None:
+    """Weights whose logits overflow float32 give NaN losses: each length is then an error
+    cell (results.json holds no NaN, which json refuses), not a NaN metric."""
+    import json
+
+    torch.manual_seed(0)
+    task = _lm_task() if task_name == "lm" else make_task("copy", eval_examples=4)
+    model = TinyTransformer(task.vocab_size, dim=16, num_layers=1, num_heads=2, encoding="rope")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(3e38)  # every product overflows to inf, inf - inf to NaN
+    results = evaluate(model, task, [8, 16], train_len=8)
+    assert list(results) == ["8", "16"]
+    for length, cell in results.items():
+        assert list(cell) == ["error"], cell
+        assert cell["error"].startswith("the model's loss is nan at length " + length)
+    json.dumps(results, allow_nan=False)

@@ -17,10 +17,20 @@ import torch
 
 from posenc._errors import PosEncError
 from posenc.experiments.optim import MuonAdamW
+from posenc.experiments.schedule import warmup_cosine
 
-__all__ = ["KEYS", "check_fields", "check_fits"]
+__all__ = ["KEYS", "LOSS_WINDOW", "MAX_SECONDS", "MAX_WEIGHT", "check_fields", "check_fits"]
 
 KEYS = ("format", "config", "step", "model", "optimizer", "rng", "data", "seconds", "loss")
+#: A checkpoint's ``loss`` holds the training losses of its last ``min(step, LOSS_WINDOW)``
+#: steps (their mean is the run's ``final_loss``).
+LOSS_WINDOW = 10
+#: The largest magnitude of a weight (and of a gradient average) a checkpoint may hold: far
+#: above what a model posenc trains reaches, far below what overflows a float32 forward.
+MAX_WEIGHT = 1e6
+MAX_SECONDS = 1e9  # 31 years of training
+_MAX_LOSS = float(torch.finfo(torch.float32).max)  # a float32 cross-entropy is below it
+_PY_VERSION = random.getstate()[0]
 _PY_STATE_LEN = len(random.getstate()[1])  # 625 for the Mersenne Twister
 
 
@@ -36,47 +46,62 @@ def _int(where: str, field: str, value: Any, low: int, high: int) -> int:
     return value
 
 
-def _finite(where: str, field: str, value: Any, *, low: float = -math.inf) -> float:
+def _finite(
+    where: str, field: str, value: Any, *, low: float = -math.inf, high: float = math.inf
+) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(where, field, "a number", value)
-    if not math.isfinite(value) or value < low:
-        raise _fail(where, field, f"a finite number >= {low}", value)
+    if not math.isfinite(value) or not low <= value <= high:
+        rule = f"a finite number >= {low}" + ("" if high == math.inf else f" and <= {high:g}")
+        raise _fail(where, field, rule, value)
     return float(value)
 
 
-def _tensors(where: str, field: str, value: Any) -> None:
-    """Every tensor nested in ``value`` is finite (floating ones) and on no meta device."""
+def _tensors(where: str, field: str, value: Any, limit: float = math.inf) -> None:
+    """Every tensor nested in ``value`` is finite (floating ones), of magnitude at most
+    ``limit``, and on no meta device."""
     if isinstance(value, torch.Tensor):
         if value.is_meta:
             raise _fail(where, field, "a tensor with data", "a meta tensor")
         if value.is_floating_point() or value.is_complex():
             if not bool(torch.isfinite(value).all()):
                 raise _fail(where, field, "finite", "a tensor holding NaN or inf")
+            if value.numel() and float(value.abs().max()) > limit:
+                largest = float(value.abs().max())
+                raise _fail(where, field, f"of magnitude <= {limit:g}", f"an entry of {largest:g}")
     elif isinstance(value, Mapping):
         for k, v in value.items():
-            _tensors(where, f"{field}[{k!r}]", v)
+            _tensors(where, f"{field}[{k!r}]", v, limit)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _tensors(where, f"{field}[{i}]", v)
+            _tensors(where, f"{field}[{i}]", v, limit)
 
 
-def _rng(where: str, field: str, state: Any) -> None:
-    if not isinstance(state, Mapping) or "torch" not in state or "python" not in state:
-        raise _fail(where, field, "a dict with 'torch' and 'python' generator states", state)
-    cpu = state["torch"]
+def _torch_state(where: str, field: str, cpu: Any) -> None:
+    """A CPU generator state torch takes, its cached normal samples finite (tried on a
+    generator of its own: the global one is not touched)."""
     reference = torch.get_rng_state()
     if (
         not isinstance(cpu, torch.Tensor)
         or cpu.dtype != torch.uint8
         or cpu.shape != reference.shape
     ):
-        raise _fail(
-            where, f"{field}['torch']", f"a uint8 tensor of shape {list(reference.shape)}", cpu
-        )
-    py = state["python"]
+        raise _fail(where, field, f"a uint8 tensor of shape {list(reference.shape)}", cpu)
+    try:
+        torch.Generator().set_state(cpu.clone())
+    except RuntimeError as e:
+        raise _fail(where, field, "a torch generator state", str(e).splitlines()[0]) from None
+    normals = cpu[5016:5040].clone().view(torch.float64), cpu[5048:5052].clone().view(torch.float32)
+    if not all(bool(torch.isfinite(t).all()) for t in normals):
+        raise _fail(where, field, "a state with finite normal samples", "NaN or inf")
+
+
+def _python_state(where: str, field: str, py: Any) -> None:
+    """Python's ``random`` state as ``random.getstate()`` gives it, taken by a generator of
+    its own."""
     if not isinstance(py, Mapping) or set(py) != {"version", "state", "gauss"}:
-        raise _fail(where, f"{field}['python']", "a dict of version, state and gauss", py)
-    _int(where, f"{field}['python']['version']", py["version"], 1, 3)
+        raise _fail(where, field, "a dict of version, state and gauss", py)
+    _int(where, f"{field}['version']", py["version"], _PY_VERSION, _PY_VERSION)
     words = py["state"]
     if (
         not isinstance(words, list)
@@ -88,35 +113,103 @@ def _rng(where: str, field: str, state: Any) -> None:
         or not isinstance(words[-1], int)
         or not 0 <= words[-1] <= _PY_STATE_LEN - 1
     ):
-        raise _fail(where, f"{field}['python']['state']", f"{_PY_STATE_LEN} 32-bit words", words)
+        raise _fail(where, f"{field}['state']", f"{_PY_STATE_LEN} 32-bit words", words)
     if py["gauss"] is not None:
-        _finite(where, f"{field}['python']['gauss']", py["gauss"])
+        _finite(where, f"{field}['gauss']", py["gauss"])
+    try:
+        random.Random().setstate((py["version"], tuple(words), py["gauss"]))
+    except (ValueError, TypeError, OverflowError) as e:
+        raise _fail(where, field, "a state random.setstate takes", str(e)) from None
+
+
+def _rng(where: str, field: str, state: Any) -> None:
+    if not isinstance(state, Mapping) or "torch" not in state or "python" not in state:
+        raise _fail(where, field, "a dict with 'torch' and 'python' generator states", state)
+    _torch_state(where, f"{field}['torch']", state["torch"])
+    _python_state(where, f"{field}['python']", state["python"])
     if "cuda" in state:
         cuda = state["cuda"]
-        if not isinstance(cuda, list) or any(
-            not isinstance(t, torch.Tensor) or t.dtype != torch.uint8 or t.ndim != 1 for t in cuda
+        if (
+            not isinstance(cuda, list)
+            or len(cuda) > 2**10
+            or any(
+                not isinstance(t, torch.Tensor)
+                or t.dtype != torch.uint8
+                or t.ndim != 1
+                or t.numel() > 2**10
+                for t in cuda
+            )
         ):
             raise _fail(where, f"{field}['cuda']", "a list of uint8 generator states", cuda)
+        if torch.cuda.is_available():  # set_rng_state restores them here: each must take
+            count = torch.cuda.device_count()
+            if len(cuda) > count:
+                raise _fail(where, f"{field}['cuda']", f"at most {count} states", len(cuda))
+            for i, t in enumerate(cuda):
+                try:
+                    torch.Generator(device=f"cuda:{i}").set_state(t.clone())
+                except RuntimeError as e:
+                    reason = str(e).splitlines()[0]
+                    raise _fail(where, f"{field}['cuda'][{i}]", "a CUDA state", reason) from None
+
+
+def _steps(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], int]:
+    train = config.get("train")
+    train = train if isinstance(train, Mapping) else {}
+    given = train.get("steps")
+    return train, given if type(given) is int and given >= 1 else 2**62
+
+
+def _number(train: Mapping[str, Any], key: str) -> float | None:
+    value = train.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _scheduled_lr(train: Mapping[str, Any], step: int) -> float | None:
+    """The learning rate the run's schedule set for its step ``step`` (1-based), or None
+    when ``train`` does not say enough to know it."""
+    peak, ratio = _number(train, "lr"), _number(train, "min_lr_ratio")
+    warmup, steps = train.get("warmup"), train.get("steps")
+    if peak is None or ratio is None or type(warmup) is not int or type(steps) is not int:
+        return None
+    try:
+        return warmup_cosine(step - 1, steps=steps, peak=peak, warmup=warmup, min_ratio=ratio)
+    except PosEncError:
+        return None
+
+
+def _groups_lr(where: str, field: str, part: Mapping[str, Any], wanted: float | None) -> None:
+    for i, group in enumerate(part["param_groups"]):
+        name = f"{field}['param_groups'][{i}]['lr']"
+        lr = _finite(where, name, group.get("lr"), low=0.0)
+        if wanted is not None and not math.isclose(lr, wanted, rel_tol=1e-9, abs_tol=1e-300):
+            raise _fail(where, name, f"the schedule's lr at this step ({wanted!r})", lr)
 
 
 def check_fields(where: str, state: Mapping[str, Any], config: Mapping[str, Any]) -> None:
-    """Check every field of a loaded checkpoint ``state`` of the run ``config``."""
-    train = config.get("train")
-    given = train.get("steps") if isinstance(train, Mapping) else None
-    steps: int = given if isinstance(given, int) and not isinstance(given, bool) else 2**62
+    """Check every field of a loaded checkpoint ``state`` of the run ``config``: types,
+    and ranges the run's settings give (steps, the schedule's lr, the loss window)."""
+    train, steps = _steps(config)
     step = _int(where, "step", state["step"], 1, steps)
+    every = train.get("checkpoint_every")
+    if type(every) is int and every > 0 and step != steps and step % every:
+        raise _fail(where, "step", f"a multiple of checkpoint_every ({every}) or {steps}", step)
     data = state["data"]
     if not isinstance(data, Mapping) or "next_step" not in data:
         raise _fail(where, "data", "a dict holding next_step", data)
     next_step = _int(where, "data['next_step']", data["next_step"], 1, steps)
     if next_step != step:
         raise _fail(where, "data['next_step']", f"equal to step ({step})", next_step)
-    _finite(where, "seconds", state["seconds"], low=0.0)
+    _finite(where, "seconds", state["seconds"], low=0.0, high=MAX_SECONDS)
     loss = state["loss"]
-    if not isinstance(loss, list) or not loss:
-        raise _fail(where, "loss", "a non-empty list of training losses", loss)
+    window = min(step, LOSS_WINDOW)
+    if not isinstance(loss, list) or len(loss) != window:
+        rule = f"a list of the last {window} training losses (step {step})"
+        raise _fail(where, "loss", rule, loss if not isinstance(loss, list) else len(loss))
     for i, value in enumerate(loss):
-        _finite(where, f"loss[{i}]", value, low=0.0)
+        _finite(where, f"loss[{i}]", value, low=0.0, high=_MAX_LOSS)
     model = state["model"]
     if (
         not isinstance(model, Mapping)
@@ -124,12 +217,12 @@ def check_fields(where: str, state: Mapping[str, Any], config: Mapping[str, Any]
         or any(not isinstance(k, str) or not isinstance(v, torch.Tensor) for k, v in model.items())
     ):
         raise _fail(where, "model", "a non-empty dict of parameter names to tensors", model)
-    _tensors(where, "model", model)
-    train = config.get("train")
-    muon = isinstance(train, Mapping) and train.get("optimizer") == "muon"
+    _tensors(where, "model", model, MAX_WEIGHT)
+    muon = train.get("optimizer") == "muon"
     opt = state["optimizer"]
     if muon and (not isinstance(opt, Mapping) or sorted(opt) != ["adamw", "muon"]):
         raise _fail(where, "optimizer", "a dict of the 'adamw' and 'muon' states", opt)
+    lr = _scheduled_lr(train, step)
     for field, part in _parts(opt) if muon else [("optimizer", opt)]:
         if (
             not isinstance(part, Mapping)
@@ -138,6 +231,7 @@ def check_fields(where: str, state: Mapping[str, Any], config: Mapping[str, Any]
             or any(not isinstance(g, Mapping) for g in part["param_groups"])
         ):
             raise _fail(where, field, "an optimizer state_dict (state, param_groups)", part)
+        _groups_lr(where, field, part, lr)
     _tensors(where, "optimizer", opt)
     rng = state["rng"]
     world = config.get("world_size", 1)
@@ -187,20 +281,28 @@ def check_fits(
     optimizer: torch.optim.Optimizer | MuonAdamW,
 ) -> None:
     """The saved weights and optimizer state (AdamW's, or Muon's and AdamW's) fit
-    ``model`` and ``optimizer`` exactly."""
+    ``model`` and ``optimizer`` exactly: the same shapes, the same settings in every
+    param group, moments of sane magnitude, step counts within the checkpoint's step."""
+    step = state.get("step")
+    steps = step if type(step) is int and step >= 0 else 0
     _same_shapes(where, "model", state["model"], model.state_dict())
     if isinstance(optimizer, MuonAdamW):
         saved = state["optimizer"]
         if not isinstance(saved, Mapping) or sorted(saved) != ["adamw", "muon"]:
             raise _fail(where, "optimizer", "a dict of the 'adamw' and 'muon' states", saved)
-        _fits(where, "optimizer['adamw']", saved["adamw"], optimizer.adamw, "adamw")
-        _fits(where, "optimizer['muon']", saved["muon"], optimizer.muon, "muon")
+        _fits(where, "optimizer['adamw']", saved["adamw"], optimizer.adamw, "adamw", steps)
+        _fits(where, "optimizer['muon']", saved["muon"], optimizer.muon, "muon", steps)
     else:
-        _fits(where, "optimizer", state["optimizer"], optimizer, "adamw")
+        _fits(where, "optimizer", state["optimizer"], optimizer, "adamw", steps)
 
 
 def _fits(
-    where: str, field: str, saved: Mapping[str, Any], optimizer: torch.optim.Optimizer, kind: str
+    where: str,
+    field: str,
+    saved: Mapping[str, Any],
+    optimizer: torch.optim.Optimizer,
+    kind: str,
+    steps: int,
 ) -> None:
     fresh = optimizer.state_dict()
     groups, wanted = saved["param_groups"], fresh["param_groups"]
@@ -212,33 +314,64 @@ def _fits(
             f"{len(wanted)} groups of the model's parameters",
             ids,
         )
-    for g in groups:
-        for key in _GROUP_NUMBERS[kind]:
-            value = g.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise _fail(where, f"{field}['param_groups'][..][{key!r}]", "a number", value)
-        if kind == "adamw" and (
-            not isinstance(g.get("betas"), (list, tuple)) or len(g["betas"]) != 2
-        ):
-            raise _fail(where, f"{field}['param_groups'][..]['betas']", "a pair", g.get("betas"))
+    for i, (g, w) in enumerate(zip(groups, wanted)):
+        _group(where, f"{field}['param_groups'][{i}]", g, w, kind)
     params: dict[Any, torch.Tensor] = {}
     for w, live in zip(wanted, optimizer.param_groups):
         params.update(zip(w["params"], live["params"]))
     for index, entry in saved["state"].items():
         if index not in params or not isinstance(entry, Mapping):
             raise _fail(where, f"{field}['state'][{index!r}]", "the state of a parameter", entry)
-        shape = params[index].shape
-        for key in _STATE_TENSORS[kind]:
-            t = entry.get(key)
-            if not isinstance(t, torch.Tensor) or t.shape != shape:
-                raise _fail(
-                    where,
-                    f"{field}['state'][{index}][{key!r}]",
-                    f"a tensor of shape {list(shape)}",
-                    t,
-                )
-        if kind == "muon":
+        _param_state(where, f"{field}['state'][{index}]", entry, params[index], kind, steps)
+
+
+def _group(
+    where: str, field: str, group: Mapping[str, Any], fresh: Mapping[str, Any], kind: str
+) -> None:
+    """A saved param group: its numbers are numbers, and every setting but ``lr`` (the
+    schedule's, :func:`check_fields`) is the one the run's optimizer has."""
+    for key in _GROUP_NUMBERS[kind]:
+        value = group.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _fail(where, f"{field}[{key!r}]", "a number", value)
+    if kind == "adamw" and (
+        not isinstance(group.get("betas"), (list, tuple)) or len(group["betas"]) != 2
+    ):
+        raise _fail(where, f"{field}['betas']", "a pair", group.get("betas"))
+    for key, value in group.items():
+        if key in ("params", "lr"):
             continue
-        step = entry.get("step")
-        if not isinstance(step, torch.Tensor) or step.numel() != 1:
-            raise _fail(where, f"{field}['state'][{index}]['step']", "a one-element tensor", step)
+        if key not in fresh:
+            raise _fail(where, f"{field}[{key!r}]", "a setting of the run's optimizer", value)
+        same = type(value) is type(fresh[key]) and value == fresh[key]
+        if not same or (isinstance(value, float) and math.isnan(value)):
+            raise _fail(where, f"{field}[{key!r}]", f"the run's {fresh[key]!r}", value)
+
+
+def _param_state(
+    where: str,
+    field: str,
+    entry: Mapping[str, Any],
+    param: torch.Tensor,
+    kind: str,
+    steps: int,
+) -> None:
+    """One parameter's optimizer state: tensors of its shape, of sane magnitude (AdamW's
+    second moment not negative), and AdamW's step count within the checkpoint's steps."""
+    shape = param.shape
+    for key in _STATE_TENSORS[kind]:
+        t = entry.get(key)
+        if not isinstance(t, torch.Tensor) or t.shape != shape or not t.is_floating_point():
+            raise _fail(where, f"{field}[{key!r}]", f"a floating tensor of shape {list(shape)}", t)
+        squared = key == "exp_avg_sq"
+        _tensors(where, f"{field}[{key!r}]", t, MAX_WEIGHT**2 if squared else MAX_WEIGHT)
+        if squared and t.numel() and float(t.min()) < 0:
+            raise _fail(where, f"{field}[{key!r}]", ">= 0 (a mean of squares)", float(t.min()))
+    if kind == "muon":
+        return
+    step = entry.get("step")
+    if not isinstance(step, torch.Tensor) or step.numel() != 1:
+        raise _fail(where, f"{field}['step']", "a one-element tensor", step)
+    value = float(step.reshape(()).item()) if not step.is_complex() else math.nan
+    if not (math.isfinite(value) and value == int(value) and 0 <= value <= steps):
+        raise _fail(where, f"{field}['step']", f"a whole number in [0, {steps}]", value)

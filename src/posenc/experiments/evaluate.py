@@ -16,8 +16,9 @@ Tasks with other eval sets of the same model (flip-flop's splits,
 :meth:`~posenc.experiments.tasks.Task.extra_splits`) add their metrics under ``"splits"``,
 by name.
 
-A length the model cannot run (a learned table shorter than ``E``) gives
-``{"error": message}`` for that length; the others are still evaluated.
+A length the model cannot run (a learned table shorter than ``E``), or where its loss is
+NaN or infinite (logits that overflow float32), gives ``{"error": message}`` for that
+length; the others are still evaluated.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def _eval_positions(
 def _metrics(task: Task, sums: torch.Tensor, length: int, train_len: int) -> dict[str, Any]:
     s = sums.tolist()
     loss = s[_LOSS] / s[_COUNT]
+    if not math.isfinite(loss) or not math.isfinite(s[_PAST_LOSS]):
+        return {
+            "error": f"the model's loss is {loss} at length {length} (its float32 logits overflow)"
+        }
     if task.metric == "ppl":
         past = s[_PAST_LOSS] / s[_PAST_COUNT] if s[_PAST_COUNT] else None
         return {

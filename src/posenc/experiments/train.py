@@ -35,7 +35,7 @@ from posenc.experiments.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from posenc.experiments.checkpoint_fields import check_fits
+from posenc.experiments.checkpoint_fields import LOSS_WINDOW, check_fits
 from posenc.experiments.distributed import Dist
 from posenc.experiments.optim import OPTIMIZERS, MuonAdamW, make_optimizer
 from posenc.experiments.schedule import warmup_cosine
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 Optimizer = torch.optim.Optimizer | MuonAdamW
-_LOSS_WINDOW = 10  # final_loss averages the last steps' training losses
+_LOSS_WINDOW = LOSS_WINDOW  # final_loss averages the last steps' training losses
 
 
 class TrainDiverged(PosEncError):

@@ -1,0 +1,233 @@
+"""A re-sealed checkpoint (its SHA-256 recomputed, as anyone who can write the file can)
+is held to the range of every field, not only its type: one test per field, each one line
+of PosEncError naming it, on a real checkpoint of a tiny training run."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import struct
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from tests.experiments._training import stop_after
+
+from posenc import PosEncError
+from posenc.experiments import checkpoint as ckpt
+from posenc.experiments.tasks import make_task
+from posenc.experiments.train import TrainSettings, load_resumable, run_config, train
+from posenc.models import TinyTransformer
+
+SETTINGS = {"steps": 6, "batch_size": 4, "seq_len": 8, "warmup": 2, "checkpoint_every": 2}
+CONFIG = {"task": "copy", "label": "rope"}
+
+
+def reseal(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite the checkpoint at ``path`` with ``change`` applied to its state, sealed
+    exactly as :func:`posenc.experiments.checkpoint.save_checkpoint` seals it: the
+    ``torch.save`` bytes, then ``TRAILER + sha256(bytes) + "\\n"``."""
+    data = path.read_bytes()
+    body = data[: -(len(ckpt.TRAILER) + 65)]
+    assert data[len(body) :] == ckpt.TRAILER + hashlib.sha256(body).hexdigest().encode() + b"\n"
+    state = torch.load(io.BytesIO(body), weights_only=True)
+    change(state)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    body = buffer.getvalue()
+    path.write_bytes(body + ckpt.TRAILER + hashlib.sha256(body).hexdigest().encode() + b"\n")
+
+
+def _model() -> TinyTransformer:
+    torch.manual_seed(0)
+    return TinyTransformer(
+        vocab_size=make_task("copy").vocab_size, dim=16, num_layers=1, num_heads=2, encoding="rope"
+    )
+
+
+def _run(optimizer: str) -> tuple[TrainSettings, dict[str, Any]]:
+    settings = TrainSettings(**SETTINGS, optimizer=optimizer)
+    return settings, run_config(CONFIG, settings, 1)
+
+
+@pytest.fixture(scope="module", params=["adamw", "muon"])
+def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoint of step 4 of a 6-step run (killed after step 5)."""
+    settings, _ = _run(request.param)
+    path = tmp_path_factory.mktemp(request.param) / "rope.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            _model(),
+            make_task("copy", eval_examples=4),
+            settings,
+            checkpoint=path,
+            config=CONFIG,
+            on_step=stop_after(5),
+        )
+    return path
+
+
+def _load(path: Path, original: Path) -> dict[str, Any]:
+    """``path`` loaded for the run that wrote ``original`` (the untouched checkpoint)."""
+    config = json.loads(torch.load(original, weights_only=True)["config"])
+    return load_resumable(path, _model(), None, config)
+
+
+def _adamw(state: dict[str, Any]) -> dict[str, Any]:
+    opt = state["optimizer"]
+    return opt["adamw"] if "adamw" in opt else opt
+
+
+def _first(mapping: dict[str, Any], key: str) -> str:
+    return next(k for k in mapping if key in k)
+
+
+def _weights(value: float) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        name = _first(state["model"], "embed")
+        state["model"][name] = torch.full_like(state["model"][name], value)
+
+    return change
+
+
+def _group(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        _adamw(state)["param_groups"][0][key] = value
+
+    return change
+
+
+def _moment(key: str, value: float) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        entry = _adamw(state)["state"][0]
+        entry[key] = torch.full_like(entry[key], value)
+
+    return change
+
+
+def _adam_step(value: float) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        _adamw(state)["state"][0]["step"] = torch.tensor(value)
+
+    return change
+
+
+def _set(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        state[key] = value
+
+    return change
+
+
+def _step_at(step: int) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        state["step"], state["data"] = step, {"next_step": step}
+        state["loss"] = state["loss"][:step]
+
+    return change
+
+
+def _torch_rng(change_bytes: Callable[[torch.Tensor], None]) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        rng = state["rng"][0]["torch"].clone()
+        change_bytes(rng)
+        state["rng"][0]["torch"] = rng
+
+    return change
+
+
+def _nan_normal(rng: torch.Tensor) -> None:
+    rng[5016:5024] = torch.tensor(list(struct.pack("<d", math.nan)), dtype=torch.uint8)
+
+
+def _zero(rng: torch.Tensor) -> None:
+    rng.zero_()
+
+
+def _python(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        state["rng"][0]["python"][key] = value
+
+    return change
+
+
+def _nested(state: dict[str, Any]) -> None:
+    state["config"] = "[" * 100_000 + "]" * 100_000
+
+
+FIELDS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "weights-1e30": (_weights(1e30), r"field model\['.*'\] must be of magnitude <= 1e\+06"),
+    "lr-nan": (_group("lr", math.nan), r"\['param_groups'\]\[0\]\['lr'\] must be a finite num"),
+    "lr-negative": (_group("lr", -1.0), r"\['lr'\] must be a finite number >= 0"),
+    "lr-off-schedule": (_group("lr", 0.5), r"\['lr'\] must be the schedule's lr at this step"),
+    "weight-decay-other": (_group("weight_decay", 5.0), r"\['weight_decay'\] must be the run's"),
+    "eps-nan": (_group("eps", math.nan), r"\['eps'\] must be the run's 1e-08"),
+    "betas-other": (_group("betas", (2.0, 0.5)), r"\['betas'\] must be the run's"),
+    "maximize-on": (_group("maximize", True), r"\['maximize'\] must be the run's False"),
+    "group-unknown-key": (_group("junk", 1), r"\['junk'\] must be a setting of the run's"),
+    "loss-long": (_set("loss", [0.5] * 10**6), r"field loss must be a list of the last 4 "),
+    "loss-short": (_set("loss", [0.5]), r"field loss must be a list of the last 4 "),
+    "loss-huge": (_set("loss", [1e300] * 4), r"field loss\[0\] must be .* <= 3\.40282e\+38"),
+    "step-off-checkpoints": (_step_at(3), r"field step must be a multiple of checkpoint_every"),
+    "seconds-huge": (_set("seconds", 1e300), r"field seconds must be .*<= 1e\+09"),
+    "exp-avg-1e30": (_moment("exp_avg", 1e30), r"\['exp_avg'\] must be of magnitude <= 1e\+06"),
+    "exp-avg-sq-negative": (_moment("exp_avg_sq", -1.0), r"\['exp_avg_sq'\] must be >= 0"),
+    "adam-step-huge": (_adam_step(1e9), r"\['step'\] must be a whole number in \[0, 4\]"),
+    "adam-step-fraction": (_adam_step(2.5), r"\['step'\] must be a whole number in \[0, 4\]"),
+    "adam-step-nan": (_adam_step(math.nan), r"\['step'\] must be finite"),
+    "rng-torch-invalid": (_torch_rng(_zero), r"rng\[0\]\['torch'\] must be a torch generator"),
+    "rng-torch-nan-normal": (_torch_rng(_nan_normal), r"must be a state with finite normal"),
+    "rng-python-version": (_python("version", 2), r"\['version'\] must be an integer in \[3, 3\]"),
+    "rng-python-index": (_python("state", [0] * 624 + [9999]), r"\['state'\] must be 625 32-bit"),
+    "format-tensor": (_set("format", torch.tensor([2, 2])), r"has format tensor"),
+    "config-nested": (_nested, r"field config must be a JSON object"),
+}
+
+
+def test_the_untouched_checkpoint_loads(saved: Path, tmp_path: Path) -> None:
+    path = tmp_path / "rope.pt"
+    path.write_bytes(saved.read_bytes())
+    reseal(path, lambda state: None)  # the helper itself changes nothing
+    assert path.read_bytes() == saved.read_bytes()
+    state = _load(path, saved)
+    assert state["step"] == 4 and len(state["loss"]) == 4
+
+
+@pytest.mark.parametrize("field", list(FIELDS))
+def test_a_resealed_field_out_of_range_is_refused(saved: Path, tmp_path: Path, field: str) -> None:
+    change, pattern = FIELDS[field]
+    path = tmp_path / "rope.pt"
+    path.write_bytes(saved.read_bytes())
+    reseal(path, change)
+    with pytest.raises(PosEncError, match=pattern) as info:
+        _load(path, saved)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 400 and str(path) in message, message
+
+
+def test_muon_momentum_out_of_range_is_refused(tmp_path: Path) -> None:
+    settings, _ = _run("muon")
+    path = tmp_path / "rope.pt"
+    with pytest.raises(KeyboardInterrupt):
+        train(
+            _model(),
+            make_task("copy", eval_examples=4),
+            settings,
+            checkpoint=path,
+            config=CONFIG,
+            on_step=stop_after(2),
+        )
+
+    def change(state: dict[str, Any]) -> None:
+        entry = state["optimizer"]["muon"]["state"][0]
+        entry["momentum_buffer"] = torch.full_like(entry["momentum_buffer"], -1e30)
+
+    original = tmp_path / "original.pt"
+    original.write_bytes(path.read_bytes())
+    reseal(path, change)
+    with pytest.raises(PosEncError, match=r"\['muon'\]\['state'\]\[0\]\['momentum_buffer'\]"):
+        _load(path, original)
