@@ -888,3 +888,16 @@ def test_nan_in_a_padded_key_stays_out():
         ),
     ):
         torch.testing.assert_close(call(k), call(clean), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"head_dim": 10**12, "npos_max": 6}, r"^head_dim=1000000000000 would allocate"),
+        ({"head_dim": 8, "npos_max": 10**12}, r"^npos_max=1000000000000 would allocate"),
+    ],
+)
+def test_a_huge_table_names_the_size_that_asks_for_it(kwargs, match):
+    """head_dim=1e12 was refused as npos_max=6 (the sibling)."""
+    with pytest.raises(PosEncError, match=match):
+        CoPEBias(**kwargs)

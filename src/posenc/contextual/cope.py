@@ -271,7 +271,7 @@ def cope_positions(
     b, h, q_len, d = q.shape
     if npos_max is not None:
         npos_max = check_int("npos_max", npos_max, min=1)
-    check_alloc("q", tuple(q.shape), (b, h, q_len, k.shape[2]))
+    check_alloc("q, k", (tuple(q.shape), tuple(k.shape)), (b, h, q_len, k.shape[2]))
     allowed = _allowed(attn_mask, causal, b, q_len, k.shape[2], q.device)
     compute = torch.promote_types(q.dtype, torch.float32)
     logits = (q.to(compute) * _scale(scale, d)) @ k.to(compute).transpose(-1, -2)
@@ -316,7 +316,7 @@ def cope_bias(
     _check_weight(weight, q)
     d = q.shape[-1]
     b, h, q_len, _ = q.shape
-    check_alloc("q", tuple(q.shape), (b, h, q_len, k.shape[2]))
+    check_alloc("q, k", (tuple(q.shape), tuple(k.shape)), (b, h, q_len, k.shape[2]))
     allowed = _allowed(attn_mask, causal, b, q_len, k.shape[2], q.device)
     compute = torch.promote_types(q.dtype, torch.float32)
     s = _scale(scale, d)
@@ -378,7 +378,8 @@ class CoPEBias(ContextualEncoding):
         self.npos_max = check_int("npos_max", npos_max, min=1)
         self.position_logit = check_choice("position_logit", position_logit, POSITION_LOGITS)
         shape = (self.npos_max, self.head_dim)
-        check_alloc("npos_max", self.npos_max, shape, dtype or torch.float32, device)
+        big = "head_dim" if self.head_dim > self.npos_max else "npos_max"  # the one asking
+        check_alloc(big, getattr(self, big), shape, dtype or torch.float32, device)
         self.weight = nn.Parameter(torch.empty(shape, device=device, dtype=dtype))
         self.reset_parameters()
         self._set_config(
