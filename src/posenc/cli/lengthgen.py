@@ -86,54 +86,60 @@ def _extend(value: str | None) -> str | None:
     if value is None or value.strip().lower() == "none":
         return value
     from posenc.experiments.extension import EXTENSIONS
+    from posenc.experiments.options import split_entries
 
     text("--extend")(value)
-    for method in value.split(","):
-        choice("--extend", (*EXTENSIONS, "none"))(method.strip())
+    for method in split_entries("--extend", value):
+        choice("--extend", tuple(EXTENSIONS))(method)
     return value
+
+
+def _names(option: str) -> Any:
+    """A comma-separated list option: text, with no empty entry (``rope,,alibi``)."""
+
+    def check(value: str | None) -> str | None:
+        if value is None:
+            return None
+        from posenc.experiments.options import split_entries
+
+        text(option)(value)
+        split_entries(option, value)
+        return value
+
+    return check
 
 
 def _lengths(text: str, train_len: int | None) -> list[int]:
     """``"64,128"`` or ``"L,2L,4L"`` (multiples of the training length, ``--train-len`` or
     the preset's)."""
+    import re
+
+    from posenc.experiments.options import split_entries
+
     out = []
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
+    for item in split_entries("--eval-lens", text):  # an empty entry is refused
+        found = re.fullmatch(r"([0-9]+)|([0-9]*)[lL]", item)
+        if found is None:
+            raise PosEncError(f"--eval-lens entries must be integers or kL, got {item!r}")
+        if found.group(1) is not None:
+            out.append(int(found.group(1)))
             continue
-        if item.upper().endswith("L"):
-            if train_len is None:
-                raise PosEncError(f"--eval-lens entry {item!r} needs --train-len (L)")
-            factor = item[:-1] or "1"
-            if not factor.isdigit():
-                raise PosEncError(f"--eval-lens entries must be integers or kL, got {item!r}")
-            out.append(int(factor) * train_len)
-        else:
-            try:
-                out.append(int(item))
-            except ValueError:
-                raise PosEncError(
-                    f"--eval-lens entries must be integers or kL, got {item!r}"
-                ) from None
-    if not out:
-        raise PosEncError(f"--eval-lens must list at least one length, got {text!r}")
-    return [check_int("--eval-lens entry", n, min=1) for n in out]
+        if train_len is None:
+            raise PosEncError(f"--eval-lens entry {item!r} needs --train-len (L)")
+        out.append(int(found.group(2) or "1") * train_len)
+    return [check_int("--eval-lens entry", n, min=1, max=_LEN) for n in out]
 
 
 def _seeds(value: str | None) -> str | None:
     """``0,1,2``: distinct integers (the study checks them again, with the rest)."""
     if value is None:
         return None
+    from posenc.experiments.options import parse_int, split_entries
+
     text("--seeds")(value)
-    items = [t.strip() for t in value.split(",") if t.strip()]
+    items = split_entries("--seeds", value)  # an empty entry is refused, not skipped
     for item in items:
-        try:
-            integer("--seeds entry", min=-(2**63), max=2**63 - 1)(int(item))
-        except ValueError as e:
-            if isinstance(e, PosEncError):
-                raise
-            raise PosEncError(f"--seeds entries must be integers, got {item!r}") from None
-    if not items:
-        raise PosEncError(f"--seeds must list at least one seed, got {value!r}")
+        integer("--seeds entry", min=-(2**63), max=2**63 - 1)(parse_int("--seeds", item))
     if len({int(i) for i in items}) != len(items):
         raise PosEncError(f"--seeds must be distinct, got {value!r}")
     return value
@@ -213,7 +219,7 @@ _Encodings = Annotated[
     _option(
         "Comma-separated registry names or variants (prope-0.25, prope-0.75, drope), "
         "each optionally NAME@SCHEDULE (nope-every-4, nope-every-2, llama4, local-global).",
-        text("--encodings"),
+        _names("--encodings"),
     ),
 ]
 _Study = Annotated[

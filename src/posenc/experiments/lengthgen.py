@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_int
+from posenc._errors import PosEncError, check_bool, check_int
 from posenc.experiments.distributed import Dist, setup
 from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.parallel import (
@@ -152,6 +152,13 @@ def run_study(
     """
     started = time.perf_counter()
     settings = _the_settings(settings, legacy, options)
+    resume, plot = check_bool("resume", resume), check_bool("plot", plot)
+    if on_event is not None and not callable(on_event):
+        raise PosEncError(f"on_event must be a callable or None, got {on_event!r:.80}")
+    if max_bytes is not None:
+        max_bytes = check_int("max_bytes", max_bytes, min=0)
+    if out_dir is not None and not isinstance(out_dir, (str, os.PathLike)):
+        raise PosEncError(f"out_dir must be a path or None, got {out_dir!r:.80}")
     if threads is not None:
         threads = check_int("threads", threads, min=1, max=MAX_JOBS)
     jobs = check_int("jobs", jobs, min=1, max=MAX_JOBS)
@@ -197,10 +204,17 @@ def _the_settings(
 ) -> StudySettings:
     """``settings`` as given, or built from the deprecated loose options."""
     if not isinstance(settings, StudySettings):
+        if settings is not None and not isinstance(settings, str):
+            raise PosEncError(
+                f"settings must be a StudySettings (StudySettings.from_options), got "
+                f"{settings!r:.80}"
+            )
         return _settings_from_options(settings, legacy, options)
     if legacy or options:
         given = [*map(repr, legacy), *(f"{k}=" for k in options)]
-        raise TypeError(f"run_study(settings) takes no study options besides, got {given}")
+        raise PosEncError(
+            f"settings is a StudySettings: run_study takes no study options besides, got {given}"
+        )
     return settings
 
 
@@ -209,7 +223,9 @@ def _settings_from_options(
 ) -> StudySettings:
     """The deprecated call, ``run_study(task, encodings, **options)``, as settings."""
     if len(legacy) > 1:
-        raise TypeError(f"run_study() takes at most 2 positional arguments, got {1 + len(legacy)}")
+        raise PosEncError(
+            f"settings: run_study takes at most 2 positional arguments, got {1 + len(legacy)}"
+        )
     if task is None and not legacy and not options:  # run_study(): the default study
         return StudySettings.from_options()
     warnings.warn(

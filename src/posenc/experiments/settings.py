@@ -17,6 +17,7 @@ from posenc._errors import PosEncError, check_bool, check_choice, check_float, c
 from posenc.experiments.extension import EXTENSIONS
 from posenc.experiments.models import ModelSettings, check_distinct, encoding_label, encoding_spec
 from posenc.experiments.optim import OPTIMIZERS
+from posenc.experiments.options import int_sequence, string_sequence
 from posenc.experiments.presets import (
     DEFAULT_ENCODINGS,
     MAX_COUNT,
@@ -26,6 +27,7 @@ from posenc.experiments.presets import (
     PRESETS,
     STUDY_OPTIONS,
 )
+from posenc.experiments.settings_fields import check_study_fields
 from posenc.experiments.tasks import TASKS, LMTask, Task, make_task
 from posenc.experiments.train import TrainSettings
 from posenc.models.layers import check_layer
@@ -180,15 +182,23 @@ class StudySettings:
             layer=layer,
         )
 
+    def __post_init__(self) -> None:
+        # a study built directly (or by dataclasses.replace) is held to from_options' rules
+        for name, value in check_study_fields(self).items():
+            object.__setattr__(self, name, value)
+
     def check_task(self, task: Task) -> None:
         """Refuse a length ``task`` (:func:`make_study_task`) cannot make: shorter than a
         synthetic task's shortest, longer than the ``lm`` corpus."""
+        if not isinstance(task, Task):
+            raise PosEncError(f"task must be a Task (make_study_task), got {task!r:.80}")
         task.check_length("train_len", self.train_len)
         for length in self.eval_lens:  # the fine-tune's length is the longest of them
             task.check_length("eval_lens entry", length)
 
     def check_processes(self, world_size: int) -> None:
         """Refuse a ``batch_size`` that ``world_size`` processes (torchrun) cannot share."""
+        world_size = check_int("world_size", world_size, min=1, max=2**16)
         if self.train.batch_size % world_size:
             raise PosEncError(
                 f"batch_size must be divisible by the number of processes ({world_size}), "
@@ -216,49 +226,40 @@ class StudySettings:
 
 
 def _int_list(name: str, values: Any) -> tuple[int, ...]:
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise PosEncError(f"{name} must be a list of integers, got {values!r}")
-    out = tuple(check_int(f"{name} entry", v, min=1, max=MAX_LENGTH) for v in values)
+    """Lengths: a 1-D list (or ``"8,16"``) of distinct integers in ``[1, MAX_LENGTH]``."""
+    out = int_sequence(name, values, low=1, high=MAX_LENGTH)
     if not out:
-        raise PosEncError(f"{name} must hold at least one length, got {list(values)!r}")
+        raise PosEncError(f"{name} must hold at least one length, got {values!r:.80}")
+    repeated = sorted({v for v in out if out.count(v) > 1})
+    if repeated:
+        raise PosEncError(f"{name} must be distinct, got {list(out)} (repeated: {repeated})")
     return out
 
 
-_SEED_RANGE = {"min": -(2**63), "max": 2**63 - 1}
+_SEED_RANGE = {"low": -(2**63), "high": 2**63 - 1}
 
 
-def _seed_items(seeds: Any) -> list[Any]:
-    """``seeds`` as a list: ``"0,1,2"`` parsed, any other iterable listed."""
-    if isinstance(seeds, str):
-        items: list[Any] = []
-        for t in (t.strip() for t in seeds.split(",")):
-            if not t:
-                continue
-            try:
-                items.append(int(t))
-            except ValueError:
-                raise PosEncError(f"seeds entries must be integers, got {t!r}") from None
-        return items
-    if isinstance(seeds, bytes) or not hasattr(seeds, "__iter__"):
-        raise PosEncError(f"seeds must be a list of integers, got {seeds!r}")
-    return list(seeds)
-
-
-def _seeds(seed: Any, seeds: Any) -> tuple[int, ...]:
-    """The study's seeds from ``seed`` (one) or ``seeds`` (a list or ``"0,1,2"``)."""
-    if seeds is None:
-        return (check_int("seed", 0 if seed is None else seed, **_SEED_RANGE),)
-    if seed is not None:
-        raise PosEncError(f"give seed or seeds, not both: got seed={seed!r} and seeds={seeds!r}")
-    out = tuple(check_int("seeds entry", v, **_SEED_RANGE) for v in _seed_items(seeds))
+def check_seeds(seeds: Any) -> tuple[int, ...]:
+    """``seeds`` (a 1-D list or ``"0,1,2"``): 1 to ``MAX_SEEDS`` distinct 64-bit integers."""
+    out = int_sequence("seeds", seeds, **_SEED_RANGE)
     if not out:
-        raise PosEncError(f"seeds must hold at least one seed, got {seeds!r}")
+        raise PosEncError(f"seeds must hold at least one seed, got {seeds!r:.80}")
     if len(out) > MAX_SEEDS:
         raise PosEncError(f"seeds must hold at most {MAX_SEEDS} seeds, got {len(out)}")
     repeated = sorted({v for v in out if out.count(v) > 1})
     if repeated:
         raise PosEncError(f"seeds must be distinct, got {list(out)} (repeated: {repeated})")
     return out
+
+
+def _seeds(seed: Any, seeds: Any) -> tuple[int, ...]:
+    """The study's seeds from ``seed`` (one) or ``seeds`` (a list or ``"0,1,2"``)."""
+    if seeds is None:
+        low, high = _SEED_RANGE["low"], _SEED_RANGE["high"]
+        return (check_int("seed", 0 if seed is None else seed, min=low, max=high),)
+    if seed is not None:
+        raise PosEncError(f"give seed or seeds, not both: got seed={seed!r} and seeds={seeds!r}")
+    return check_seeds(seeds)
 
 
 def _task_options(task: str, given: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -290,9 +291,7 @@ def _with_preset(preset: str, given: Mapping[str, Any]) -> dict[str, Any]:
 def _encoding_names(encodings: Any) -> tuple[list[Any], tuple[str, ...]]:
     """The encodings as a list (``"rope,alibi"`` split) and the distinct labels of their
     runs."""
-    if isinstance(encodings, str):
-        encodings = [e for e in encodings.split(",") if e.strip()]
-    names = list(encodings)
+    names = string_sequence("encodings", encodings)
     if not names:
         raise PosEncError("encodings must name at least one encoding, got none")
     labels = tuple(encoding_label(e) for e in names)
@@ -337,8 +336,9 @@ def _extension(
     the preset's RoPE extension is dropped when the study has no RoPE model or nothing past
     train_len to extend to, and its fine-tune with it; only a conflict the caller wrote
     (``extend`` or ``finetune_steps`` given) is an error."""
-    extend = tuple(o["extend"].split(",") if isinstance(o["extend"], str) else o["extend"])
-    extend = tuple(check_choice("extend", m, tuple(EXTENSIONS)) for m in extend if m)
+    extend = tuple(
+        check_choice("extend", m, tuple(EXTENSIONS)) for m in string_sequence("extend", o["extend"])
+    )
     factor = o["extend_factor"]
     if factor is None:
         factor = max(eval_lens) / train_len

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from posenc._errors import PosEncError, check_choice
+from posenc._errors import PosEncError, check_choice, check_int
+from posenc.experiments.presets import MAX_COUNT, MAX_EVAL_TOKENS
 from posenc.experiments.tasks.base import Task
 from posenc.experiments.tasks.counting import CountingTask
 from posenc.experiments.tasks.flipflop import FlipFlopTask
@@ -41,6 +42,8 @@ def make_task(
         0.1
     """
     check_choice("task", name, tuple(TASKS))
+    eval_tokens = check_int("eval_tokens", eval_tokens, min=1, max=MAX_EVAL_TOKENS)
+    eval_examples = check_int("eval_examples", eval_examples, min=1, max=MAX_COUNT)
     for option, value, owner in (
         ("num_vars", num_vars, "counting"),
         ("eval_split", eval_split, "flipflop"),
