@@ -40,7 +40,7 @@ def test_from_seq_lens_refuses_other_containers(lens):
 def test_batch_is_validated_for_1d_positions_too():
     with pytest.raises(posenc.PosEncError, match="batch must be an integer, got 'x'"):
         posenc.positions.resolve(torch.arange(3), 3, batch="x")
-    with pytest.raises(posenc.PosEncError, match="batch must be >= 0, got -1"):
+    with pytest.raises(posenc.PosEncError, match="batch must be >= 1, got -1"):
         posenc.positions.resolve_pair(3, q_positions=torch.arange(3), batch=-1)
     got = posenc.positions.resolve(torch.arange(3), 3, batch=4)  # [s] broadcasts over batch
     torch.testing.assert_close(got, torch.arange(3), rtol=0, atol=0)
