@@ -138,9 +138,9 @@ def test_a_failing_worker_stops_the_study_with_its_error() -> None:
     ("options", "pattern"),
     [
         ({"seeds": []}, r"seeds must hold at least one seed"),
-        ({"seeds": ""}, r"seeds must hold at least one seed"),
+        ({"seeds": ""}, r"seeds must not hold an empty entry, got ''"),
         ({"seeds": [0, 0]}, r"seeds must be distinct, got \[0, 0\]"),
-        ({"seeds": "0,x"}, r"seeds entries must be integers, got 'x'"),
+        ({"seeds": "0,x"}, r"seeds entries must be integers \(digits, an optional -\), got 'x'"),
         ({"seeds": [0.5]}, r"seeds entry"),
         ({"seeds": 3}, r"seeds must be a list of integers, got 3"),
         ({"seeds": [0], "seed": 1}, r"give seed or seeds, not both"),
