@@ -260,7 +260,7 @@ def test_bad_layers_are_refused(kwargs, match):
 def test_bad_schedules_are_refused():
     with pytest.raises(PosEncError, match="k must be >= 1"):
         nope_every(0, 4)
-    with pytest.raises(PosEncError, match="schedule must be one of"):
+    with pytest.raises(PosEncError, match="name must be a schedule, one of"):
         schedule("gemma", 4, 64)
     with pytest.raises(PosEncError, match="local_base must be > 1"):
         local_global(4, local_base=1.0)

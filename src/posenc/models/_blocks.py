@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from posenc._base import RotaryEncoding
+from posenc._errors import PosEncError
 from posenc.attend import attention
 from posenc.models import layers as _layers
 
@@ -28,7 +29,10 @@ class KVCache:
 
     Pass one to :meth:`TinyTransformer.forward` as ``cache=``: each call appends the new
     tokens' keys (rotary keys after their rotation), values, positions and padding. A
-    fresh cache is empty; use a new one per sequence batch.
+    fresh cache is empty; use a new one per sequence batch. A cache serves one model, one
+    batch, one device and one dtype: a call that does not fit it (another batch size, number
+    of layers or heads, head size, device or dtype) raises
+    :class:`~posenc.PosEncError` naming ``cache`` before anything is appended.
 
     Attributes:
         keys, values: per layer ``[b, h, t, d]``.
@@ -49,10 +53,59 @@ class KVCache:
         """Number of cached tokens."""
         return 0 if self.positions is None else int(self.positions.shape[-1])
 
+    def _check_call(
+        self, batch: int, *, num_layers: int, num_heads: int, head_dim: int, device: torch.device
+    ) -> None:
+        """Raise unless a call of a model with ``num_layers`` layers of ``num_heads`` heads of
+        ``head_dim`` channels on ``batch`` sequences on ``device`` may append to this cache
+        (metadata only: no device sync)."""
+        if not self.keys and self.positions is None and self.mask is None and not self.gates:
+            return  # empty: any call fills it
+        if self.positions is None or len(self.keys) != num_layers:
+            raise PosEncError(
+                f"cache holds keys of {len(self.keys)} layers and "
+                f"{'no' if self.positions is None else self.length} positions; this model has "
+                f"num_layers={num_layers} (a cache serves one model: use a new KVCache)"
+            )
+        keys = self.keys[0]
+        if keys.ndim != 4 or keys.shape[2] != self.length:
+            raise PosEncError(
+                f"cache keys must be [b, h, t, d] with t = {self.length} cached positions, got "
+                f"shape {tuple(keys.shape)} (use a new KVCache)"
+            )
+        b, h, _, d = keys.shape
+        if b != batch:
+            raise PosEncError(
+                f"cache holds a batch of {b} sequences; tokens has batch size {batch} "
+                f"(use a new KVCache per batch)"
+            )
+        if (h, d) != (num_heads, head_dim):
+            raise PosEncError(
+                f"cache holds keys of {h} heads of {d} channels; this model has "
+                f"num_heads={num_heads}, head_dim={head_dim} (use a new KVCache)"
+            )
+        if keys.device != device:
+            raise PosEncError(f"cache is on {keys.device}; tokens are on {device}")
+        p, m = self.positions, self.mask
+        if p.ndim == 2 and p.shape[0] not in (1, batch):
+            raise PosEncError(
+                f"cache positions have batch size {p.shape[0]}; tokens has batch size {batch}"
+            )
+        if m is not None and tuple(m.shape) != (batch, self.length):
+            raise PosEncError(
+                f"cache mask must be [b, t] = [{batch}, {self.length}], got shape "
+                f"{tuple(m.shape)} (use a new KVCache per batch)"
+            )
+
     def _update(
         self, layer: int, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append this layer's new keys/values and return all of them."""
+        if layer < len(self.keys) and self.keys[layer].dtype != k.dtype:
+            raise PosEncError(
+                f"cache holds keys of dtype {self.keys[layer].dtype}; this call's keys are "
+                f"{k.dtype} (a cache serves one dtype: use a new KVCache)"
+            )
         if layer == len(self.keys):
             self.keys.append(k)
             self.values.append(v)
@@ -121,7 +174,7 @@ class Attention(nn.Module):
         if t is None:
             return q
         if t["type"] == "llama4":
-            scale = _layers.llama4_temperature(
+            scale = _layers.llama4_temperature_at(
                 q_pos, floor_scale=t["floor_scale"], attn_scale=t["attn_scale"]
             )  # [s] or [b, s]
             scale = scale[None, None, :, None] if scale.ndim == 1 else scale[:, None, :, None]

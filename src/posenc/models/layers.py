@@ -15,10 +15,11 @@ A layer's settings are a dict (``TinyTransformer(layers=[...])``, one per layer)
   - ``{"type": "llama4", "floor_scale": F, "attn_scale": a}``: Llama 4's attention
     temperature tuning, ``q * (1 + a * log(floor((p + 1) / F) + 1))`` at query position
     ``p`` (transformers' ``Llama4TextAttention``, on its NoPE layers; defaults there
-    ``F = 8192``, ``a = 0.1``);
+    ``F = 8192``, ``a = 0.1``; ``a <= 1e6``; 1 at negative positions);
   - ``{"type": "ssmax", "init": s0}``: Scalable-Softmax (Nakanishi, 2025), logits
     ``* s_h log n`` with ``n`` the keys the query may attend and ``s_h`` learned per head
-    (initialised to ``s0``, default 0.43, the value of the paper's Figure 1). It scales
+    (initialised to ``s0``, default 0.43, the value of the paper's Figure 1;
+    ``|s0| <= 1e6``). It scales
     ``q . k``; a bias encoding's term is added after.
 
 Layer dicts are validated (and completed with their defaults) by :func:`check_layer`;
@@ -32,15 +33,26 @@ from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_bool, check_choice, check_float, check_int
+from posenc._errors import (
+    PosEncError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_positions,
+)
 from posenc.attend.paths import allowed_pairs
 
 __all__ = [
     "LAYER_KEYS",
+    "MAX_SCALE",
+    "MAX_WINDOW",
     "TEMPERATURES",
     "allowed_counts",
     "check_layer",
+    "check_temperature",
     "llama4_temperature",
+    "llama4_temperature_at",
     "ssmax_factor",
     "window_keep",
 ]
@@ -54,35 +66,41 @@ TEMPERATURES: dict[str, dict[str, float]] = {
     "ssmax": {"init": 0.43},
 }
 
-_MAX_WINDOW = 1 << 40
+#: The widest sliding window a layer takes (in tokens).
+MAX_WINDOW = 1 << 40
+
+#: The largest ``attn_scale`` (Llama 4) and ``|init|`` (SSMax) a temperature takes: beyond
+#: them the query factor leaves float32 (``1e308`` would not even fit a float32 parameter).
+MAX_SCALE = 1e6
 
 
-def _check_temperature(where: str, spec: Any) -> dict[str, Any] | None:
+def check_temperature(name: str, spec: Any) -> dict[str, Any] | None:
+    """A temperature spec (``name`` is how the caller calls it, e.g.
+    ``layers[0]['temperature']``) validated and completed with its defaults, or None."""
     if spec is None:
         return None
     if not isinstance(spec, Mapping) or "type" not in spec:
         raise PosEncError(
-            f"{where}['temperature'] must be a dict with a 'type' "
+            f"{name} must be a dict with a 'type' "
             f"({', '.join(map(repr, TEMPERATURES))}), got {spec!r}"
         )
-    kind = check_choice(f"{where}['temperature']['type']", spec["type"], tuple(TEMPERATURES))
+    kind = check_choice(f"{name}['type']", spec["type"], tuple(TEMPERATURES))
     defaults = TEMPERATURES[kind]
     unknown = sorted(set(spec) - {"type", *defaults})
     if unknown:
         raise PosEncError(
-            f"{where}['temperature'] of type {kind!r} has unknown keys {unknown}; "
-            f"allowed: {['type', *defaults]}"
+            f"{name} of type {kind!r} has unknown keys {unknown}; allowed: {['type', *defaults]}"
         )
     out: dict[str, Any] = {"type": kind}
     for key, default in defaults.items():
-        name = f"{where}['temperature']['{key}']"
+        key_name = f"{name}['{key}']"
         value = spec.get(key, default)
         if key == "floor_scale":
-            out[key] = check_float(name, value, min=0.0, min_exclusive=True)
+            out[key] = check_float(key_name, value, min=0.0, min_exclusive=True)
         elif key == "attn_scale":
-            out[key] = check_float(name, value, min=0.0)
-        else:
-            out[key] = check_float(name, value)
+            out[key] = check_float(key_name, value, min=0.0, max=MAX_SCALE)
+        else:  # SSMax's init
+            out[key] = check_float(key_name, value, min=-MAX_SCALE, max=MAX_SCALE)
     return out
 
 
@@ -101,10 +119,10 @@ def check_layer(index: int, layer: Any) -> dict[str, Any]:
         out["encoding"] = layer["encoding"]
     window = layer.get("window")
     out["window"] = (
-        None if window is None else check_int(f"{where}['window']", window, min=1, max=_MAX_WINDOW)
+        None if window is None else check_int(f"{where}['window']", window, min=1, max=MAX_WINDOW)
     )
     out["qk_norm"] = check_bool(f"{where}['qk_norm']", layer.get("qk_norm", False))
-    out["temperature"] = _check_temperature(where, layer.get("temperature"))
+    out["temperature"] = check_temperature(f"{where}['temperature']", layer.get("temperature"))
     return out
 
 
@@ -114,13 +132,35 @@ def llama4_temperature(
     """Llama 4's query temperature ``1 + attn_scale * log(floor((p + 1) / floor_scale) + 1)``
     at positions ``p`` (float32, the shape of ``positions``).
 
+    It is 1 at every position below ``floor_scale - 1``, negative ones included (the step
+    count ``floor((p + 1) / floor_scale)`` is taken as 0 there): transformers computes it
+    from ``arange(s) + past tokens``, never negative, and a padded slot given a negative
+    position must not turn its query into ``-inf`` or NaN.
+
+    Args:
+        positions: integer or floating positions, any shape (finite).
+        floor_scale: the step, ``> 0`` (8192 in Llama 4).
+        attn_scale: the strength, in ``[0, 1e6]`` (0.1 in Llama 4).
+
     Examples:
         >>> import torch
-        >>> llama4_temperature(torch.tensor([0, 7, 8, 23]), floor_scale=8, attn_scale=0.1)
-        tensor([1.0000, 1.0693, 1.0693, 1.1386])
+        >>> llama4_temperature(torch.tensor([-9, 0, 7, 8, 23]), floor_scale=8, attn_scale=0.1)
+        tensor([1.0000, 1.0000, 1.0693, 1.0693, 1.1386])
     """
+    check_positions("positions", positions, ndims=None)
+    floor_scale = check_float("floor_scale", floor_scale, min=0.0, min_exclusive=True)
+    attn_scale = check_float("attn_scale", attn_scale, min=0.0, max=MAX_SCALE)
+    return llama4_temperature_at(positions, floor_scale=floor_scale, attn_scale=attn_scale)
+
+
+def llama4_temperature_at(
+    positions: torch.Tensor, *, floor_scale: float, attn_scale: float
+) -> torch.Tensor:
+    """:func:`llama4_temperature` of checked arguments (validates nothing: the model's
+    positions were checked once per forward, its settings by :func:`check_layer`)."""
     p = positions.to(torch.float64)
-    return (torch.log1p(torch.floor((p + 1.0) / floor_scale)) * attn_scale + 1.0).float()
+    steps = torch.floor((p + 1.0) / floor_scale).clamp_min(0.0)
+    return (torch.log1p(steps) * attn_scale + 1.0).float()
 
 
 def window_keep(q_len: int, k_len: int, window: int, *, causal: bool, device: Any) -> torch.Tensor:

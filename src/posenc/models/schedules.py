@@ -8,7 +8,12 @@
   ``1e4`` and one global layer with base ``1e6`` (5 : 1, window 1024 in the 1B model).
 
 Each returns one dict per layer (see :mod:`posenc.models.layers`); :data:`SCHEDULES`
-names them for ``posenc lengthgen``.
+names them for ``posenc lengthgen``. Every argument is checked before a layer is built, by
+the rules the model applies to the result: at most
+:data:`~posenc.models.transformer.MAX_LAYERS` layers, a window of at most
+:data:`~posenc.models.layers.MAX_WINDOW` tokens, a temperature as
+:func:`~posenc.models.layers.check_temperature` takes it, an encoding a registry name or
+config (its keys those of its class).
 
 Examples:
     >>> from posenc.models.schedules import nope_every
@@ -22,7 +27,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from posenc import registry
-from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc._errors import PosEncError, check_float, check_int
+from posenc.models.layers import MAX_WINDOW, check_temperature
+from posenc.models.transformer import MAX_LAYERS
 
 __all__ = ["SCHEDULES", "local_global", "nope_every", "schedule"]
 
@@ -46,7 +53,10 @@ def nope_every(
             ``{"type": "llama4", ...}``), or None.
     """
     k = check_int("k", k, min=1)
-    num_layers = check_int("num_layers", num_layers, min=1)
+    num_layers = _check_num_layers(num_layers)
+    if window is not None:
+        window = check_int("window", window, min=1, max=MAX_WINDOW)
+    check_temperature("temperature", temperature)
     out: list[dict[str, Any]] = []
     for i in range(num_layers):
         if (i + 1) % k == 0:
@@ -77,12 +87,12 @@ def local_global(
         >>> [layer["encoding"]["base"] for layer in local_global(4, ratio=1, window=8)]
         [10000.0, 1000000.0, 10000.0, 1000000.0]
     """
-    num_layers = check_int("num_layers", num_layers, min=1)
+    num_layers = _check_num_layers(num_layers)
     ratio = check_int("ratio", ratio, min=0)
-    window = check_int("window", window, min=1)
+    window = check_int("window", window, min=1, max=MAX_WINDOW)
     local_base = check_float("local_base", local_base, min=1.0, min_exclusive=True)
     global_base = check_float("global_base", global_base, min=1.0, min_exclusive=True)
-    spec = {"name": encoding} if isinstance(encoding, str) else dict(encoding)
+    spec = _check_encoding(encoding)
     cls = registry.class_of(spec)
     if "base" not in registry.parameters(cls)[0]:
         raise PosEncError(
@@ -96,6 +106,29 @@ def local_global(
         else:
             out.append({"encoding": {**spec, "base": local_base}, "window": window})
     return out
+
+
+def _check_num_layers(num_layers: Any) -> int:
+    return check_int("num_layers", num_layers, min=1, max=MAX_LAYERS)
+
+
+def _check_encoding(encoding: Any) -> dict[str, Any]:
+    """``encoding`` (a registry name or a config dict) as a config dict, its name known and
+    its keys those its class takes (after the class' upgrade of older configs)."""
+    if not isinstance(encoding, (str, Mapping)):
+        raise PosEncError(
+            f"encoding must be a registry name or a config dict, got {type(encoding).__name__}"
+        )
+    spec = {"name": encoding} if isinstance(encoding, str) else dict(encoding)
+    cls = registry.class_of(spec)
+    name, given = cls.upgrade_config({k: v for k, v in spec.items() if k != "name"})
+    accepted, _ = registry.parameters(registry.get(name))
+    unknown = sorted(set(given) - accepted)
+    if unknown:
+        raise PosEncError(
+            f"encoding {name!r} has unknown keys {unknown}; allowed: {sorted(accepted)}"
+        )
+    return spec
 
 
 #: Schedules by name, each ``f(num_layers, train_len, encoding) -> layers``, for ``posenc
@@ -126,7 +159,16 @@ def schedule(
     encoding: str | Mapping[str, Any] = "rope",
 ) -> list[dict[str, Any]]:
     """The schedule called ``name`` (one of :data:`SCHEDULES`) for a model of ``num_layers``
-    layers trained at ``train_len`` tokens whose encoding is ``encoding``."""
-    check_choice("schedule", name, tuple(SCHEDULES))
-    spec = {"name": encoding} if isinstance(encoding, str) else encoding
-    return SCHEDULES[name](num_layers, train_len, spec)
+    layers (``<= MAX_LAYERS``) trained at ``train_len`` tokens (``<= MAX_WINDOW``) whose
+    encoding is ``encoding`` (a registry name or a config dict).
+
+    Examples:
+        >>> [layer.get("window") for layer in schedule("llama4", 4, 64)]
+        [16, 16, 16, None]
+    """
+    if not isinstance(name, str) or name not in SCHEDULES:
+        listed = ", ".join(map(repr, SCHEDULES))
+        raise PosEncError(f"name must be a schedule, one of {listed}, got {name!r}")
+    num_layers = _check_num_layers(num_layers)
+    train_len = check_int("train_len", train_len, min=1, max=MAX_WINDOW)
+    return SCHEDULES[name](num_layers, train_len, _check_encoding(encoding))

@@ -259,6 +259,13 @@ class TinyTransformer(nn.Module):
                 raise PosEncError(
                     "cache needs a causal model (causal=True); this one is an encoder"
                 )
+            cache._check_call(
+                b,
+                num_layers=self.num_layers,
+                num_heads=self.num_heads,
+                head_dim=self.head_dim,
+                device=device,
+            )
         past = cache.positions if cache is not None else None
         if positions is None:
             start = (
