@@ -267,3 +267,26 @@ def test_softmax_scale_refusals() -> None:
     with pytest.raises(PosEncError, match=r"model_type 'deepseek_v3'.*'factor'"):
         softmax_scale_factor(config)
     assert softmax_scale_factor({"model_type": "deepseek_v3"}) == 1.0  # default RoPE
+
+
+@pytest.mark.parametrize(
+    ("scale", "positions"),
+    [
+        (QueryScale(beta=0.1, length=8.0, offset=1.0), [-(2**62), -100, -10, -9, -2, -1]),
+        (QueryScale(beta=0.5, length=4.0), [-(2**40), -5, -4, -1]),
+        (QueryScale(beta=-0.3, length=4.0), [-9, -1]),
+    ],
+    ids=["llama4", "mistral", "negative-beta"],
+)
+def test_negative_positions_scale_by_one(scale, positions):
+    """Llama 4's scale was -inf at p in [-F-1, -2] and NaN below (log1p of -1 and less):
+    padding given negative positions made NaN queries. Below the first step it is 1, as at
+    every non-negative position before it; above, transformers' expression."""
+    p = torch.tensor([*positions, 0, 3, 7, 8, 100])
+    got = scale(p)
+    steps = torch.floor((p.double() + scale.offset) / scale.length)
+    want = torch.where(steps < 0, 1.0, 1.0 + scale.beta * torch.log1p(steps.clamp_min(0)))
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    assert bool(torch.isfinite(got).all()) and bool((got[p < 0] == 1.0).all())
+    with pytest.raises(PosEncError, match="dtype must be a floating-point dtype"):
+        scale(p, dtype=torch.int64)

@@ -25,7 +25,14 @@ from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_float, check_int, check_positions, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_dtype,
+    check_float,
+    check_int,
+    check_positions,
+    check_tensor,
+)
 from posenc.integrations import _hf_families as _families
 from posenc.integrations._hf_reader import ConfigReader, rope_parameters
 
@@ -64,15 +71,20 @@ class QueryScale:
 
     def __call__(self, positions: torch.Tensor, *, dtype: torch.dtype = torch.float64) -> Any:
         """The scale at ``positions`` (int or float, any shape), computed in float64 and
-        returned in ``dtype``; multiply ``q: [b, h, s, d]`` by ``scale[:, None, :, None]``
-        for ``[b, s]`` positions.
+        returned in ``dtype`` (floating); multiply ``q: [b, h, s, d]`` by
+        ``scale[:, None, :, None]`` for ``[b, s]`` positions. It is 1 wherever
+        ``p + offset < length`` (negative positions included: transformers computes it from
+        ``arange(s) + past tokens``, never negative, and a padded slot given a negative
+        position keeps its query as it is).
 
         Shape: ``[*P]`` -> ``[*P]``.
         """
         check_positions("positions", positions, ndims=None)
         check_tensor("positions", positions)
+        check_dtype("dtype", dtype)
         p = positions.to(torch.float64)
-        steps = torch.floor((p + self.offset) / self.length)
+        # no step below the first (negative positions, padding): 1 there, never -inf or NaN
+        steps = torch.floor((p + self.offset) / self.length).clamp_min(0.0)
         return (1.0 + self.beta * torch.log1p(steps)).to(dtype)
 
 
