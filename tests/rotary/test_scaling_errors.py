@@ -4,12 +4,18 @@ and the value, through parse_scaling and through scaling_from_transformers alike
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import inspect
+import pickle
+
 import pytest
 
 import posenc
 from posenc import PosEncError
 from posenc.integrations.transformers import scaling_from_transformers
 from posenc.rotary import DynamicScaling
+from posenc.rotary.frequencies import SCALINGS
 
 from ._scaling_cases import longrope_factors as _longrope_factors
 
@@ -199,3 +205,85 @@ BAD_CALLS = [
 def test_bad_call(kwargs, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
         posenc.rope_frequencies(**kwargs)
+
+
+# --- the dataclasses themselves (issue 24) ------------------------------------------------------
+
+# every scaling dataclass with a valid set of its fields by name
+VALID_FIELDS = {
+    "linear": {"factor": 2.0},
+    "ntk": {"factor": 2.0},
+    "dynamic": {"factor": 2.0, "max_position": 16},
+    "yarn": {"factor": 2.0, "original_max_position": 16},
+    "llama3": {k: v for k, v in LLAMA3.items() if k != "type"},
+    "longrope": {**{k: v for k, v in LONGROPE.items() if k != "type"}, "factor": 2.0},
+    "proportional": {"factor": 2.0},
+}
+
+
+def _required(cls) -> list[str]:
+    return [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and (
+            (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            or f.metadata.get("required")
+        )
+    ]
+
+
+def test_every_scaling_is_covered():
+    assert set(VALID_FIELDS) == set(SCALINGS)
+
+
+MISSING_CASES = [(kind, name) for kind in VALID_FIELDS for name in _required(SCALINGS[kind][0])]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"), MISSING_CASES, ids=[f"{k}-{n}" for k, n in MISSING_CASES]
+)
+def test_a_missing_field_is_named(kind, name) -> None:
+    """Llama3Scaling(factor=2) and its siblings were a TypeError."""
+    cls = SCALINGS[kind][0]
+    fields = {k: v for k, v in VALID_FIELDS[kind].items() if k != name}
+    with pytest.raises(
+        PosEncError, match=rf"{kind} scaling is missing required field\(s\) .*\b{name}\b"
+    ):
+        cls(**fields)
+
+
+def test_llama3_names_every_missing_field() -> None:
+    with pytest.raises(
+        PosEncError,
+        match=r"llama3 scaling is missing required field\(s\) low_freq_factor, high_freq_factor, "
+        r"original_max_position; required: factor, low_freq_factor",
+    ):
+        posenc.rotary.Llama3Scaling(factor=2)
+
+
+@pytest.mark.parametrize("kind", VALID_FIELDS)
+def test_positional_and_unknown_fields_are_refused(kind) -> None:
+    cls = SCALINGS[kind][0]
+    with pytest.raises(PosEncError, match=rf"{kind} scaling takes its fields by name only"):
+        cls(*VALID_FIELDS[kind].values())
+    with pytest.raises(PosEncError, match=rf"{kind} scaling got unknown field\(s\) 'no_such'"):
+        cls(**VALID_FIELDS[kind], no_such=1)
+    with pytest.raises(PosEncError, match=rf"{kind} scaling got unknown field\(s\) 'type'"):
+        cls(**VALID_FIELDS[kind], type=kind)
+
+
+@pytest.mark.parametrize("kind", VALID_FIELDS)
+def test_dataclasses_stay_frozen_dataclasses(kind) -> None:
+    cls = SCALINGS[kind][0]
+    p = cls(**VALID_FIELDS[kind])
+    assert pickle.loads(pickle.dumps(p)) == p
+    assert copy.deepcopy(p) == p
+    assert dataclasses.replace(p) == p
+    assert posenc.rotary.parse_scaling(dataclasses.asdict(p)) == p
+    assert [f.name for f in dataclasses.fields(cls)][-1] == "type" and p.type == kind
+    assert list(inspect.signature(cls).parameters) == [
+        f.name for f in dataclasses.fields(cls) if f.init
+    ]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.type = "x"  # type: ignore[misc]

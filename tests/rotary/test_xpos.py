@@ -101,7 +101,7 @@ def test_xpos_is_rope_times_zeta_rounded_once():
     rot = xpos.rotation(5, 7, q_positions=q_pos, k_positions=k_pos)
     cos_q, sin_q = RotaryEmbedding(8).cos_sin(q_pos, dtype=torch.float64)
     cos_k, sin_k = RotaryEmbedding(8).cos_sin(k_pos, dtype=torch.float64)
-    zq, zk = xpos_scale(q_pos, 8, 100.0), xpos_scale(k_pos, 8, -100.0)
+    zq, zk = xpos_scale(q_pos, 8, 100.0), xpos_scale(-k_pos, 8, 100.0)
     for got, want in zip(rot, (cos_q * zq, sin_q * zq, cos_k * zk, sin_k * zk)):
         assert torch.equal(got, want.float())
     q = torch.randn(1, 1, 5, 8)

@@ -14,14 +14,17 @@ to ours; the rotated queries and keys differ by constant factors:
 ``ours_k = theirs_k * zeta^(-(s // 2) / scale_base)`` (per frequency pair).
 
 Range: ``zeta_0 = 2/7``, so keys grow like ``3.5^(n / scale_base)``; float32 overflows past
-``n ~ 70 * scale_base``. So positions must satisfy ``|n| <= max_position(scale_base, dtype)``
-(:func:`xpos_max_position`: ``|n| / scale_base <= ln(finfo.max) / ln(3.5) - 4``, a factor
-``3.5^4 = 150`` left for the dot products; 33 792 positions in float32 and 287 744 in
-float64 for ``scale_base=512``); positions beyond it raise :class:`posenc.PosEncError`
-(on the CPU and while tracing; on other devices a runtime assertion, no host sync).
-Shifting all positions by one constant keeps every score unchanged (e.g. pass
-``positions - s // 2``) and halves the largest exponent, as rotary-embedding-torch's
-centring does.
+``n ~ 70 * scale_base``, float16 past ``n ~ 8.8 * scale_base``. So positions must satisfy
+``|n| <= xpos_max_position(scale_base, dtype)`` (``|n| / scale_base <= ln(finfo.max) / ln(3.5)
+- 4``, a factor ``3.5^4 = 150`` left for the dot products), ``dtype`` the narrowest of the
+cos/sin and the queries and keys rotated: for ``scale_base=512``, 2 048 positions in float16,
+33 792 in bfloat16 and float32, 287 744 in float64. Positions beyond it raise
+:class:`posenc.PosEncError` naming them (on the CPU and while tracing; on other devices a
+runtime assertion, no host sync): ``forward`` checks the positions, ``rotate`` the scales a
+:meth:`~posenc.RotaryEmbedding.rotation` holds (``hypot(cos, sin)`` of the first frequency
+is ``3.5^(|n| / scale_base)`` times the attention scale). Shifting all positions by one
+constant keeps every score unchanged (e.g. pass ``positions - s // 2``) and halves the
+largest exponent, as rotary-embedding-torch's centring does.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import torch
 from posenc._errors import (
     PosEncError,
     check_alloc,
+    check_choice,
+    check_dtype,
     check_float,
     check_int,
     check_positions,
@@ -42,8 +47,9 @@ from posenc._errors import (
     tracing,
 )
 from posenc.rotary.frequencies import Scaling
-from posenc.rotary.layout import Layout
-from posenc.rotary.module import RotaryEmbedding, Rotation
+from posenc.rotary.layout import SEQ_DIMS, Layout
+from posenc.rotary.module import RotaryEmbedding, Rotation, _renamed_positions
+from posenc.rotary.rotation import check_qk
 
 __all__ = ["XPosEmbedding", "xpos_max_position", "xpos_scale"]
 
@@ -52,19 +58,34 @@ _MARGIN = 4.0  # powers of 1 / zeta_0 = 3.5 kept free below overflow, for the do
 
 def xpos_max_position(scale_base: float, dtype: torch.dtype = torch.float32) -> float:
     """The largest ``|position|`` whose xPos scales are finite in ``dtype`` (with a margin):
-    ``|scale_base| * (ln(finfo(dtype).max) / ln(3.5) - 4)``.
+    ``scale_base * floor(ln(finfo(dtype).max) / ln(3.5) - 4)``, ``scale_base > 0``.
 
-    >>> xpos_max_position(512.0)
-    33792.0
+    >>> xpos_max_position(512.0), xpos_max_position(512.0, torch.float16)
+    (33792.0, 2048.0)
     """
+    scale_base = _check_scale_base(scale_base)
+    check_dtype("dtype", dtype)
+    return _max_position(scale_base, dtype)
+
+
+def _check_scale_base(scale_base: Any) -> float:
+    return check_float("scale_base", scale_base, min=0.0, min_exclusive=True)
+
+
+def _max_position(scale_base: float, dtype: torch.dtype) -> float:
     top = math.log(torch.finfo(dtype).max) / math.log(3.5) - _MARGIN
     return abs(scale_base) * math.floor(top)
+
+
+def _narrowest(*dtypes: torch.dtype) -> torch.dtype:
+    """The floating dtype of ``dtypes`` with the smallest range (float16 before bfloat16)."""
+    return min(dtypes, key=lambda d: torch.finfo(d).max)
 
 
 def _check_range(name: str, positions: torch.Tensor, scale_base: float, dtype: torch.dtype) -> None:
     """Refuse positions whose scales overflow ``dtype``: a PosEncError on the CPU, a graph
     assertion while tracing, an asynchronous device assertion elsewhere (no host sync)."""
-    limit = xpos_max_position(scale_base, dtype)
+    limit = _max_position(scale_base, dtype)
     if tracing() or positions.device.type not in ("cpu", "meta"):
         # a constant message: the graph holds it as it is
         rule = f"{name} must be within +-xpos_max_position(scale_base, dtype) for xPos"
@@ -81,12 +102,41 @@ def _check_range(name: str, positions: torch.Tensor, scale_base: float, dtype: t
         )
 
 
+def _check_rotation_range(
+    rotation: Rotation, scale_base: float, attention_scale: float, dtype: torch.dtype
+) -> None:
+    """Refuse a rotation whose scales overflow ``dtype`` (narrower than its own): the
+    positions it was computed at, read back from ``hypot(cos, sin)`` of the first frequency,
+    ``attention_scale * 3.5^(+-n / scale_base)``, as :func:`_check_range` would."""
+    limit = _max_position(scale_base, dtype)
+    slack = 1e-3 * scale_base  # the float32 rounding of cos / sin, in positions
+    for name, cos, sin in (
+        ("q_positions", rotation.cos_q, rotation.sin_q),
+        ("k_positions", rotation.cos_k, rotation.sin_k),
+    ):
+        if cos.device.type == "meta" or cos.numel() == 0:
+            continue
+        z = torch.hypot(cos[..., 0].to(torch.float64), sin[..., 0].to(torch.float64))
+        n = (torch.log(z / attention_scale) / math.log(3.5)).abs() * scale_base  # |n|
+        if tracing() or cos.device.type != "cpu":
+            rule = f"{name} must be within +-xpos_max_position(scale_base, dtype) for xPos"
+            check_traced(n <= limit + slack, rule)
+            continue
+        largest = float(n.max())
+        if largest > limit + slack:
+            raise PosEncError(
+                f"{name} must be within +-{limit:g} for xPos with scale_base={scale_base:g} "
+                f"in {dtype} (the dtype of q / k; its scales 3.5^(|n| / scale_base) overflow "
+                f"beyond), got a rotation at |{name}| up to about {largest:.6g}"
+            )
+
+
 def xpos_scale(positions: torch.Tensor, rotary_dim: int, scale_base: float) -> torch.Tensor:
     """xPos' scale ``zeta_i ^ (n / scale_base)`` with ``zeta_i = (2i + 0.4 r) / (1.4 r)``,
-    in float64.
+    in float64, ``scale_base > 0``.
 
-    Queries are multiplied by it and keys by its inverse (``-scale_base``), so
-    ``q_m . k_n`` carries ``zeta^((m - n) / scale_base)``: attention decays with distance.
+    Queries are multiplied by it and keys by its inverse (``xpos_scale(-positions, ...)``),
+    so ``q_m . k_n`` carries ``zeta^((m - n) / scale_base)``: attention decays with distance.
 
     Shape: positions ``[*P]`` -> ``[*P, r/2]``.
 
@@ -102,9 +152,7 @@ def xpos_scale(positions: torch.Tensor, rotary_dim: int, scale_base: float) -> t
     if rotary_dim % 2:
         raise PosEncError(f"rotary_dim must be even, got {rotary_dim}")
     check_alloc("rotary_dim", rotary_dim, (3, positions.numel(), rotary_dim), torch.float64)
-    scale_base = check_float("scale_base", scale_base)
-    if scale_base == 0:
-        raise PosEncError("scale_base must be non-zero, got 0.0")
+    scale_base = _check_scale_base(scale_base)
     _check_range("positions", positions, scale_base, torch.float64)
     return _scale(positions, rotary_dim, scale_base)
 
@@ -114,6 +162,10 @@ def _scale(positions: torch.Tensor, rotary_dim: int, scale_base: float) -> torch
     i = torch.arange(rotary_dim // 2, dtype=torch.float64, device=positions.device)
     log_zeta = torch.log((2 * i + 0.4 * rotary_dim) / (1.4 * rotary_dim))  # [r/2]
     return torch.exp(positions.to(torch.float64).unsqueeze(-1) / scale_base * log_zeta)
+
+
+def _floating(x: Any) -> bool:
+    return isinstance(x, torch.Tensor) and x.is_floating_point()
 
 
 class XPosEmbedding(RotaryEmbedding):
@@ -164,7 +216,7 @@ class XPosEmbedding(RotaryEmbedding):
             "head_dim", check_int("head_dim", head_dim, min=2), (4, head_dim), torch.float64
         )
         super().__init__(head_dim, base=base, rotary_dim=rotary_dim, layout=layout, scaling=scaling)
-        self._scale_base = check_float("scale_base", scale_base, min=0.0, min_exclusive=True)
+        self._scale_base = _check_scale_base(scale_base)
         self._set_config(
             head_dim=self.head_dim,
             scale_base=self._scale_base,
@@ -177,6 +229,50 @@ class XPosEmbedding(RotaryEmbedding):
     @property
     def scale_base(self) -> float:
         return self._scale_base
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_positions: torch.Tensor | None = None,
+        *,
+        k_positions: torch.Tensor | None = None,
+        seq_dim: int = -2,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`posenc.RotaryEmbedding.forward`, the positions' range checked for the
+        dtype of ``q`` and ``k`` too (float16 keys overflow far sooner than float32 cos/sin)."""
+        # the caller, past nn.Module.__call__ -> _wrapped_call_impl -> _call_impl -> forward
+        q_positions = _renamed_positions(q_positions, positions, stacklevel=5)
+        if _floating(q) and _floating(k):
+            narrow = _narrowest(q.dtype, k.dtype)
+            if _max_position(self._scale_base, narrow) < _max_position(
+                self._scale_base, torch.float32
+            ):
+                check_choice("seq_dim", seq_dim, SEQ_DIMS)
+                check_qk(q, k, seq_dim, self.head_dim)
+                sq, sk = q.shape[seq_dim], k.shape[seq_dim]
+                q_positions, k_positions = self._resolve(
+                    q_positions, k_positions, sq, sk, q.shape[0], q.device
+                )
+                _check_range("q_positions", q_positions, self._scale_base, narrow)
+                if k_positions is not q_positions:
+                    _check_range("k_positions", k_positions, self._scale_base, narrow)
+        return super().forward(q, k, q_positions, k_positions=k_positions, seq_dim=seq_dim)
+
+    def rotate(
+        self, q: torch.Tensor, k: torch.Tensor, rotation: Rotation, *, seq_dim: int = -2
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`posenc.RotaryEmbedding.rotate`, the rotation's scales checked against the
+        range of ``q``'s and ``k``'s dtype where it is narrower than the cos/sin's."""
+        if _floating(q) and _floating(k) and isinstance(rotation, Rotation):
+            parts = tuple(rotation)
+            if all(_floating(t) and t.ndim >= 1 and t.shape[-1] >= 1 for t in parts):
+                narrow = _narrowest(q.dtype, k.dtype)
+                own = _narrowest(*(t.dtype for t in parts))
+                if _max_position(self._scale_base, narrow) < _max_position(self._scale_base, own):
+                    _check_rotation_range(rotation, self._scale_base, self.attention_scale, narrow)
+        return super().rotate(q, k, rotation, seq_dim=seq_dim)
 
     def rotation_at(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, *, dtype: torch.dtype

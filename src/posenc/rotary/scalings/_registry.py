@@ -1,7 +1,8 @@
 """The scaling registry: name -> (parameter dataclass, function), and what every entry shares.
 
 A scaling module defines a frozen parameter dataclass deriving from :class:`ScalingParams`
-(validated in ``__post_init__``) and registers its function beside it::
+with :func:`frozen` (its fields by name only; a missing or unknown one is a ``PosEncError``;
+the values validated in ``__post_init__``) and registers its function beside it::
 
     @register(LinearScaling)
     def _linear(p, dim, base, seq_len) -> tuple[torch.Tensor, float]: ...
@@ -21,8 +22,9 @@ This module imports nothing from its siblings: they import it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 
@@ -45,7 +47,61 @@ __all__ = [
     "set_field",
 ]
 
-frozen = dataclasses.dataclass(frozen=True, kw_only=True)
+if TYPE_CHECKING:  # typing has it from Python 3.11; only type checkers read it
+    from typing_extensions import dataclass_transform
+else:
+
+    def dataclass_transform(**_: Any) -> Callable[[Any], Any]:
+        return lambda decorator: decorator
+
+
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+def frozen(cls: type[_T]) -> type[_T]:
+    """A scaling's parameter dataclass: frozen, keyword-only, and built only from its own
+    fields by name. A missing required field, an unknown keyword or a positional argument
+    is a :class:`~posenc.PosEncError` naming it (the dataclass' ``__init__`` would raise a
+    ``TypeError``); ``__post_init__`` then validates the values. Fields, ``replace``,
+    equality and pickling are the dataclass' own."""
+    cls = dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]  # type: ignore[arg-type]
+    names = [f.name for f in fields]
+    required = [
+        f.name
+        for f in fields
+        if (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        or f.metadata.get("required")
+    ]
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        kind = getattr(cls, "type", cls.__name__)
+        if args:
+            raise PosEncError(
+                f"{kind} scaling takes its fields by name only ({', '.join(names)}), got "
+                f"{len(args)} positional argument(s) {args!r}"
+            )
+        unknown = [key for key in kwargs if key not in names]
+        if unknown:
+            raise PosEncError(
+                f"{kind} scaling got unknown field(s) {', '.join(map(repr, unknown))}; "
+                f"allowed: {', '.join(names)}"
+            )
+        missing = [name for name in required if name not in kwargs]
+        if missing:
+            optional = [name for name in names if name not in required]
+            raise PosEncError(
+                f"{kind} scaling is missing required field(s) {', '.join(missing)}; "
+                f"required: {', '.join(required)}; optional: {', '.join(optional) or 'none'}"
+            )
+        init(self, **kwargs)
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    return cls
+
 
 # (params, dim, base, seq_len) -> (inv_freq float64 [dim // 2] on the CPU, attention_scale)
 ScalingFn = Callable[[Any, int, float, "float | None"], "tuple[torch.Tensor, float]"]
