@@ -387,3 +387,18 @@ def test_resample_errors_leave_the_module_unchanged():
         and TWO_D.max_len == 10
         and math.isclose(TWO_D.init_std, 0.02)
     )
+
+
+@pytest.mark.parametrize(
+    "shape", [(16, 0), (0, 4), (1, 0)], ids=["no-columns", "no-rows", "one-row-no-columns"]
+)
+def test_resample_table_refuses_an_empty_table(shape):
+    """A [16, 0] table was a RuntimeError from F.interpolate."""
+    with pytest.raises(
+        posenc.PosEncError, match=r"table must have at least one row and one column .*got shape"
+    ):
+        resample_table(torch.zeros(shape), 8)
+    with pytest.raises(
+        posenc.PosEncError, match=r"table must have at least one row and one column"
+    ):
+        resample_table(torch.zeros(shape[0], shape[1]), (2, 2), grid=(4, 4))

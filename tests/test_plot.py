@@ -85,3 +85,33 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as if absent
     with pytest.raises(ImportError, match=r"pip install 'posenc\[plot\]'"):
         plot.plot_table("sinusoidal", 4)
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["/proc/x.png", "/sys/x.svg", "folder.png"],
+    ids=["proc", "sys", "a-folder"],
+)
+def test_save_figure_names_path_when_writing_fails(tmp_path, where):
+    """/proc/x.png was a FileNotFoundError with a traceback; every OSError now names path."""
+    if where == "folder.png":
+        (tmp_path / where).mkdir()
+        where = str(tmp_path / where)
+    fig = plot.plot_table("none", 4, figsize=(2.0, 2.0), dpi=10)
+    with pytest.raises(PosEncError, match=rf"path '{where}' cannot be written: "):
+        plot.save_figure(fig, where)
+    with pytest.raises(PosEncError, match="path must not hold a NUL character"):
+        plot.save_figure(fig, str(tmp_path / "a\0b.png"))
+
+
+def test_figsize_and_dpi_take_numpy_numbers():
+    np = pytest.importorskip("numpy")
+    a = plot.figure_bytes(
+        plot.plot_table(
+            "sinusoidal", np.int64(8), figsize=(np.int64(2), np.float32(3.0)), dpi=np.int64(20)
+        )
+    )
+    b = plot.figure_bytes(plot.plot_table("sinusoidal", 8, figsize=(2, 3.0), dpi=20))
+    assert Image.open(io.BytesIO(a)).size == Image.open(io.BytesIO(b)).size == (40, 60)
+    with pytest.raises(PosEncError, match="figsize must be two positive numbers"):
+        plot.plot_table("sinusoidal", 8, figsize=(np.bool_(True), 2.0))

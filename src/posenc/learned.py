@@ -107,7 +107,7 @@ def resample_table(
     back to the table's dtype.
 
     Args:
-        table: ``[n, dim]`` floating tensor.
+        table: ``[n, dim]`` floating tensor, ``n >= 1`` and ``dim >= 1``.
         size: new total length (1-D) or new grid ``(H', W')`` (2-D).
         grid: the current grid ``(H, W)``; ``None`` for a 1-D table.
         num_prefix_tokens: leading rows kept as they are.
@@ -144,8 +144,11 @@ def _resample(
     check_tensor("table", table, floating=True)
     if table.ndim != 2:
         raise PosEncError(f"table must be [n, dim], got shape {tuple(table.shape)}")
-    if table.shape[0] == 0:
-        raise PosEncError(f"table must have at least one row, got shape {tuple(table.shape)}")
+    if table.shape[0] == 0 or table.shape[1] == 0:
+        raise PosEncError(
+            f"table must have at least one row and one column (dim >= 1), got shape "
+            f"{tuple(table.shape)}"
+        )
     hw, prefix = _check_layout(table.shape[0], grid, num_prefix_tokens)
     if not isinstance(align_corners, bool):
         raise PosEncError(f"align_corners must be True or False, got {align_corners!r}")

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import io
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -75,7 +76,10 @@ def _check_figsize(figsize: Any) -> None:
         not isinstance(figsize, (tuple, list))
         or len(figsize) != 2
         or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1000
+            isinstance(v, numbers.Real)
+            and not isinstance(v, bool)
+            and type(v).__name__ != "bool_"
+            and 0 < cast(Any, v) <= 1000
             for v in figsize
         )
     ):
@@ -435,14 +439,28 @@ def figure_bytes(fig: Figure, format: str = "png") -> bytes:
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:
-    """Write ``fig`` to ``path`` (``.png`` or ``.svg``, chosen by the suffix)."""
+    """Write ``fig`` to ``path`` (``.png`` or ``.svg``, chosen by the suffix) and return it.
+
+    Raises:
+        PosEncError: ``fig`` is no figure, ``path`` is no str or Path, has another suffix,
+            lies in no existing folder, or cannot be written (any ``OSError``: a read-only
+            or virtual file system such as ``/proc``, no permission, a full disk), naming
+            ``path``.
+    """
     if not isinstance(path, (str, Path)) or not str(path):
         raise PosEncError(f"path must be a non-empty str or Path, got {path!r}")
+    if "\0" in str(path):
+        raise PosEncError(f"path must not hold a NUL character, got {str(path)!r}")
     path = Path(path)
     data = figure_bytes(fig, _format(path.suffix.lstrip(".").lower(), name="path suffix"))
     if not path.parent.is_dir():
         raise PosEncError(f"path must be in an existing folder, got {str(path)!r}")
-    path.write_bytes(data)
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise PosEncError(
+            f"path {str(path)!r} cannot be written: {e.strerror or type(e).__name__}"
+        ) from e
     return path
 
 
