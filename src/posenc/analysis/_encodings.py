@@ -20,6 +20,7 @@ Every kind is reduced to the object its properties are stated about:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -150,8 +151,9 @@ def resolve_positions(
     min_len: int = 1,
     nonnegative: bool = False,
 ) -> torch.Tensor:
-    """A 1-D position tensor from ``None`` (``default``), a count ``n`` (``0..n-1``), a
-    ``(start, stop)`` range (``start..stop-1``) or explicit positions (list or tensor).
+    """A 1-D position tensor from ``None`` (``default``), a count ``n`` (``0..n-1``; a Python
+    or NumPy integer), a ``(start, stop)`` range (``start..stop-1``) or explicit positions
+    (list or tensor).
 
     Integer ranges give int64, explicit float positions float64. Raises
     :class:`PosEncError` for empty or inverted ranges and for fewer than ``min_len``
@@ -166,8 +168,10 @@ def resolve_positions(
                 f"and dtype {positions.dtype}"
             )
         out = positions if not positions.is_floating_point() else positions.to(torch.float64)
-    elif isinstance(positions, (int, tuple)) and not isinstance(positions, bool):
-        start, stop = (0, positions) if isinstance(positions, int) else _pair(name, positions)
+    elif _is_integer(positions) or isinstance(positions, tuple):
+        start, stop = (
+            (0, positions) if _is_integer(positions) else _pair(name, cast(tuple, positions))
+        )
         start, stop = check_int(f"{name} start", start), check_int(f"{name} stop", stop)
         if stop <= start:
             raise PosEncError(
@@ -202,6 +206,11 @@ def resolve_positions(
     if nonnegative and bool((out < 0).any()):
         raise PosEncError(f"{name} must be >= 0, got minimum {out.min().item()}")
     return out
+
+
+def _is_integer(value: Any) -> bool:
+    """A Python or NumPy integer (a count), never a bool (``numpy.bool_`` is no Integral)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _pair(name: str, value: tuple) -> tuple[Any, Any]:

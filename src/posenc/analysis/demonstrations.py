@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -94,6 +94,22 @@ class AttentionDemo(Result):
     scale: float
     permutation_equivariant: bool
 
+    choices: ClassVar[dict[str, tuple[str, ...]]] = {
+        **Result.choices,
+        "where": ("none", "embeddings", "attention"),
+    }
+
+    def _check(self) -> None:
+        """``max_word_distance`` is the largest of ``word_distances`` (one per word)."""
+        if not self.word_distances:
+            raise PosEncError("word_distances must hold one distance per word, got none")
+        largest = max(self.word_distances.values())
+        if self.max_word_distance != largest:
+            raise PosEncError(
+                f"max_word_distance must be the largest of word_distances ({largest}), got "
+                f"{self.max_word_distance}"
+            )
+
 
 @dataclasses.dataclass(frozen=True)
 class OrderSensitivity(Result):
@@ -108,6 +124,21 @@ class OrderSensitivity(Result):
     index_pooling: PoolingDemo
     index_swamping: SwampingDemo
     attention: tuple[AttentionDemo, ...]
+
+    def _check(self) -> None:
+        """``sentences`` are two orderings of ``vocabulary``, the words of every demo."""
+        words, _ = _words(self.sentences)
+        if self.vocabulary != tuple(sorted(words)):
+            raise PosEncError(
+                f"vocabulary must be the sentences' words, sorted ({sorted(words)}), got "
+                f"{list(self.vocabulary)}"
+            )
+        for demo in self.attention:
+            if sorted(demo.word_distances) != sorted(words):
+                raise PosEncError(
+                    f"attention demos must measure the sentences' words {sorted(words)}, got "
+                    f"{sorted(demo.word_distances)} in {demo.label!r}"
+                )
 
 
 def _words(sentences: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -211,7 +211,8 @@ class Decay(Result):
 def roformer_bound(inv_freq: torch.Tensor, distances: torch.Tensor) -> torch.Tensor:
     """RoFormer's long-term decay bound ``(1/(r/2)) sum_{j=1}^{r/2} |sum_{i<j} e^{i k theta_i}|``.
 
-    Shape: ``inv_freq [r/2]``, ``distances [m]`` -> ``[m]`` float64.
+    Shape: ``inv_freq [r/2]`` (floating), ``distances [m]`` (integer or floating) -> ``[m]``
+    float64.
 
     Examples:
         >>> import torch
@@ -225,10 +226,15 @@ def roformer_bound(inv_freq: torch.Tensor, distances: torch.Tensor) -> torch.Ten
             raise PosEncError(
                 f"{name} must be a 1-D real tensor, got shape {tuple(t.shape)} and {t.dtype}"
             )
+    if not inv_freq.is_floating_point():
+        raise PosEncError(
+            f"inv_freq must be a floating tensor (frequencies in radians per position), got "
+            f"{inv_freq.dtype}"
+        )
     check_same_device(("inv_freq", "distances"), inv_freq, distances)
     if inv_freq.numel() == 0:
         raise PosEncError("inv_freq must hold at least one frequency, got an empty tensor")
-    if inv_freq.is_floating_point() and not bool(torch.isfinite(inv_freq).all()):
+    if not bool(torch.isfinite(inv_freq).all()):
         raise PosEncError("inv_freq must be finite, got a tensor containing NaN or inf")
     if distances.is_floating_point() and not bool(torch.isfinite(distances).all()):
         raise PosEncError("distances must be finite, got a tensor containing NaN or inf")

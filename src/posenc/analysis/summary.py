@@ -4,10 +4,13 @@ of ``posenc inspect`` and ``posenc report`` show."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
 
+from posenc import registry
+from posenc._errors import PosEncError
 from posenc.analysis._encodings import check_count, check_dtypes, resolve_encoding
 from posenc.analysis._results import Result
 from posenc.analysis.properties import (
@@ -53,6 +56,30 @@ class Properties(Result):
     uniqueness: Uniqueness
     shift: ShiftStructure
     decay: Decay
+
+    def _check(self) -> None:
+        """``config`` builds the encoding ``encoding`` of kind ``kind`` (names, keys and
+        values checked by the registry and the class, a fixed seed for learned tables)."""
+        if "name" not in self.config:
+            raise PosEncError(
+                f"config must hold the encoding's 'name', got keys {sorted(self.config)}"
+            )
+        cls = registry.class_of(self.config)
+        accepted, _ = registry.parameters(cls)
+        unknown = sorted(set(self.config) - accepted - {"name"})
+        if unknown:
+            raise PosEncError(
+                f"config of encoding {cls.name!r} has unknown keys {unknown}; allowed: "
+                f"{sorted(accepted)}"
+            )
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # a moved name: said once
+            enc = registry.build(self.config)
+        if self.encoding not in (cls.name, enc.name) or self.kind != enc.kind:
+            raise PosEncError(
+                f"encoding and kind must be those config builds ({cls.name!r}, {enc.kind!r}), "
+                f"got {self.encoding!r}, {self.kind!r}"
+            )
 
     def summary(self) -> dict[str, Any]:
         """One flat row of the headline numbers, keyed as :data:`SUMMARY_COLUMNS`."""
