@@ -53,10 +53,12 @@ from posenc.rotary.kernels.plain import check_cos_sin, check_rotary_dim, check_r
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout
 
 __all__ = [
+    "DIRECTIONS",
     "LAYOUTS",
     "PARTIALS",
     "SECTION_LAYOUTS",
     "SEQ_DIMS",
+    "Direction",
     "Layout",
     "Partial",
     "SectionLayout",
@@ -69,10 +71,13 @@ __all__ = [
     "section_map",
 ]
 
-SectionLayout = Literal["contiguous", "interleaved"]
-SECTION_LAYOUTS: tuple[SectionLayout, ...] = ("contiguous", "interleaved")
+SectionLayout = Literal["contiguous", "interleaved", "spatial_interleaved"]
+SECTION_LAYOUTS: tuple[SectionLayout, ...] = ("contiguous", "interleaved", "spatial_interleaved")
 Partial = Literal["leading", "whole_head", "trailing"]
 PARTIALS: tuple[Partial, ...] = ("leading", "whole_head", "trailing")
+# the sense of the rotation: by +p * w_i (RoPE) or by -p * w_i (NanoChat's cat(x2, -x1))
+Direction = Literal["positive", "negative"]
+DIRECTIONS: tuple[Direction, ...] = ("positive", "negative")
 
 
 def rotary_cos_sin(
@@ -197,7 +202,12 @@ def check_placement(
             f"got {partial!r}"
         )
     half = rotary_dim // 2
-    checked = check_sections(sections, half if section_layout == "contiguous" else None)
+    checked = check_sections(sections, None if section_layout == "interleaved" else half)
+    if section_layout == "spatial_interleaved" and (len(checked) < 2 or len(set(checked[1:])) > 1):
+        raise PosEncError(
+            f"section_layout 'spatial_interleaved' needs two or more sections, those of the axes "
+            f"after the first alike (their frequencies alternate), got {list(checked)}"
+        )
     return partial, kernel_dim, checked, section_map(checked, section_layout, half)
 
 
@@ -230,20 +240,31 @@ def section_map(sections: tuple[int, ...], layout: SectionLayout, half: int) -> 
     ``a = j % n`` when ``a >= 1`` and ``j < n * sections[a]``, else axis 0, which takes all
     the others (``sections[0]`` is not read, as in transformers; with sections summing to
     ``half`` and ``n * sections[a] <= half`` it is the count of axis 0).
+    ``"spatial_interleaved"`` (ERNIE 4.5-VL; sections summing to ``half``, those of axes
+    ``1 .. n - 1`` alike): the first ``(n - 1) * sections[1]`` frequencies take axes ``1 .. n -
+    1`` in turn (frequency ``j`` axis ``1 + j % (n - 1)``: H, W, H, W, ...), the last
+    ``sections[0]`` axis 0 (T). ERNIE's ``mrope_section`` lists them (H, W, T): here they are
+    in the positions' axis order (T, H, W).
 
     Examples:
         >>> from posenc.rotary.apply import section_map
         >>> section_map((2, 2, 2), "interleaved", 6)  # axes of frequencies 0..5: T H W T H W
         SectionMap(counts=(2, 2, 2), order=(0, 3, 1, 4, 2, 5))
+        >>> section_map((2, 2, 2), "spatial_interleaved", 6)  # H W H W T T
+        SectionMap(counts=(2, 2, 2), order=(4, 5, 0, 2, 1, 3))
     """
     check_choice("section_layout", layout, SECTION_LAYOUTS)
     if layout == "contiguous":
         return SectionMap(sections)
     n = len(sections)
     axis = [0] * half
-    for a in range(1, n):
-        for j in range(a, min(n * sections[a], half), n):
-            axis[j] = a
+    if layout == "spatial_interleaved":
+        for j in range(min((n - 1) * sections[1], half)):
+            axis[j] = 1 + j % (n - 1)
+    else:
+        for a in range(1, n):
+            for j in range(a, min(n * sections[a], half), n):
+                axis[j] = a
     counts = tuple(axis.count(a) for a in range(n))
     order = tuple(sorted(range(half), key=lambda j: (axis[j], j)))
     return SectionMap(counts, order)

@@ -35,7 +35,9 @@ from posenc._errors import (
 )
 from posenc.rotary._spelling import Given, from_rope_parameters, is_transformers_spelling
 from posenc.rotary.apply import (
+    DIRECTIONS,
     PARTIALS,
+    Direction,
     Partial,
     SectionLayout,
     _cos_sin,
@@ -87,24 +89,27 @@ class RotaryEmbedding(RotaryEncoding):
             axes time, height, width); positions are then ``[..., s, len(sections)]`` and
             frequency ``j`` takes the coordinate of the axis whose section holds ``j``
             (positions ``None``: ``arange(s)`` on every axis, plain RoPE);
-            ``section_layout="interleaved"``: Qwen3-VL's interleaving (see
-            :func:`posenc.rotary.apply.section_map`).
+            ``section_layout="interleaved"``: Qwen3-VL's interleaving, ``"spatial_interleaved"``
+            ERNIE 4.5-VL's (see :func:`posenc.rotary.apply.section_map`).
         partial: where a partial rotary's channels sit: ``"leading"``, the first
             ``rotary_dim`` (GPT-NeoX, Phi, x-transformers, rotary-embedding-torch, flash-attn);
             ``"whole_head"``, the first ``rotary_dim / 2`` pairs of the whole head: with
             ``layout="half"`` channel ``i`` pairs with ``i + head_dim / 2`` (transformers'
             ``proportional``: Gemma 4, LFM3); ``"trailing"`` (``layout="interleaved"``), the
             last ``rotary_dim`` (DeepSeek-V4's ``[nope | rope]``). The rest pass through.
+        direction: ``"positive"`` rotates by ``+p * w_i`` (RoPE), ``"negative"`` by
+            ``-p * w_i`` (NanoChat's ``rotate_half``, ``cat(x2, -x1)``).
 
     Attributes:
         inv_freq: the float64 frequencies ``[rotary_dim / 2]`` (on the CPU) as transformers'
             rotary module holds them at construction: for ``dynamic`` the unscaled ones, for
             ``longrope`` those of the short factors; ``[head_dim / 2]`` with zeros for the
-            pairs that do not rotate under ``partial="whole_head"``.
+            pairs that do not rotate under ``partial="whole_head"``; positive in either
+            ``direction``.
         attention_scale: the factor cos and sin are multiplied by (YaRN, LongRoPE; else 1.0).
             q and k are both multiplied, as transformers does, so logits carry its square.
-        head_dim, rotary_dim, layout, base, scaling, sections, partial, section_layout:
-            read-only.
+        head_dim, rotary_dim, layout, base, scaling, sections, partial, section_layout,
+        direction: read-only.
 
     Position-dependent scalings read the largest position of each call (of ``q_positions``
     and ``k_positions``): ``dynamic`` recomputes its frequencies from it, which needs one
@@ -173,6 +178,7 @@ class RotaryEmbedding(RotaryEncoding):
         sections: Sequence[int] | None = None,
         partial: Partial = "leading",
         section_layout: SectionLayout = "contiguous",
+        direction: Direction = "positive",
     ) -> None:
         super().__init__()
         self._head_dim, self._rotary_dim = check_rotary_dims(head_dim, rotary_dim)
@@ -182,6 +188,7 @@ class RotaryEmbedding(RotaryEncoding):
             self._head_dim, self._rotary_dim, layout, partial, sections, section_layout
         )  # _kernel_dim: the channels cos/sin span (the whole head for partial="whole_head")
         self._section_layout = section_layout
+        self._direction = check_choice("direction", direction, DIRECTIONS)
         self._base = check_float("base", base, min=1.0, min_exclusive=True)
         if isinstance(scaling, Mapping) and is_transformers_spelling(scaling):
             # transformers' spelling: its rope_theta, ... must agree with these arguments
@@ -196,6 +203,7 @@ class RotaryEmbedding(RotaryEncoding):
             scaling = from_rope_parameters(scaling, given)
         self._scaling = parse_scaling(scaling)
         self._freqs = CallFrequencies(self._frequencies, self._scaling)
+        self._inv_freq = self._freqs.inv_freq.abs()  # negated for direction="negative"
         tabled = self._freqs.fixed and self._sections is None
         self._table = (
             CosSinTable(self._freqs.inv_freq, self._freqs.attention_scale) if tabled else None
@@ -216,6 +224,7 @@ class RotaryEmbedding(RotaryEncoding):
             sections=self._sections,
             **({} if partial == "leading" else {"partial": partial}),
             **({} if section_layout == "contiguous" else {"section_layout": section_layout}),
+            **({} if direction == "positive" else {"direction": direction}),
         )
 
     # --- read-only attributes (the frequency cache depends on them) -------------------------
@@ -242,6 +251,7 @@ class RotaryEmbedding(RotaryEncoding):
 
     partial = property(lambda self: self._partial)  # where partial rotary channels sit
     section_layout = property(lambda self: self._section_layout)  # M-RoPE's frequency order
+    direction = property(lambda self: self._direction)  # the sense of the rotation
 
     @property
     def sections(self) -> tuple[int, ...] | None:
@@ -256,7 +266,7 @@ class RotaryEmbedding(RotaryEncoding):
     def inv_freq(self) -> torch.Tensor:
         """The float64 frequencies at construction (CPU): ``[rotary_dim / 2]``, or
         ``[head_dim / 2]`` with zeros for ``partial="whole_head"`` (layout ``"half"``)."""
-        return self._freqs.inv_freq
+        return self._inv_freq
 
     @property
     def attention_scale(self) -> float:
@@ -283,7 +293,8 @@ class RotaryEmbedding(RotaryEncoding):
             scaling=self._scaling,
             seq_len=seq_len,
         )
-        return place_frequencies(inv_freq, self._kernel_dim, self._partial), scale
+        placed = place_frequencies(inv_freq, self._kernel_dim, self._partial)
+        return (-placed if self._direction == "negative" else placed), scale
 
     def _call_frequencies(
         self, positions: Sequence[torch.Tensor], device: torch.device
