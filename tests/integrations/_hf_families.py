@@ -3,11 +3,15 @@ transformers itself, and one comparison of posenc against each family's own rota
 and apply function.
 
 Discovery walks ``transformers/models/*/modeling_*.py`` for a class named
-``*RotaryEmbedding`` whose ``__init__`` takes the family's config class and whose ``forward``
-takes ``position_ids`` (vision, audio and DiT rotaries, which take patch grids or other
-arguments, are left out by name: ``Vision``, ``Audio``, ``DiT``). The apply function is the
+``*RotaryEmbedding`` whose ``forward`` takes ``position_ids``, paired with each config class
+it is built from: the one its ``__init__`` annotates, and the one of every model class that
+builds it from its own ``config`` (``config: BltLocalEncoderConfig`` ... ``self.rotary_emb =
+BltRotaryEmbedding(config=config)``: BLT's components, Qwen3-Omni's talker). Vision, audio
+and DiT rotaries, which take patch grids or other arguments, are left out by name
+(``Vision``, ``Audio``, ``DiT``), as are vision config classes. The apply function is the
 module's own ``apply_rotary_pos_emb`` (``apply_rotary_pos_emb_interleave`` where the module
-has only that, or the config sets ``rope_interleave``).
+has only that, or the config sets ``rope_interleave``). :func:`position_axes` finds how many
+position axes a family's rotary module reads (M-RoPE: ``position_ids [n, b, s]``).
 """
 
 from __future__ import annotations
@@ -77,9 +81,33 @@ def _config_class(rotary_cls):
     return None
 
 
+# A class body: its name and source (up to the next top-level class).
+_CLASS = re.compile(r"^class (\w+)\(.*?\):\n(.*?)(?=^class |\Z)", re.M | re.S)
+# In a model class: a rotary module built from the model's own config.
+_BUILT = re.compile(r"(\w*RotaryEmbedding)\(\s*(?:config\s*=\s*)?(?:self\.)?config\s*[,)]")
+_ANNOTATION = re.compile(r"^\s+config: (\w+)\s*$|def __init__\(self, config: (\w+)", re.M)
+
+
+def _builders(source: str, mod: Any) -> list[tuple[str, Any]]:
+    """``(rotary class name, config class)`` for every model class of a modeling module that
+    builds a rotary module from its own (annotated) config."""
+    found = []
+    for match in _CLASS.finditer(source):
+        body = match.group(2)
+        annotation = _ANNOTATION.search(body)
+        config_cls = (
+            None if annotation is None else getattr(mod, annotation[1] or annotation[2], None)
+        )
+        if config_cls is None:
+            continue
+        found += [(name, config_cls) for name in sorted(set(_BUILT.findall(body)))]
+    return found
+
+
 @functools.cache
 def discover() -> tuple[Family, ...]:
     import transformers.models
+    from transformers import PretrainedConfig
 
     root = pathlib.Path(transformers.models.__file__).parent
     found: list[Family] = []
@@ -87,21 +115,31 @@ def discover() -> tuple[Family, ...]:
         path = folder / f"modeling_{folder.name}.py"
         if not path.exists():
             continue
-        names = re.findall(r"^class (\w*RotaryEmbedding)\(", path.read_text(), re.M)
+        source = path.read_text()
+        names = re.findall(r"^class (\w*RotaryEmbedding)\(", source, re.M)
         names = [n for n in names if not any(w in n for w in _SKIP_WORDS)]
         if not names:
             continue
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mod = importlib.import_module(f"transformers.models.{folder.name}.{path.stem}")
-        for name in names:
+        pairs = [(name, _config_class(getattr(mod, name))) for name in names]
+        pairs += [(name, c) for name, c in _builders(source, mod) if name in names]
+        seen = set()
+        for name, config_cls in pairs:
             cls = getattr(mod, name)
             if "position_ids" not in inspect.signature(cls.forward).parameters:
                 continue
-            config_cls = _config_class(cls)
-            if config_cls is None or any(w in config_cls.__name__ for w in ("Vision", "ViT")):
+            if not (isinstance(config_cls, type) and issubclass(config_cls, PretrainedConfig)):
                 continue
-            found.append(Family("", str(config_cls.model_type), mod, cls, config_cls))
+            if (
+                any(w in config_cls.__name__ for w in ("Vision", "ViT"))
+                or (cls, config_cls) in seen
+            ):
+                continue
+            seen.add((cls, config_cls))
+            model_type = str(config_cls.model_type) or config_cls.__name__  # Code2Wav: ""
+            found.append(Family("", model_type, mod, cls, config_cls))
     counts: dict[str, int] = {}
     for f in found:
         counts[f.model_type] = counts.get(f.model_type, 0) + 1
@@ -155,6 +193,29 @@ def positions(n_axes: int | None = None, limit: int | None = None) -> torch.Tens
     offsets = torch.randint(-2000, 2000, (n_axes, pos.shape[-1]), generator=g)
     offsets[0] = 0
     return (pos[..., None] + offsets.T[None]).clamp(min=0)  # [1, s, n]
+
+
+def position_axes(module, layer_type) -> int | None:
+    """How many position axes the family's rotary module reads (M-RoPE: 3 for
+    ``position_ids [3, b, s]``, NeoMME's 2), ``None`` for ``[b, s]`` alone: the module is
+    given distinct coordinates per axis, and reads them if it returns the shape it returns
+    for ``[b, s]`` but other numbers."""
+    x = torch.zeros(1, 1, 1)
+    kwargs = {}
+    if "layer_type" in inspect.signature(module.forward).parameters:
+        kwargs["layer_type"] = layer_type
+    with torch.no_grad():
+        flat = module(x, torch.arange(1, 9)[None], **kwargs)
+        for n in (3, 2):
+            pos = torch.arange(1, 9)[None, None] * torch.arange(1, n + 1)[:, None, None]
+            try:
+                out = module(x, pos, **kwargs)
+            except (RuntimeError, IndexError, ValueError):
+                continue
+            flat_t, out_t = (o if torch.is_tensor(o) else o[0] for o in (flat, out))
+            if out_t.shape == flat_t.shape and not torch.equal(out_t, flat_t):
+                return n
+    return None
 
 
 def rotary_module(family: Family, config):

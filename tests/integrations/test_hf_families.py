@@ -24,13 +24,14 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from tests.integrations import _hf_families as hf
 from tests.rotary._reference import reference_qk
 from tests.rotary.test_transformers_parity import REF_ATOL, TF_ANGLE_ERROR_PER_POSITION
 
-from posenc import PosEncError
+from posenc import PosEncError, reference
 from posenc.integrations.transformers import rotary_from_config
 
 pytest.importorskip("transformers")
@@ -38,9 +39,9 @@ pytest.importorskip("transformers")
 
 # The one list of families posenc refuses, each with what is missing (matched in the error).
 REFUSED: dict[str, str] = {
-    "blt": "config must give head_dim",  # head dims live in per-component configs
-    "nemotron3_diarization": "config must give head_dim",
-    "nanochat": "rotation by -theta",
+    # composite configs whose components build the rotaries (each its own case here)
+    "blt": "pass config.encoder_config or config.decoder_config",
+    "nemotron3_diarization": "pass config.audio_config",
     # default configs with an odd head dim (2048 / 28 = 73) rotated whole: transformers'
     # cos/sin (74 channels) do not fit q either; valid ones: test_qwen3_omni_with_even_head_dim
     "qwen3_omni_moe": "must be even and >= 2",
@@ -49,7 +50,6 @@ REFUSED: dict[str, str] = {
     # its default config has no RoPE parameters per layer type, which its rotary module
     # indexes (a KeyError in transformers too); a valid one: test_cohere_compass_per_layer_type
     "cohere_compass_text": "for every layer type in layer_types",
-    "ernie4_5_vl_moe_text": "take the axes in the order H, W, T",
     # default configs whose default sections (8, 12, 12) do not sum to rotary_dim / 2 (64, 11):
     # transformers' torch.split fails on them too; valid ones: test_glm_vision_text_families
     "glm4v_text": "sections must sum to rotary_dim / 2",
@@ -72,7 +72,45 @@ def test_discovery_finds_the_families() -> None:
 
 def _reference_qk(rope, q, k, positions, axes_last=None):
     """float64 expected output of ``rope`` (M-RoPE: at the per-axis ``axes_last``)."""
-    return reference_qk(rope, q, k, positions if axes_last is None else axes_last)
+    pos = positions if axes_last is None else axes_last
+    if rope.direction == "positive" and rope.section_layout != "spatial_interleaved":
+        return reference_qk(rope, q, k, pos)
+    return tuple(torch.from_numpy(_signed_reference(rope, x, pos.numpy())) for x in (q, k))
+
+
+def _spatial_angles(p: np.ndarray, w: np.ndarray, sections) -> np.ndarray:
+    """ERNIE 4.5-VL's M-RoPE angles, from its description: positions ``[..., s, n]`` (axes
+    T, H, W), frequency ``j`` below ``(n - 1) * sections[1]`` takes axis ``1 + j % (n - 1)``
+    (H, W, H, W, ...), the rest axis 0 (T)."""
+    n = len(sections)
+    axes = [1 + j % (n - 1) if j < (n - 1) * sections[1] else 0 for j in range(len(w))]
+    return np.stack([p[..., a] * w[j] for j, a in enumerate(axes)], axis=-1)
+
+
+def _signed_reference(rope, x: torch.Tensor, pos: np.ndarray) -> np.ndarray:
+    """``rope``'s float64 rotation of ``x`` from posenc.reference's pieces, with what
+    ``reference.rotary_qk`` has no keyword for: ``direction="negative"`` (the angles negated:
+    NanoChat's ``cat(x2, -x1)``) and the spatial-interleaved sections."""
+    spec = None if rope.scaling is None else dataclasses.asdict(rope.scaling)
+    inv_freq, scale = reference.rope_frequencies(
+        rope.rotary_dim, base=rope.base, scaling=spec, seq_len=float(pos.max()) + 1
+    )
+    w = np.asarray(inv_freq[: rope.rotary_dim // 2], dtype=np.float64)
+    if rope.sections is None:
+        theta = reference.rotary_angles(pos, w)
+    elif rope.section_layout == "spatial_interleaved":
+        theta = _spatial_angles(pos.astype(np.float64), w, rope.sections)
+    else:
+        theta = reference.sectioned_angles(pos, w, rope.sections, rope.section_layout)
+    if rope.direction == "negative":
+        theta = -theta
+    return reference.apply_rotary(
+        x.double().numpy(),
+        theta,
+        layout=rope.layout,
+        scale=np.full(theta.shape, float(scale)),
+        partial=rope.partial,
+    )
 
 
 def _pair_norm(x: torch.Tensor, rotary_dim: int) -> torch.Tensor:
@@ -160,6 +198,7 @@ def _reference_key(rope, positions_key: tuple) -> tuple:
         rope.layout,
         rope.partial,
         rope.section_layout,
+        rope.direction,
         sections,
         float(rope.attention_scale),
         positions_key,
@@ -204,6 +243,10 @@ def _compare(family, config, read=None) -> None:
     for layer_type in layer_types:
         rope = (
             rotary_from_config(config, layer_type=layer_type) if read is None else read(layer_type)
+        )
+        axes = hf.position_axes(module, layer_type)  # M-RoPE: the module reads [n, b, s]
+        assert rope.position_coords == axes, (
+            f"transformers' rotary reads {axes} position axes, posenc's {rope.position_coords}"
         )
         positions_key = (rope.position_coords, hf.position_limit(module))
         positions = hf.positions(*positions_key)

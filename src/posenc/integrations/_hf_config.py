@@ -32,7 +32,9 @@ from posenc._errors import PosEncError, check_choice, check_float, check_int
 from posenc.integrations import _hf_families as _families
 from posenc.integrations import _hf_vision as _vision
 from posenc.integrations._hf_reader import ConfigReader, first, rope_parameters
+from posenc.integrations._hf_sizes import CONTEXT_KEYS, check_context, check_head_dim
 from posenc.rotary._spelling import posenc_spelling
+from posenc.rotary.apply import SectionLayout
 from posenc.rotary.frequencies import Scaling, parse_scaling
 from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
@@ -228,6 +230,9 @@ def _from_config(
     reason = _families.unsupported(model_type)
     if reason is not None:
         raise PosEncError(f"posenc cannot express this family's RoPE: {reason}")
+    whole = _families.components(model_type)
+    if whole is not None:
+        raise PosEncError(whole)
     if rope is None:
         rope = rope_parameters(cfg, layer_type, model_type)
     if _vision.is_axial(model_type, rope):
@@ -247,22 +252,58 @@ def _from_config(
         _require_theta(cfg, rope)
     rotary_dim = _rotary_dim(cfg, model_type, kind, head_dim, mla, partial)
     base, rotary_dim = _odd_rotary_dim(kind, base, rotary_dim, head_dim, partial.factor)
-    sections = first(
-        rope.get("mrope_section"),
-        cfg.get("mrope_section"),
-        _families.MROPE_DEFAULT_SECTIONS.get(model_type),
-    )
-    interleaved_sections = model_type in _families.MROPE_INTERLEAVED
+    _check_contexts(cfg, rope, rotary_dim)
+    sections, section_layout = _sections(cfg, rope, model_type, rotary_dim)
     return RotaryEmbedding(
         head_dim,
         base=base,
         rotary_dim=rotary_dim,
         layout=pairing,
         scaling=_scaling(cfg, kind, _scaling_parameters(rope, model_type)),
-        sections=None if sections is None else list(sections),
+        sections=sections,
         partial="whole_head" if kind == "proportional" else "trailing" if trailing else "leading",
-        section_layout="interleaved" if interleaved_sections and sections else "contiguous",
+        section_layout=section_layout,
+        direction="negative" if model_type in _families.NEGATIVE_DIRECTION else "positive",
     )
+
+
+def _check_contexts(cfg: ConfigReader, rope: dict[str, Any], rotary_dim: int) -> None:
+    """Every context length the config sets, bounded (:func:`._hf_sizes.check_context`)."""
+    aliased = " (n_positions)" if cfg.get("n_positions") is not None else ""
+    for key in CONTEXT_KEYS:
+        named = cfg.where(key) + (aliased if key == "max_position_embeddings" else "")
+        check_context(named, cfg.get_or_default(key), rotary_dim)
+        check_context(f"rope_parameters {key}", rope.get(key), rotary_dim)
+
+
+def _sections(
+    cfg: ConfigReader, rope: dict[str, Any], model_type: str, rotary_dim: int
+) -> tuple[list[int] | None, SectionLayout]:
+    """M-RoPE's ``(sections, section_layout)`` (``(None, "contiguous")``: none), in posenc's
+    spelling: sections in the positions' axis order."""
+    equal = _families.MROPE_EQUAL_SECTIONS.get(model_type)
+    if equal is not None:  # NeoMME: the frequencies split equally among its axes
+        half = rotary_dim // 2
+        if half % equal:
+            raise PosEncError(
+                f"the rotary dim {rotary_dim} must be a multiple of {2 * equal} (its "
+                f"{half} frequencies split equally among {equal} axes)"
+            )
+        return [half // equal] * equal, "interleaved"
+    sections = first(
+        rope.get("mrope_section"),
+        cfg.get("mrope_section"),
+        _families.MROPE_DEFAULT_SECTIONS.get(model_type),
+    )
+    if sections is None:
+        return None, "contiguous"
+    sections = list(sections) if isinstance(sections, (list, tuple)) else sections
+    if model_type in _families.MROPE_SPATIAL_INTERLEAVED:
+        if not isinstance(sections, list) or len(sections) != 3:
+            raise PosEncError(f"mrope_section must be 3 sizes (H, W, T), got {sections!r}")
+        return [sections[2], sections[0], sections[1]], "spatial_interleaved"  # (T, H, W)
+    interleaved = model_type in _families.MROPE_INTERLEAVED
+    return sections, "interleaved" if interleaved else "contiguous"
 
 
 def _rope_type(rope: dict[str, Any]) -> Any:
@@ -270,6 +311,9 @@ def _rope_type(rope: dict[str, Any]) -> Any:
     the keys transformers' function for it indexes checked; any value but a known type's
     name is refused by :func:`scaling_from_transformers`, naming it as given."""
     kind = first(rope.get("rope_type"), rope.get("type"), "default")
+    if not isinstance(kind, str):
+        key = "rope_type" if rope.get("rope_type") is not None else "type"
+        raise PosEncError(f"rope_parameters {key} must be a string (a rope type), got {kind!r}")
     if kind == "mrope":  # Qwen2-VL's legacy spelling of default RoPE with sections
         kind = "default"
     missing = [k for k in _REQUIRED.get(kind, ()) if k not in rope]
@@ -289,6 +333,7 @@ def _rope_theta(cfg: ConfigReader, rope: dict[str, Any], model_type: str) -> flo
             rope.get("rope_theta"),
             cfg.get("rope_theta"),
             cfg.get("rotary_emb_base"),
+            cfg.get_or_default("rope_theta"),  # a dict's class default
             defaults.get("rope_theta"),
             _DEFAULT_THETA,
         ),
@@ -312,6 +357,7 @@ def _partial_factor(cfg: ConfigReader, rope: dict[str, Any], model_type: str) ->
         cfg.get("partial_rotary_factor"),
         rope.get("rotary_pct"),
         cfg.get("rotary_pct"),
+        cfg.get_or_default("partial_rotary_factor"),  # a dict's class default
         defaults.get("partial_rotary_factor"),
     )
     factor = check_float(
@@ -322,17 +368,27 @@ def _partial_factor(cfg: ConfigReader, rope: dict[str, Any], model_type: str) ->
 
 def _head_dim(cfg: ConfigReader, trailing: bool) -> tuple[int, int | None]:
     """The module's head dim (MLA: the rope part of each head, ``qk_rope_head_dim``, which
-    transformers' attention rotates) and that rope part (None where not MLA)."""
-    mla = None if trailing else cfg.get("qk_rope_head_dim")
-    head_dim = first(mla, cfg.get("head_dim"))
-    if head_dim is None:
-        hidden, heads = cfg.get("hidden_size"), cfg.get("num_attention_heads")
-        if hidden is None or heads is None:
-            raise PosEncError("config must give head_dim, or hidden_size and num_attention_heads")
-        head_dim = check_int("hidden_size", hidden, min=1) // check_int(
-            "num_attention_heads", heads, min=1
+    transformers' attention rotates) and that rope part (None where not MLA), bounded by
+    :data:`._hf_sizes.MAX_HEAD_DIM` (the error names the key it came from)."""
+    mla = None if trailing else cfg.get_or_default("qk_rope_head_dim")
+    if mla is not None:
+        mla = check_head_dim(cfg.where("qk_rope_head_dim"), mla)
+        return mla, mla
+    head_dim = cfg.get_or_default("head_dim")
+    if head_dim is not None:
+        return check_head_dim(cfg.where("head_dim"), head_dim), None
+    hidden, heads = cfg.get_or_default("hidden_size"), cfg.get_or_default("num_attention_heads")
+    if hidden is None or heads is None:
+        pair = ("hidden_size", "num_attention_heads")
+        missing = [k for k, v in zip(pair, (hidden, heads)) if v is None]
+        raise PosEncError(
+            f"config must give {cfg.where('head_dim')}, or {cfg.where(*pair)} (missing "
+            f"{cfg.where(*missing)}: add it to the config{cfg.defaults_note()})"
         )
-    return check_int("head_dim", head_dim, min=2), mla
+    quotient = check_int("hidden_size", hidden, min=1) // check_int(
+        "num_attention_heads", heads, min=1
+    )
+    return check_head_dim(f"head_dim ({cfg.where('hidden_size')} // heads)", quotient), None
 
 
 def _require_theta(cfg: ConfigReader, rope: dict[str, Any]) -> None:
@@ -349,8 +405,9 @@ def _rotary_dim(
     """The rotated channels, as the family's rotary module counts them."""
     if kind == "proportional":  # transformers: int(partial * head_dim // 2) rotated pairs
         return 2 * int(partial.factor * head_dim // 2)
-    if model_type in _families.ROTARY_DIM_ATTRIBUTE and cfg.get("rotary_dim") is not None:
-        return check_int("rotary_dim", cfg.get("rotary_dim"), min=2, max=head_dim)
+    rotary_dim = cfg.get_or_default("rotary_dim")
+    if model_type in _families.ROTARY_DIM_ATTRIBUTE and rotary_dim is not None:
+        return check_int("rotary_dim", rotary_dim, min=2, max=head_dim)
     if mla is not None and model_type in _families.MLA_PARTIAL_OF:
         # Mistral 4 (head_dim = qk_nope + qk_rope), dots.3 (its head_dim): a factor of more
         if _families.MLA_PARTIAL_OF[model_type] == "head_dim":
@@ -402,7 +459,7 @@ def _scaling(cfg: ConfigReader, kind: str, rope: dict[str, Any]) -> Scaling | No
         return None
     spec = {k: v for k, v in rope.items() if k not in (*_GENERAL_KEYS, "rotary_pct")}
     spec["type"] = kind
-    max_position = cfg.get("max_position_embeddings")
+    max_position = cfg.get_or_default("max_position_embeddings")
     if kind in _ORIGINAL_CONTEXT_TYPES:
         spec.pop("original_max_position", None)
         spec["original_max_position_embeddings"] = first(

@@ -25,6 +25,12 @@ INTERLEAVED = frozenset(
     {
         "axk2",
         "bailing_hybrid",
+        # BLT's rotate_half pairs (2i, 2i + 1) and its cos/sin are repeat_interleave'd: its
+        # components' configs (the top-level "blt" config has no rotary of its own)
+        "blt_global_transformer",
+        "blt_local_decoder",
+        "blt_local_encoder",
+        "blt_patcher",
         "codegen",
         "cohere",
         "cohere2",
@@ -35,6 +41,7 @@ INTERLEAVED = frozenset(
         "dots3_note_text",
         "ernie4_5",
         "ernie4_5_moe",
+        "ernie4_5_vl_moe_text",
         "glm",
         "glm4",
         "glm4v_text",
@@ -110,7 +117,22 @@ MROPE_DEFAULT_SECTIONS: dict[str, tuple[int, ...]] = {
         ("glm4v_text", "glm4v_moe_text", "glm_image_text", "glm_ocr_text"), (8, 12, 12)
     ),
     **dict.fromkeys(("paddleocr_vl", "paddleocr_vl_text"), (16, 24, 24)),
+    "qwen2_5_omni_talker": (16, 24, 24),
+    "qwen3_omni_moe_talker_text": (24, 20, 20),
+    # ERNIE 4.5-VL, in its own (H, W, T) order (see MROPE_SPATIAL_INTERLEAVED)
+    "ernie4_5_vl_moe_text": (22, 22, 20),
 }
+
+# M-RoPE whose rotary module splits the frequencies equally among its axes, with no
+# sections in the config: model_type -> the number of axes (NeoMME: two, row and column,
+# interleaved, ``[head_dim * partial / 4] * 2``; its positions ``[2, b, s]``).
+MROPE_EQUAL_SECTIONS: dict[str, int] = {"neomme": 2}
+
+# M-RoPE whose spatial axes alternate over the first frequencies and whose temporal axis
+# takes the last ones (ERNIE 4.5-VL: ``mrope_section`` lists (H, W, T), the frequency j below
+# H + W takes H for even j and W for odd j): posenc's ``section_layout="spatial_interleaved"``
+# with the sections in the positions' axis order (T, H, W).
+MROPE_SPATIAL_INTERLEAVED = frozenset({"ernie4_5_vl_moe_text"})
 
 # Interleaved M-RoPE (Qwen3-VL's ``apply_interleaved_mrope`` / ``recomposition_frequencies``:
 # frequency j takes axis j % 3 below 3 * sections[axis], else the temporal axis), whatever
@@ -121,9 +143,11 @@ MROPE_INTERLEAVED = frozenset(
         "cohere_compass_text",
         "cosmos3_edge_text",
         "hy_v4_vl_text",
+        "neomme",
         "qwen3_5_text",
         "qwen3_5_moe_text",
         "qwen3_omni_moe",
+        "qwen3_omni_moe_talker_text",
         "qwen3_omni_moe_text",
         "qwen3_vl_text",
         "qwen3_vl_moe_text",
@@ -133,11 +157,6 @@ MROPE_INTERLEAVED = frozenset(
 # rope_parameters keys these families' configs accept and ignore (the flag above)
 MROPE_IGNORED_KEYS = ("mrope_interleaved", "interleaved")
 
-_ERNIE_AXES = (
-    "M-RoPE whose sections take the axes in the order H, W, T (frequency j below sections[0] + "
-    "sections[1] takes H for even j and W for odd j, the rest T), which neither of posenc's "
-    "section layouts (contiguous, interleaved) expresses"
-)
 _HUNYUAN_DOUBLED = (
     "M-RoPE sections over the doubled (cos, cos) channels: the two channels of a pair can take "
     "different axes (not a rotation posenc can express)"
@@ -145,10 +164,16 @@ _HUNYUAN_DOUBLED = (
 
 # Families posenc cannot express yet: model_type -> what is missing. rotary_from_config
 # raises PosEncError naming both before it builds anything.
-UNSUPPORTED: dict[str, str] = {
-    "nanochat": "rotation by -theta (its rotate_half is cat(x2, -x1)); posenc rotates by +theta",
-    "ernie4_5_vl_moe_text": _ERNIE_AXES,
-    "hunyuan_vl_text": _HUNYUAN_DOUBLED,
+UNSUPPORTED: dict[str, str] = {"hunyuan_vl_text": _HUNYUAN_DOUBLED}
+
+# Families whose rotate_half is cat(x2, -x1): a rotation by -theta (``direction="negative"``).
+NEGATIVE_DIRECTION = frozenset({"nanochat"})
+
+# Composite configs with no rotary of their own, whose components each build one:
+# model_type -> the attributes holding the components' configs.
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "blt": ("encoder_config", "decoder_config", "global_config", "patcher_config"),
+    "nemotron3_diarization": ("audio_config",),
 }
 
 # Families whose attention multiplies the queries by 1 + beta * ln(1 + floor(p / L)), with
@@ -311,6 +336,19 @@ def _or(value: Any, default: Any) -> Any:
 def unsupported(model_type: str) -> str | None:
     """What posenc cannot express in this family (``None``: nothing known)."""
     return UNSUPPORTED.get(model_type)
+
+
+def components(model_type: str) -> str | None:
+    """Why a composite config has no rotary of its own, naming its components' configs
+    (``None``: not such a config)."""
+    parts = COMPONENTS.get(model_type)
+    if parts is None:
+        return None
+    named = " or ".join(f"config.{p}" for p in parts)
+    return (
+        f"this config has no rotary embedding of its own; its component models each build one "
+        f"from their own config: pass {named}"
+    )
 
 
 def layout_of(model_type: str, rope_interleave: Any) -> Layout:

@@ -13,14 +13,23 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from posenc._errors import PosEncError, check_choice
+from posenc._errors import PosEncError, check_choice, check_int
 from posenc.integrations import _hf_families as _families
+from posenc.integrations._hf_dict import ClassDefaults, class_defaults
 
-__all__ = ["ConfigReader", "first", "rope_layer_types", "rope_parameters"]
+__all__ = ["MAX_LAYERS", "ConfigReader", "first", "rope_layer_types", "rope_parameters"]
+
+# The most layers a config may give (``num_hidden_layers``): per-layer lists (layer types,
+# NoPE flags) are built from it. Published models have at most a few hundred.
+MAX_LAYERS = 1 << 16
 
 
 class ConfigReader:
-    """Uniform access to a config object's attributes or a config dict's keys."""
+    """Uniform access to a config object's attributes or a config dict's keys (``prefix``:
+    where they sit, ``"text_config."`` for a composite's text part; :meth:`get_or_default`
+    answers a key a dict lacks with its family's class default, :mod:`._hf_dict`)."""
+
+    prefix = ""
 
     def __init__(self, config: Any) -> None:
         if not isinstance(config, Mapping) and not hasattr(config, "to_dict"):
@@ -28,25 +37,56 @@ class ConfigReader:
                 f"config must be a transformers config (PretrainedConfig) or its dict, got "
                 f"{type(config).__name__}"
             )
+        self._defaults: ClassDefaults | None = None
+        if isinstance(config, Mapping):
+            _check_dict(config)
         if not isinstance(config, Mapping):
             if hasattr(config, "get_text_config"):  # multimodal configs keep RoPE in the text part
                 config = config.get_text_config()
             self._get = _object_getter(config)
             self.is_dict = False
         else:
-            text = config.get("text_config")
-            rope_keys = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size")
-            if isinstance(text, Mapping) and not any(k in config for k in rope_keys):
-                config = {**text, "model_type": text.get("model_type", config.get("model_type"))}
+            text = _text_part(config)
+            if text is not None:
+                parent = config.get("model_type")
+                self._defaults = class_defaults(text.get("model_type"), parent)
+                config = {**text, "model_type": text.get("model_type", parent)}
+                self.prefix = "text_config."
+            else:
+                self._defaults = class_defaults(config.get("model_type"))
             legacy = _families.legacy_per_layer(str(config.get("model_type")), config.get)
             if legacy is not None:
                 config = {**config, "rope_parameters": legacy, "rope_scaling": None}
-            self._get = _dict_getter(config)
+            self._get = _dict_getter(config, self._defaults)
             self.is_dict = True
         self._config = config
 
     def get(self, key: str) -> Any:
         return self._get(key)
+
+    def get_or_default(self, key: str) -> Any:
+        """``get(key)``, or for a dict that lacks it its family's class default (transformers'
+        declared one, :mod:`._hf_dict`; None where there is none)."""
+        value = self._get(key)
+        if value is None and self._defaults is not None:
+            value = self._defaults.default(key)
+        return value
+
+    def defaults_note(self) -> str:
+        """For an error about a missing key: why the family's class defaults were not read
+        (a dict read as it is), else nothing."""
+        if not self.is_dict:
+            return ""
+        if self._defaults is not None:
+            return f"; {self._defaults.name} declares no default for it"
+        return (
+            "; its family's class defaults were not read: transformers is not installed or "
+            "does not know its model_type"
+        )
+
+    def where(self, *keys: str) -> str:
+        """``keys`` as the config spells their place (``text_config.head_dim``), joined."""
+        return " and ".join(f"{self.prefix}{k}" for k in keys)
 
     def for_layer(self, layer_type: str | None, model_type: str) -> ConfigReader:
         """The reader of one layer type's config where attributes vary per layer (Gemma 4's
@@ -64,6 +104,36 @@ class ConfigReader:
                 raise PosEncError(f"layer_type {layer_type!r}: {error}") from None
         overrides = _families.layer_overrides(model_type, config.get, layer_type)
         return self if not overrides else ConfigReader({**config, **overrides})
+
+
+_ROPE_KEYS = ("rope_parameters", "rope_scaling", "rope_theta", "head_dim", "hidden_size")
+
+
+def _text_part(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``text_config`` of a composite dict that keeps its RoPE there (None: read the
+    dict itself)."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and not any(k in config for k in _ROPE_KEYS):
+        return text
+    return None
+
+
+def _check_dict(config: Mapping[str, Any]) -> None:
+    """What a dict must hold before anything is built from it: a string ``model_type`` (its
+    text config's too) and at most :data:`MAX_LAYERS` layers."""
+    text = config.get("text_config")
+    for part, where in ((config, ""), (text, "text_config.")):
+        if not isinstance(part, Mapping):
+            continue
+        model_type = part.get("model_type")
+        if model_type is not None and not isinstance(model_type, str):
+            raise PosEncError(
+                f"config {where}model_type must be a string (a transformers family), got "
+                f"{model_type!r}"
+            )
+        layers = part.get("num_hidden_layers")
+        if layers is not None:
+            check_int(f"{where}num_hidden_layers", layers, min=0, max=MAX_LAYERS)
 
 
 def _object_getter(config: Any) -> Any:
@@ -85,12 +155,15 @@ def _object_getter(config: Any) -> Any:
     return get
 
 
-def _dict_getter(config: Mapping[str, Any]) -> Any:
-    """``config.get`` that also answers a key by its GPT-2-style alias (``n_embd``, ...)."""
+def _dict_getter(config: Mapping[str, Any], defaults: ClassDefaults | None) -> Any:
+    """``config.get`` that also answers a key by its GPT-2-style alias (``n_embd``, ...) or
+    the name its family's ``attribute_map`` gives it (``kv_channels``, ...)."""
 
     def get(key: str) -> Any:
         value = config.get(key)
-        for alias in _families.DICT_ALIASES.get(key, ()) if value is None else ():
+        spelled = None if defaults is None else defaults.spelling(key)
+        aliases = (*_families.DICT_ALIASES.get(key, ()), *((spelled,) if spelled else ()))
+        for alias in aliases if value is None else ():
             value = config.get(alias)
             if value is not None:
                 break

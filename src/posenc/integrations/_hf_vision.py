@@ -16,6 +16,7 @@ from typing import Any
 
 from posenc._errors import PosEncError, check_float, check_int
 from posenc.integrations._hf_reader import first
+from posenc.integrations._hf_sizes import check_head_dim
 from posenc.rotary.layout import Layout
 from posenc.rotary.nd import AxialRotaryEmbedding
 
@@ -146,7 +147,7 @@ def axial_layout(
             head_dim = check_int(key, width, min=1) // check_int(
                 "num_attention_heads", heads, min=1
             )
-    head_dim = check_int("head_dim", head_dim, min=2)
+    head_dim = check_head_dim("head_dim", head_dim)
     spatial = 2 * (head_dim // 3 // 2) if model_type in AXIAL_THIRDS else head_dim // n_axes
     if spatial < 2 or spatial % 2:
         raise PosEncError(
