@@ -277,6 +277,59 @@ def test_unsupported_family_refused_by_name() -> None:
     _unchanged(model, tree, ids, expected)
 
 
+def _bloom() -> Any:
+    config = transformers.BloomConfig(vocab_size=128, hidden_size=32, n_layer=1, n_head=2)
+    return transformers.BloomForCausalLM(config).eval()
+
+
+def _llama4_vision() -> Any:
+    config = transformers.Llama4VisionConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vision_output_dim=64,
+        projector_input_dim=64,
+        projector_output_dim=64,
+        image_size=28,
+        patch_size=14,
+    )
+    return transformers.Llama4VisionModel(config).eval()
+
+
+def _nanochat() -> Any:
+    config = transformers.NanoChatConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (_bloom, r"model_type 'bloom': it has no rotary embedding \(ALiBi"),
+        (_llama4_vision, r"model_type 'llama4_vision_model': its vision encoder's rotary is 2-D"),
+        (_nanochat, r"model_type 'nanochat': its attention has not been checked"),
+    ],
+    ids=["bloom", "llama4_vision", "nanochat"],
+)
+def test_unpatched_families_get_their_reason(make: Any, match: str) -> None:
+    """A family patch does not cover is refused with its own reason, before any change
+    (Llama 4's text model, ``llama4_text``, is covered: test_hf_patch_gptj_llama4)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = make()
+    tree = _tree(model)
+    with pytest.raises(PosEncError, match=match):
+        patch(model)
+    assert _tree(model) == tree
+
+
 @pytest.mark.parametrize("value", ["a model", torch.nn.Linear(2, 2), None])
 def test_not_a_model_refused(value: Any) -> None:
     with pytest.raises(PosEncError, match="model must be a transformers model"):

@@ -28,6 +28,7 @@ from typing import Any
 from torch import nn
 
 from posenc._errors import PosEncError
+from posenc.integrations import _hf_families as _families
 from posenc.integrations._hf_config import (
     layer_rope_parameters,
     rotary_from_config,
@@ -233,7 +234,7 @@ def _family_module(model: nn.Module, model_type: str) -> tuple[Family, types.Mod
     """The family of ``model_type`` and its loaded modeling module; refused by name."""
     family = FAMILIES.get(model_type)
     if family is None:
-        why = REFUSED.get(model_type, "its attention has not been checked against posenc's")
+        why = REFUSED.get(model_type) or _why_not(model, model_type)
         raise PosEncError(
             f"patch does not support model_type {model_type!r}: {why}; supported: "
             f"{', '.join(PATCHABLE_FAMILIES)}"
@@ -245,6 +246,17 @@ def _family_module(model: nn.Module, model_type: str) -> tuple[Family, types.Mod
             f"is {type(model).__name__} a transformers model?"
         )
     return family, modeling
+
+
+def _why_not(model: nn.Module, model_type: str) -> str:
+    """Why patch refuses a family it has no entry for: what rotary_from_config cannot
+    express, that the model has no rotary module, or that it has not been checked."""
+    reason = _families.unsupported(model_type) or _families.components(model_type)
+    if reason is not None:
+        return f"posenc cannot read its RoPE ({reason})"
+    if not any(type(m).__name__.endswith("RotaryEmbedding") for m in model.modules()):
+        return "it has no rotary embedding module (its positions are not RoPE)"
+    return "its attention has not been checked against posenc's"
 
 
 def _ropes(config: Any, model_type: str, scaling: Any) -> dict[str | None, RotaryEmbedding]:

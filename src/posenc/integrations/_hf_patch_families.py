@@ -87,9 +87,15 @@ FAMILIES: dict[str, Family] = {
 PATCHABLE_FAMILIES: tuple[str, ...] = tuple(sorted(FAMILIES))
 """The ``model_type`` values :func:`patch` accepts (those of the text config)."""
 
-# Families refused with a reason more specific than "not supported" (facts of transformers).
+# Families refused with a reason more specific than "not checked" (facts of transformers);
+# patch also names what rotary_from_config refuses and models with no rotary module at all.
 REFUSED = {
     "deepseek_v2": "its attention rotates [b, h, s, d] queries and keys by complex freqs_cis "
     "(its own apply_rotary_emb), a form patch has no stand-in for yet",
     **dict.fromkeys(("gpt2", "bert"), "it has no rotary embedding (learned positions)"),
+    **dict.fromkeys(
+        ("bloom", "mpt"), "it has no rotary embedding (ALiBi: a bias on the attention logits)"
+    ),
+    "llama4_vision_model": "its vision encoder's rotary is 2-D (patch rows and columns, complex "
+    "freqs_cis), not the text RoPE patch replaces; patch the Llama 4 text model",
 }
