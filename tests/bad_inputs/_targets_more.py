@@ -13,12 +13,12 @@ from typing import Any
 import torch
 
 import posenc
-from posenc import contextual, gated, plot
+from posenc import contextual, gated, models, plot
 from posenc.experiments import StudySettings, make_task
 from posenc.integrations import transformers as hf
 from posenc.models import schedules
 
-from ._targets import fn
+from ._targets import fn, target
 
 
 def _r(*shape: int) -> torch.Tensor:
@@ -74,6 +74,22 @@ fn(
         "backend": "eager",
     },
 )
+
+
+def _cached() -> tuple[Any, dict[str, Any]]:
+    """A model's forward continuing a KV cache filled by a first call (batch 1, 4 tokens)."""
+    model = models.TinyTransformer(11, dim=16, num_layers=1, num_heads=2, encoding="rope")
+    cache = models.KVCache()
+    model(torch.randint(0, 11, (1, 4)), cache=cache)
+    return model, {"tokens": torch.randint(0, 11, (1, 1)), "cache": cache}
+
+
+target("models.TinyTransformer.forward[cache]")(_cached)
+# A module afresh for every case (the matrix moves one to the meta device).
+target("CoPEBias.__call__")(
+    lambda: (contextual.CoPEBias(8, 6), {"q": _r(1, 2, 4, 8), "k": _r(1, 2, 4, 8)})
+)
+target("FoXBias.__call__")(lambda: (gated.FoXBias(2), {"gates": -torch.rand(1, 2, 4), "q_len": 3}))
 
 # --- forgetting attention: a term from per-token gates --------------------------------------
 fn("fox_bias", gated.fox_bias, lambda: {"gates": -torch.rand(1, 2, 4), "q_len": 3})

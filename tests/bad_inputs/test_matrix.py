@@ -72,7 +72,7 @@ def _leaves(value: Any, depth: int = 0) -> Iterator[Any]:
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, float):
-        yield torch.tensor(value)
+        yield torch.tensor(value, dtype=torch.float64)  # 1e300 is finite
     elif isinstance(value, torch.nn.Module):
         yield from (t.detach() for t in value.parameters())
         yield from value.buffers()
