@@ -100,11 +100,6 @@ class AdditiveEncoding(Encoding):
         (:func:`posenc.positions.resolve`: ``arange(s) + offset`` when None) on ``x``'s
         device, after ``x`` is checked to be embeddings ``[b, s, dim]``."""
         check_embeddings(x, self.dim)
-        if x.shape[0] < 1:
-            raise PosEncError(
-                f"x must hold a batch of >= 1 sequences [b, s, {self.dim}], got shape "
-                f"{tuple(x.shape)}"
-            )
         return _positions.resolve(
             positions, x.shape[1], offset=offset, batch=x.shape[0], device=x.device
         )

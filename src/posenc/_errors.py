@@ -342,9 +342,14 @@ def check_positions(
 
 
 def check_embeddings(x: Any, dim: int) -> torch.Tensor:
-    """Validate the input of an additive encoding: a floating tensor ``[b, s, dim]``."""
+    """Validate the input of an additive encoding: a floating tensor ``[b, s, dim]`` of at
+    least one sequence."""
     check_tensor("x", x, floating=True)
     if x.ndim != 3:
         raise PosEncError(f"x must be [b, s, dim], got shape {tuple(x.shape)}")
     check_last_dim("x", x, dim)
+    if x.shape[0] < 1:
+        raise PosEncError(
+            f"x must hold a batch of >= 1 sequences [b, s, {dim}], got shape {tuple(x.shape)}"
+        )
     return x
