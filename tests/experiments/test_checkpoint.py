@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import pickle
@@ -99,6 +101,21 @@ def test_other_files_and_formats_are_refused(tmp_path: Path) -> None:
         ckpt.load_checkpoint(tmp_path / "missing.pt", config=CONFIG)
     with pytest.raises(PosEncError, match=r"state must hold the keys .* missing \['seconds'\]"):
         ckpt.save_checkpoint(path, {k: v for k, v in checkpoint_state().items() if k != "seconds"})
+    with pytest.raises(PosEncError, match=r"state must hold the keys .* unknown \['junk'\]"):
+        ckpt.save_checkpoint(path, {**checkpoint_state(), "junk": 1})  # load would refuse it
+
+
+def test_a_file_with_an_unknown_key_is_refused_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "run.pt"
+    state = {"format": ckpt.FORMAT, **checkpoint_state(), "junk": 1}
+    body = io.BytesIO()
+    torch.save(state, body)
+    sealed = body.getvalue()
+    path.write_bytes(sealed + ckpt.TRAILER + hashlib.sha256(sealed).hexdigest().encode() + b"\n")
+    with pytest.raises(
+        PosEncError, match=r"is not a posenc checkpoint \(unknown keys \['junk'\]\)"
+    ):
+        ckpt.load_checkpoint(path, config=CONFIG)
 
 
 def test_a_different_configuration_is_refused_naming_the_difference(tmp_path: Path) -> None:

@@ -8,8 +8,9 @@ import hashlib
 import io
 import json
 import math
+import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -231,3 +232,125 @@ def test_muon_momentum_out_of_range_is_refused(tmp_path: Path) -> None:
     reseal(path, change)
     with pytest.raises(PosEncError, match=r"\['muon'\]\['state'\]\[0\]\['momentum_buffer'\]"):
         _load(path, original)
+
+
+def _optimizer_parts(state: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The optimizer state_dicts of a checkpoint: AdamW's alone, or Muon's and AdamW's."""
+    opt = state["optimizer"]
+    if "muon" in opt:
+        return [("optimizer['adamw']", opt["adamw"]), ("optimizer['muon']", opt["muon"])]
+    return [("optimizer", opt)]
+
+
+def _refused(saved: Path, tmp_path: Path, change: Callable[[dict[str, Any]], None], pattern: str):
+    path = tmp_path / "rope.pt"
+    path.write_bytes(saved.read_bytes())
+    reseal(path, change)
+    with pytest.raises(PosEncError, match=pattern) as info:
+        _load(path, saved)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 400 and str(path) in message, message
+
+
+def _unknown(*path: Any) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        target = state
+        for key in path:
+            target = target[key]
+        target["junk"] = 1
+
+    return change
+
+
+def _meta_rng(state: dict[str, Any]) -> None:
+    state["rng"][0]["torch"] = state["rng"][0]["torch"].to("meta")
+
+
+# Keys torch or posenc would ignore, and a generator state torch would fail on with a
+# TypeError: each one line of PosEncError naming the field.
+KEYS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "top-level": (_unknown(), r"is not a posenc checkpoint \(unknown keys \['junk'\]\)"),
+    "data": (_unknown("data"), r"field data\['junk'\] must be absent \(not a key of data\)"),
+    "rng": (_unknown("rng", 0), r"field rng\[0\]\['junk'\] must be absent"),
+    "rng-torch-meta": (_meta_rng, r"rng\[0\]\['torch'\] must be a uint8 .* on the CPU, got 'a t"),
+}
+
+
+@pytest.mark.parametrize("case", list(KEYS))
+def test_an_unknown_key_is_refused(saved: Path, tmp_path: Path, case: str) -> None:
+    _refused(saved, tmp_path, *KEYS[case])
+
+
+def _in_part(
+    label: str, edit: Callable[[dict[str, Any]], None]
+) -> Callable[[dict[str, Any]], None]:
+    def change(state: dict[str, Any]) -> None:
+        edit(dict(_optimizer_parts(state))[label])
+
+    return change
+
+
+def _bool_index(part: dict[str, Any]) -> None:
+    """Parameter index 1 given as True (which equals 1, and is not an index)."""
+    for group in part["param_groups"]:
+        group["params"] = [True if i == 1 else i for i in group["params"]]
+
+
+def _part_cases(state: dict[str, Any]) -> Iterator[tuple[str, Callable[[Any], None], str]]:
+    """(what, edit of one optimizer state_dict, the pattern its error matches after the
+    part's field name) for every rule an optimizer state_dict is held to."""
+    last = max(state["state"])
+    yield "unknown-key", lambda part: part.update(junk=1), r"\['junk'\] must be absent"
+    yield (
+        f"state-{last}-missing",
+        lambda part: part["state"].pop(last),
+        rf"\['state'\] must be the state of every parameter \(0 to {last}\), got 'no entry {last}'",
+    )
+    yield (
+        "state-key-bool",
+        lambda part: part["state"].update({True: part["state"].pop(1)}),
+        r"\['state'\]\[True\] must be the state of a parameter",
+    )
+    yield (
+        "state-entry-unknown-key",
+        lambda part: part["state"][0].update(junk=torch.zeros(1)),
+        r"\['state'\]\[0\]\['junk'\] must be absent",
+    )
+    yield (
+        "params-bool",
+        _bool_index,
+        r"\['param_groups'\] must be \d groups of the model's parameters \(int indices\)",
+    )
+    for key in state["param_groups"][0]:
+        if key not in ("params", "lr"):
+            yield (
+                f"group-{key}-missing",
+                lambda part, key=key: part["param_groups"][0].pop(key),
+                rf"\['param_groups'\]\[0\]\['{key}'\] must be the run's .*, got 'absent'",
+            )
+    if "step" in state["state"][0]:  # AdamW's
+        for what, step in (("bool", torch.tensor(True)), ("shape-1", torch.tensor([4.0]))):
+            yield (
+                f"step-{what}",
+                lambda part, step=step: part["state"][0].update(step=step),
+                r"\['state'\]\[0\]\['step'\] must be a one-element float32 or float64 tensor",
+            )
+
+
+def test_every_optimizer_part_is_held_to_exactly_its_keys(saved: Path, tmp_path: Path) -> None:
+    """AdamW's state_dict, and with Muon both Muon's and AdamW's: a parameter's state or a
+    group setting missing (torch would start it afresh or fill in its default), an unknown
+    key, a bool index or a step of another shape or dtype are each refused by name."""
+    parts = _optimizer_parts(torch.load(saved, weights_only=True))
+    tried = []
+    for label, part in parts:
+        for what, edit, pattern in _part_cases(part):
+            case = tmp_path / f"{len(tried)}"
+            case.mkdir()
+            tried.append(f"{label}: {what}")
+            try:
+                _refused(saved, case, _in_part(label, edit), re.escape(label) + pattern)
+            except (AssertionError, pytest.fail.Exception) as e:
+                raise AssertionError(f"case {tried[-1]}: {e}") from None
+    # AdamW: 10 settings, Muon: 7 (the Muon run: both parts)
+    assert len(tried) >= (17 if len(parts) == 1 else 29), tried

@@ -111,11 +111,14 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
     """Write ``state`` to ``path`` atomically (temporary file + ``os.replace``), sealed
     with the sha256 trailer.
 
-    ``state`` must hold the keys listed in the module docstring; ``format`` is added.
+    ``state`` must hold the keys listed in the module docstring and no other;
+    ``format`` is added.
     """
     missing = [k for k in KEYS if k != "format" and k not in state]
-    if missing:
-        raise PosEncError(f"state must hold the keys {list(KEYS[1:])}, missing {missing}")
+    unknown = [k for k in state if k not in KEYS]
+    if missing or unknown:  # load_checkpoint would refuse a file with either
+        shown = f"missing {missing}" if missing else f"unknown {unknown}"
+        raise PosEncError(f"state must hold the keys {list(KEYS[1:])}, {shown:.200}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
@@ -266,8 +269,13 @@ def load_checkpoint(
     max_bytes = check_int("max_bytes", max_bytes, min=0)
     state = _read(path, map_location, max_bytes)
     where = f"checkpoint {str(path)!r}"
-    if not isinstance(state, dict) or any(k not in state for k in KEYS):
-        raise PosEncError(f"{where} is not a posenc checkpoint (missing keys)")
+    if not isinstance(state, dict):
+        raise PosEncError(f"{where} is not a posenc checkpoint (not a dict of its fields)")
+    missing = [k for k in KEYS if k not in state]
+    unknown = [k for k in state if k not in KEYS]
+    if missing or unknown:  # an unknown key is refused: nothing here would read it
+        shown = f"missing keys {missing}" if missing else f"unknown keys {unknown}"
+        raise PosEncError(f"{where} is not a posenc checkpoint ({shown:.200})")
     if type(state["format"]) is not int or state["format"] != FORMAT:
         raise PosEncError(f"{where} has format {state['format']!r:.40}, this posenc reads {FORMAT}")
     try:

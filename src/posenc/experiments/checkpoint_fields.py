@@ -40,6 +40,15 @@ def _fail(where: str, field: str, rule: str, value: Any) -> PosEncError:
     return PosEncError(f"{where} field {field} must be {rule}, got {shown}")
 
 
+def _known_keys(where: str, field: str, value: Mapping[Any, Any], allowed: Any) -> None:
+    """``value`` holds no key but ``allowed``: an unknown one is refused by name (torch
+    and posenc would ignore it, so a crafted file would resume as if it were not there)."""
+    unknown = [k for k in value if type(k) is not str or k not in allowed]
+    if unknown:
+        key = unknown[0]
+        raise _fail(where, f"{field}[{key!r}]", f"absent (not a key of {field})", value[key])
+
+
 def _int(where: str, field: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise _fail(where, field, f"an integer in [{low}, {high}]", value)
@@ -83,13 +92,19 @@ def _torch_state(where: str, field: str, cpu: Any) -> None:
     reference = torch.get_rng_state()
     if (
         not isinstance(cpu, torch.Tensor)
+        or cpu.device.type != "cpu"
         or cpu.dtype != torch.uint8
         or cpu.shape != reference.shape
     ):
-        raise _fail(where, field, f"a uint8 tensor of shape {list(reference.shape)}", cpu)
+        shown = (
+            f"a tensor on {cpu.device}" if isinstance(cpu, torch.Tensor) and cpu.is_meta else cpu
+        )
+        raise _fail(
+            where, field, f"a uint8 tensor of shape {list(reference.shape)} on the CPU", shown
+        )
     try:
         torch.Generator().set_state(cpu.clone())
-    except RuntimeError as e:
+    except (RuntimeError, TypeError) as e:
         raise _fail(where, field, "a torch generator state", str(e).splitlines()[0]) from None
     normals = cpu[5016:5040].clone().view(torch.float64), cpu[5048:5052].clone().view(torch.float32)
     if not all(bool(torch.isfinite(t).all()) for t in normals):
@@ -125,6 +140,7 @@ def _python_state(where: str, field: str, py: Any) -> None:
 def _rng(where: str, field: str, state: Any) -> None:
     if not isinstance(state, Mapping) or "torch" not in state or "python" not in state:
         raise _fail(where, field, "a dict with 'torch' and 'python' generator states", state)
+    _known_keys(where, field, state, ("torch", "python", "cuda"))
     _torch_state(where, f"{field}['torch']", state["torch"])
     _python_state(where, f"{field}['python']", state["python"])
     if "cuda" in state:
@@ -134,6 +150,7 @@ def _rng(where: str, field: str, state: Any) -> None:
             or len(cuda) > 2**10
             or any(
                 not isinstance(t, torch.Tensor)
+                or t.device.type != "cpu"
                 or t.dtype != torch.uint8
                 or t.ndim != 1
                 or t.numel() > 2**10
@@ -148,7 +165,7 @@ def _rng(where: str, field: str, state: Any) -> None:
             for i, t in enumerate(cuda):
                 try:
                     torch.Generator(device=f"cuda:{i}").set_state(t.clone())
-                except RuntimeError as e:
+                except (RuntimeError, TypeError) as e:
                     reason = str(e).splitlines()[0]
                     raise _fail(where, f"{field}['cuda'][{i}]", "a CUDA state", reason) from None
 
@@ -199,6 +216,7 @@ def check_fields(where: str, state: Mapping[str, Any], config: Mapping[str, Any]
     data = state["data"]
     if not isinstance(data, Mapping) or "next_step" not in data:
         raise _fail(where, "data", "a dict holding next_step", data)
+    _known_keys(where, "data", data, ("next_step",))
     next_step = _int(where, "data['next_step']", data["next_step"], 1, steps)
     if next_step != step:
         raise _fail(where, "data['next_step']", f"equal to step ({step})", next_step)
@@ -231,6 +249,7 @@ def check_fields(where: str, state: Mapping[str, Any], config: Mapping[str, Any]
             or any(not isinstance(g, Mapping) for g in part["param_groups"])
         ):
             raise _fail(where, field, "an optimizer state_dict (state, param_groups)", part)
+        _known_keys(where, field, part, ("state", "param_groups"))
         _groups_lr(where, field, part, lr)
     _tensors(where, "optimizer", opt)
     rng = state["rng"]
@@ -282,7 +301,8 @@ def check_fits(
 ) -> None:
     """The saved weights and optimizer state (AdamW's, or Muon's and AdamW's) fit
     ``model`` and ``optimizer`` exactly: the same shapes, the same settings in every
-    param group, moments of sane magnitude, step counts within the checkpoint's step."""
+    param group (none missing), a state for every parameter holding exactly what the
+    optimizer keeps, moments of sane magnitude, step counts within the checkpoint's step."""
     step = state.get("step")
     steps = step if type(step) is int and step >= 0 else 0
     _same_shapes(where, "model", state["model"], model.state_dict())
@@ -307,11 +327,12 @@ def _fits(
     fresh = optimizer.state_dict()
     groups, wanted = saved["param_groups"], fresh["param_groups"]
     ids = [g.get("params") for g in groups]
-    if len(groups) != len(wanted) or ids != [g["params"] for g in wanted]:
+    exact = all(isinstance(i, list) and all(type(p) is int for p in i) for i in ids)
+    if not exact or len(groups) != len(wanted) or ids != [g["params"] for g in wanted]:
         raise _fail(
             where,
             f"{field}['param_groups']",
-            f"{len(wanted)} groups of the model's parameters",
+            f"{len(wanted)} groups of the model's parameters (int indices)",
             ids,
         )
     for i, (g, w) in enumerate(zip(groups, wanted)):
@@ -320,16 +341,27 @@ def _fits(
     for w, live in zip(wanted, optimizer.param_groups):
         params.update(zip(w["params"], live["params"]))
     for index, entry in saved["state"].items():
-        if index not in params or not isinstance(entry, Mapping):
+        if type(index) is not int or index not in params or not isinstance(entry, Mapping):
             raise _fail(where, f"{field}['state'][{index!r}]", "the state of a parameter", entry)
         _param_state(where, f"{field}['state'][{index}]", entry, params[index], kind, steps)
+    # Every parameter has a gradient at every step of a run posenc trains, so each has its
+    # state from the first step on; torch would quietly start a missing one afresh.
+    missing = [i for i in params if i not in saved["state"]]
+    if missing:
+        rule = f"the state of every parameter (0 to {len(params) - 1})"
+        raise _fail(where, f"{field}['state']", rule, f"no entry {missing[0]}")
 
 
 def _group(
     where: str, field: str, group: Mapping[str, Any], fresh: Mapping[str, Any], kind: str
 ) -> None:
-    """A saved param group: its numbers are numbers, and every setting but ``lr`` (the
-    schedule's, :func:`check_fields`) is the one the run's optimizer has."""
+    """A saved param group: its numbers are numbers, and it has exactly the settings the
+    run's optimizer has (none missing, none unknown), each but ``lr`` (the schedule's,
+    :func:`check_fields`) equal to the run's."""
+    # torch would fill in a missing setting with its default, not necessarily the run's
+    absent = [key for key in fresh if key not in group and key not in ("params", "lr")]
+    if absent:
+        raise _fail(where, f"{field}[{absent[0]!r}]", f"the run's {fresh[absent[0]]!r}", "absent")
     for key in _GROUP_NUMBERS[kind]:
         value = group.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -359,6 +391,9 @@ def _param_state(
     """One parameter's optimizer state: tensors of its shape, of sane magnitude (AdamW's
     second moment not negative), and AdamW's step count within the checkpoint's steps."""
     shape = param.shape
+    _known_keys(
+        where, field, entry, (*_STATE_TENSORS[kind], *(("step",) if kind == "adamw" else ()))
+    )
     for key in _STATE_TENSORS[kind]:
         t = entry.get(key)
         if not isinstance(t, torch.Tensor) or t.shape != shape or not t.is_floating_point():
@@ -370,8 +405,19 @@ def _param_state(
     if kind == "muon":
         return
     step = entry.get("step")
-    if not isinstance(step, torch.Tensor) or step.numel() != 1:
-        raise _fail(where, f"{field}['step']", "a one-element tensor", step)
-    value = float(step.reshape(()).item()) if not step.is_complex() else math.nan
+    if (
+        not isinstance(step, torch.Tensor)
+        or step.shape != ()
+        or step.dtype not in (torch.float32, torch.float64)
+    ):  # what torch's AdamW keeps (not capturable, not fused)
+        shown = (
+            f"a {step.dtype} tensor of shape {list(step.shape)}"
+            if isinstance(step, torch.Tensor)
+            else step
+        )
+        raise _fail(
+            where, f"{field}['step']", "a one-element float32 or float64 tensor (shape [])", shown
+        )
+    value = float(step.item())
     if not (math.isfinite(value) and value == int(value) and 0 <= value <= steps):
         raise _fail(where, f"{field}['step']", f"a whole number in [0, {steps}]", value)
