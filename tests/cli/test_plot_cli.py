@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 
 import pytest
@@ -74,12 +76,55 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, message):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_an_unwritable_out_is_one_line_and_exit_1(capsys, tmp_path):
-    """The environment's refusal (here /proc) is exit code 1, not a usage error."""
+def test_an_out_that_cannot_be_written_is_one_line_naming_out(capsys):
+    """/proc takes no new file: one line naming --out, exit code 2 (as root, where the
+    folder passes the permission check and the write itself fails); elsewhere the folder
+    is not writable, the environment's refusal: exit code 1."""
     code, out, err = run(capsys, "plot", "table", "-e", "sinusoidal", "-o", "/proc/posenc-t.png")
-    assert code == 1 and out == ""
-    assert err.startswith("posenc: error: ") and err.count("\n") == 1, err
-    assert "posenc-t.png" in err and "Traceback" not in err
+    assert code == (2 if os.geteuid() == 0 else 1) and out == ""
+    assert err.startswith("posenc: error: --out ") and err.count("\n") == 1, err
+    assert "'/proc/posenc-t.png'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", ["x" * 300 + ".png", "x" * 250 + ".png"], ids=["300", "250"])
+def test_a_name_the_system_refuses_is_one_line_exit_2(capsys, tmp_path, name):
+    """A name over the file system's 255 bytes: one line naming --out, exit code 2; one of
+    250 (the temporary file beside it is named short) is written."""
+    out_file = tmp_path / name
+    code, out, err = run(capsys, "plot", "table", "-e", "sinusoidal", "-o", str(out_file))
+    if len(name) > 255:
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert err.startswith(f"posenc: error: --out {str(out_file)!r} cannot be ")
+        assert "(File name too long)" in err
+    else:
+        assert code == 0 and out_file.exists(), err
+    assert [p.name for p in tmp_path.iterdir()] == ([] if len(name) > 255 else [name])
+
+
+def test_a_failed_write_is_one_line_exit_2_and_leaves_nothing(capsys, tmp_path, monkeypatch):
+    """Any OSError of the write itself (here the rename across devices) is one line naming
+    --out, exit code 2, and the temporary file is removed."""
+
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "replace", cross_device)
+    out_file = tmp_path / "x.png"
+    code, out, err = run(capsys, "plot", "table", "-e", "sinusoidal", "-o", str(out_file))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err == (
+        f"posenc: error: --out {str(out_file)!r} cannot be written (Invalid cross-device link)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_written_file_replaces_an_older_one_whole(capsys, tmp_path):
+    out_file = tmp_path / "x.png"
+    out_file.write_bytes(b"old")
+    code, out, err = run(capsys, "plot", "table", "-e", "sinusoidal", "-o", str(out_file))
+    assert code == 0 and out == f"wrote {out_file}\n", err
+    assert out_file.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["x.png"]
 
 
 def test_missing_matplotlib_is_one_line_naming_the_extra(capsys, tmp_path, monkeypatch):

@@ -232,7 +232,7 @@ def test_parse_positions_bad(spec, match):
         ),
         (["table", "sinusoidal", "--base", "1"], "base must be > 1.0, got 1.0"),
         (["table", "sinusoidal", "--base", "ten"], "Invalid value for '--base'"),
-        (["table", "sinusoidal", "--positions", "0:x"], "positions must be numbers or ranges"),
+        (["table", "sinusoidal", "--positions", "0:x"], "positions must be plain numbers"),
         (["table", "sinusoidal", "--positions", "3:1"], "is empty"),
         (
             ["table", "sinusoidal", "--format", "xml"],

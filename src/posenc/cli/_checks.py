@@ -1,15 +1,24 @@
-"""What every ``posenc`` option is checked against at parse time, and the size limit.
+"""What every ``posenc`` option is checked against at parse time, the size limit, and the
+reading and writing of the files options name.
 
 Each option gets a ``callback`` from here, so a bad value is refused while the command
 line is parsed, before anything is built: one line naming the option, the rule and the
-value (``--width must be finite, got inf``), exit code 2. Sizes are estimated before
-anything is allocated and refused over :func:`byte_limit`, with the estimate.
+value (``--width must be finite, got inf``), exit code 2. An integer or a number option
+takes plain digits only (:func:`plain_integer`, :func:`plain_number`: no ``_``, ``+`` or
+spaces, which Python's ``int`` and ``float`` would accept). Sizes are estimated before
+anything is allocated and refused over :func:`byte_limit`, with the estimate and the option
+that asks for it. A file an option names is read only when it is a regular file within a
+cap (:func:`read_option_file`), and written through :func:`write_option_file`, which names
+the option when the write fails.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,17 +29,25 @@ from posenc._errors import PosEncError, check_float, check_int
 
 __all__ = [
     "MAX_BYTES",
+    "MIB",
     "byte_limit",
     "check_bytes",
     "check_out_dir",
     "check_out_file",
+    "check_regular_file",
     "choice",
     "human_bytes",
     "integer",
     "number",
     "option",
+    "plain_integer",
+    "plain_number",
+    "read_option_file",
     "text",
+    "write_option_file",
 ]
+
+MIB = 1 << 20
 
 #: The most memory one ``posenc`` command may ask for (less when less is free).
 MAX_BYTES = 8 * 2**30
@@ -49,17 +66,33 @@ def _available() -> int | None:
     return None
 
 
+def _env_cap() -> int | None:
+    """``POSENC_MAX_ALLOC_BYTES`` (the library's cap on one tensor) where it is set."""
+    raw = os.environ.get("POSENC_MAX_ALLOC_BYTES")
+    if raw is None:
+        return None
+    if not _INTEGER.fullmatch(raw.strip()):
+        raise PosEncError(f"POSENC_MAX_ALLOC_BYTES must be an integer, got {raw!r}")
+    return max(int(raw), 0)
+
+
 def byte_limit(cap: int | None = MAX_BYTES) -> int:
     """``cap`` (:data:`MAX_BYTES`), or half the free memory when that is less; ``cap=None``:
-    half the free memory (or :data:`MAX_BYTES` where it cannot be read)."""
+    half the free memory (or :data:`MAX_BYTES` where it cannot be read). Never more than
+    ``POSENC_MAX_ALLOC_BYTES`` where that is set."""
     free = _available()
     if free is None:
-        return MAX_BYTES if cap is None else cap
-    return free // 2 if cap is None else min(cap, free // 2)
+        limit = MAX_BYTES if cap is None else cap
+    else:
+        limit = free // 2 if cap is None else min(cap, free // 2)
+    env = _env_cap()
+    return limit if env is None else min(limit, env)
 
 
 def human_bytes(n: float) -> str:
-    """``80 GB``, ``3.2 TB``: decimal units, three digits."""
+    """``80 GB``, ``3.2 TB``: decimal units, three digits (any size: an integer past the
+    float range reads ``1e+300 PB`` and more)."""
+    n = float(min(n, 10**300)) if isinstance(n, int) else n
     for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
         if abs(n) < 1000 or unit == "PB":
             return f"{n:.3g} {unit}"
@@ -67,20 +100,64 @@ def human_bytes(n: float) -> str:
     return f"{n:.3g} PB"  # pragma: no cover
 
 
-def check_bytes(what: str, nbytes: float) -> None:
-    """Refuse ``what`` when it needs more than :func:`byte_limit` bytes."""
+def check_bytes(
+    what: str, nbytes: float, hint: str = "ask for fewer positions or channels"
+) -> None:
+    """Refuse ``what`` when it needs more than :func:`byte_limit` bytes: ``what`` names
+    the option (or the file's key) that asks for it, ``hint`` what to ask for instead."""
     limit = byte_limit()
     if nbytes > limit:
         raise PosEncError(
             f"{what} needs about {human_bytes(nbytes)} of memory, over the limit of "
-            f"{human_bytes(limit)}; ask for fewer positions or channels"
+            f"{human_bytes(limit)}; {hint}"
         )
+
+
+_INTEGER = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,4})?")
+
+
+def plain_integer(value: Any) -> Any:
+    """The ``parser`` of an integer option: digits with an optional leading ``-``. Python's
+    ``int`` also takes ``1_000``, ``+8`` and `` 8 ``; a typo there is refused, not read.
+    A value that is already an int (the option's default) passes as it is."""
+    if isinstance(value, str):
+        if not _INTEGER.fullmatch(value):
+            raise typer.BadParameter(
+                f"must be an integer in plain digits (an optional leading '-'; no '_', '+', "
+                f"spaces or decimal point), got {value!r}"
+            )
+        try:
+            return int(value)
+        except ValueError:  # over sys.get_int_max_str_digits() digits
+            raise typer.BadParameter(
+                f"must be an integer that fits in 64 bits, got {len(value)} digits"
+            ) from None
+    return value
+
+
+def plain_number(value: Any) -> Any:
+    """The ``parser`` of a number option: a decimal such as ``-1.5``, ``.5`` or ``2e-3``
+    (no ``_``, ``+``, spaces, ``inf`` or ``nan``). A float or int passes as it is."""
+    if isinstance(value, str):
+        if not _NUMBER.fullmatch(value):
+            raise typer.BadParameter(
+                f"must be a finite number in plain digits such as 1.5, .5 or 2e-3 (no '_', "
+                f"'+', spaces, inf or nan), got {value!r}"
+            )
+        return float(value)
+    return value
 
 
 def option(help: str, check: Callable[[Any], Any], *names: str) -> Any:
     """A typer option: its help text and its parse-time ``check`` (one of the callbacks
-    below); ``names`` (``"--out", "-o"``) where the parameter's own name is not enough."""
-    return typer.Option(*names, help=help, callback=check)
+    below); ``names`` (``"--out", "-o"``) where the parameter's own name is not enough.
+    An :func:`integer` or :func:`number` check brings its plain-digits parser."""
+    parser = getattr(check, "parser", None)
+    if parser is None:
+        return typer.Option(*names, help=help, callback=check)
+    metavar = getattr(check, "metavar", None)
+    return typer.Option(*names, help=help, callback=check, parser=parser, metavar=metavar)
 
 
 def text(option: str) -> Callable[[Any], Any]:
@@ -121,6 +198,8 @@ def number(
             return None
         return check_float(option, value, min=min, max=max, min_exclusive=exclusive)
 
+    check.parser = plain_number  # type: ignore[attr-defined]
+    check.metavar = "<float>"  # type: ignore[attr-defined]
     return check
 
 
@@ -130,6 +209,8 @@ def integer(option: str, *, min: int | None = None, max: int | None = None) -> C
     def check(value: Any) -> Any:
         return None if value is None else check_int(option, value, min=min, max=max)
 
+    check.parser = plain_integer  # type: ignore[attr-defined]
+    check.metavar = "<int>"  # type: ignore[attr-defined]
     return check
 
 
@@ -144,7 +225,8 @@ def check_out_file(path: str, suffixes: tuple[str, ...] | list[str], option: str
     """``path`` as a Path if its suffix is allowed and its folder exists and is writable.
 
     Raises:
-        PosEncError: empty, a directory, a wrong suffix, or a folder that does not exist.
+        PosEncError: empty, a directory, a wrong suffix, a folder that does not exist, or
+            a path the system refuses (a name too long).
         OSError: the folder (or the file) is not writable.
     """
     text(option)(path)
@@ -155,11 +237,18 @@ def check_out_file(path: str, suffixes: tuple[str, ...] | list[str], option: str
             f"{option} must end in {' or '.join('.' + s for s in suffixes)}, got {str(out)!r}"
         )
     parent = out.parent if str(out.parent) else Path(".")
-    if out.is_dir():
+    try:
+        is_dir, parent_is_dir = out.is_dir(), parent.is_dir()
+        writable = os.access(parent, os.W_OK | os.X_OK) and (
+            not out.exists() or os.access(out, os.W_OK)
+        )
+    except OSError as e:  # the path itself refused (a name too long, a loop of links)
+        raise _refused(option, out, e) from None
+    if is_dir:
         raise PosEncError(f"{option} must be a file, got the directory {str(out)!r}")
-    if not parent.is_dir():
+    if not parent_is_dir:
         raise PosEncError(f"{option} folder does not exist: {str(parent)!r}")
-    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+    if not writable:
         raise OSError(errno.EACCES, f"{option} is not writable: {str(out)!r}")
     return out
 
@@ -178,8 +267,11 @@ def check_out_dir(path: str, option: str = "--out", *, create: bool = True) -> P
     """
     text(option)(path)
     out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise PosEncError(f"{option} must be a directory, got the file {str(out)!r}")
+    try:
+        if out.exists() and not out.is_dir():
+            raise PosEncError(f"{option} must be a directory, got the file {str(out)!r}")
+    except OSError as e:  # the path itself refused (a name too long, a loop of links)
+        raise _refused(option, out, e) from None
     if not create:
         existing = next(p for p in (out, *out.absolute().parents) if p.exists())
         if not existing.is_dir():
@@ -196,3 +288,125 @@ def check_out_dir(path: str, option: str = "--out", *, create: bool = True) -> P
     if not os.access(out, os.W_OK | os.X_OK):
         raise OSError(errno.EACCES, f"{option} is not writable: {str(out)!r}")
     return out
+
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _unreadable(option: str, path: str, e: OSError) -> OSError | PosEncError:
+    """The environment's refusal (permissions) as an OSError (exit 1), else a PosEncError."""
+    if e.errno in _ENVIRONMENT:
+        return OSError(e.errno, f"{option} {path!r} cannot be read ({e.strerror})")
+    return PosEncError(f"{option} {path!r} cannot be read ({e.strerror or type(e).__name__})")
+
+
+def check_regular_file(option: str, path: str) -> None:
+    """Refuse ``path`` unless it is an existing regular file (a link to one is one; a FIFO,
+    a device such as ``/dev/zero``, a directory is not), before anything opens it.
+
+    Raises:
+        PosEncError: missing, not a regular file, or a path the system refuses (too long).
+        OSError: the environment refuses to look (permissions).
+    """
+    text(option)(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise PosEncError(f"{option} must be an existing file, got {path!r}") from None
+    except OSError as e:
+        raise _unreadable(option, path, e) from None
+    if not stat.S_ISREG(mode):
+        raise PosEncError(f"{option} must be a regular file, got {_kind(mode)}: {path!r}")
+
+
+def read_option_file(option: str, path: str, *, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path`` an option names, at most ``max_bytes``.
+
+    The file is opened without blocking (a FIFO would wait for a writer forever) and
+    ``fstat`` must say it is a regular file (a link to ``/dev/zero`` would be read until
+    memory runs out); its size is checked before a byte is read, and a file that grows past
+    the cap while it is read is refused too.
+
+    Raises:
+        PosEncError: missing, not a regular file, or over ``max_bytes``.
+        OSError: the environment refuses to read it (permissions).
+    """
+    check_regular_file(option, path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as e:
+        raise _unreadable(option, path, e) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # replaced since check_regular_file looked
+            raise PosEncError(f"{option} must be a regular file, got {_kind(info.st_mode)}")
+        if info.st_size > max_bytes:
+            raise PosEncError(
+                f"{option} {path!r} is {info.st_size} bytes, over the {max_bytes} bytes "
+                f"({human_bytes(max_bytes)}) it may be"
+            )
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, MIB))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise _unreadable(option, path, e) from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise PosEncError(f"{option} {path!r} grew past {max_bytes} bytes while it was read")
+    return data
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_option_file(option: str, path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` (named by ``option``) through a temporary file in its
+    folder, renamed over it once whole; nothing is left behind when the write fails.
+
+    Raises:
+        OSError: the environment refuses (no permission, a read-only or full file system),
+            naming the option: exit code 1.
+        PosEncError: any other failure to write (a virtual file system such as ``/proc``, a
+            name the system refuses), naming the option: exit code 2.
+    """
+    tmp: str | None = None
+    try:
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".posenc-", suffix=".tmp", dir=path.parent)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())  # as open() would have made it
+            os.replace(tmp, path)
+        except BaseException:
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        if e.errno in _ENVIRONMENT:
+            raise OSError(
+                e.errno, f"{option} {str(path)!r} cannot be written ({e.strerror})"
+            ) from None
+        raise PosEncError(
+            f"{option} {str(path)!r} cannot be written ({e.strerror or type(e).__name__})"
+        ) from None
+    return path

@@ -26,9 +26,10 @@ from posenc.cli._analysis import (
     count_option,
     encoding_config,
     positions_arg,
+    positions_label,
 )
 from posenc.cli._app import app, fail
-from posenc.cli._checks import integer, number, text
+from posenc.cli._checks import integer, number, plain_integer, plain_number, text, write_option_file
 from posenc.cli.table import parse_positions
 
 __all__ = ["plot_app"]
@@ -64,6 +65,8 @@ Width = Annotated[
     typer.Option(
         help="Figure width in inches.",
         callback=number("--width", min=0.0, max=MAX_INCHES, exclusive=True),
+        parser=plain_number,
+        metavar="<float>",
     ),
 ]
 Height = Annotated[
@@ -71,11 +74,18 @@ Height = Annotated[
     typer.Option(
         help="Figure height in inches.",
         callback=number("--height", min=0.0, max=MAX_INCHES, exclusive=True),
+        parser=plain_number,
+        metavar="<float>",
     ),
 ]
 Dpi = Annotated[
     int,
-    typer.Option(help="Pixels per inch (PNG).", callback=integer("--dpi", min=1, max=MAX_DPI)),
+    typer.Option(
+        help="Pixels per inch (PNG).",
+        callback=integer("--dpi", min=1, max=MAX_DPI),
+        parser=plain_integer,
+        metavar="<int>",
+    ),
 ]
 
 
@@ -105,12 +115,15 @@ def _draw(
     draw: Callable[[Any, tuple[float, float]], Any],
     size: _Size,
     default: tuple[float, float],
-    estimate: tuple[str, dict[str, Any], int] | None = None,
+    estimate: tuple[str, dict[str, Any], int, str] | None = None,
 ) -> None:
     """Check ``--out`` and the sizes, draw, save; a bad input becomes one line and exit
-    code 2, a file that cannot be written (OSError) one line and exit code 1 (in ``main``).
+    code 2, and so does a file that cannot be written (``/proc/x.png``), naming ``--out``;
+    where the environment refuses (no permission, a full disk) the line is an OSError's,
+    exit code 1 (in ``main``).
 
-    ``estimate``: ``(what, config, positions)`` for the memory estimate."""
+    ``estimate``: ``(what, config, positions, label)`` for the memory estimate, ``label``
+    naming the option that gave the positions."""
     from posenc import plot
 
     try:
@@ -123,10 +136,12 @@ def _draw(
                 f"{figsize[0]:g} x {figsize[1]:g} in at {dpi} dpi = {pixels:.3g}"
             )
         if estimate is not None:
-            what, config, n = estimate
-            check_analysis_size(what, config, n, max_distance=0)
+            what, config, n, label = estimate
+            check_analysis_size(
+                what, config, n, max_distance=0, positions_from=label, distance_from=None
+            )
         fig = draw(plot, figsize)
-        plot.save_figure(fig, path)
+        write_option_file("--out", path, plot.figure_bytes(fig, path.suffix.lstrip(".").lower()))
     except (PosEncError, ImportError) as e:  # ImportError: the plot extra is missing
         fail(str(e))
         return
@@ -149,7 +164,8 @@ def _draw_picture(
 ) -> None:
     """What every per-position subcommand does: build the config, estimate, draw."""
     config = encoding_config(encoding, param)
-    estimate = (f"plot {picture.command}", config, _count(positions))
+    count = _count(positions)
+    estimate = (f"plot {picture.command}", config, count, positions_label(positions, count))
 
     def draw(plot: Any, figsize: tuple[float, float]) -> Any:
         function = getattr(plot, picture.function)
@@ -213,10 +229,11 @@ def decay(
         except PosEncError:
             pairwise = False  # an unknown name: the plot refuses it, naming the choices
         check_analysis_size(
-            f"plot decay at --max-distance {max_distance}",
+            f"plot decay of {config['name']!r}",
             config,
             max_distance + 1 if pairwise else 1,
             max_distance=max_distance,
+            positions_from=f"--max-distance {max_distance}",
         )
     _draw(
         out,
@@ -236,7 +253,13 @@ def bias(
     param: Params = None,
     positions: PositionsOpt = None,
     max_heads: Annotated[
-        int, typer.Option(help="Heads shown.", callback=integer("--max-heads", min=1, max=1024))
+        int,
+        typer.Option(
+            help="Heads shown.",
+            callback=integer("--max-heads", min=1, max=1024),
+            parser=plain_integer,
+            metavar="<int>",
+        ),
     ] = 8,
     width: Width = None,
     height: Height = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from posenc.cli._checks import check_bytes, choice, integer, number, option, tex
 from posenc.index import index_table
 from posenc.sinusoidal import LAYOUTS, ORDERS, sinusoidal_table
 
-__all__ = ["MAX_ROWS", "TABLES", "parse_positions", "table"]
+__all__ = ["MAX_ROWS", "TABLES", "parse_positions", "table", "table_bytes"]
 
 MAX_ROWS = 100_000
 MAX_POSITION = 2**53  # positions are exact in float64 up to here
@@ -43,21 +44,32 @@ _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
 _ASCII = str.maketrans("₀₁₂₃₄₅₆₇₈₉ω·", "0123456789w*")  # for terminals that are not UTF-8
 
 
+# A plain decimal: an optional '-', digits with an optional point, an optional exponent
+# (of at most three digits: 1e999 is already far past 2**53). Fraction() would also take
+# '1_000', '+3', '1/3' and exponents whose power takes minutes to compute.
+_DECIMAL = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
+
+
 def _number(text: str, spec: str, name: str = "positions") -> Fraction:
-    try:
-        value = Fraction(text.strip())
-    except (ValueError, ZeroDivisionError, OverflowError):
+    text = text.strip()  # spaces around an entry are fine ("0, 10"); within one, not
+    if not _DECIMAL.fullmatch(text):
         raise PosEncError(
-            f"{name} must be numbers or ranges 'a:b' / 'a:b:step' separated by commas, "
-            f"got {text.strip()!r} in {spec!r}"
+            f"{name} must be plain numbers (such as 3, -2.5 or 1e3: no '_', '+' or '/') or "
+            f"ranges 'a:b' / 'a:b:step' separated by commas, got {text!r} in {spec!r}"
+        )
+    try:
+        value = Fraction(text)
+    except (ValueError, ZeroDivisionError, OverflowError):  # over 4300 digits
+        raise PosEncError(
+            f"{name} must be at most 2**53 in magnitude, got a number of {len(text)} characters"
         ) from None
     if abs(value) > MAX_POSITION:
         raise PosEncError(
             f"{name} must be at most 2**53 = {MAX_POSITION} in magnitude (exact in float64), "
-            f"got {text.strip()!r}"
+            f"got {text!r}"
         )
     if value != 0 and abs(value) < Fraction(1, 2**30):
-        raise PosEncError(f"{name} must be 0 or at least 2**-30 in magnitude, got {text.strip()!r}")
+        raise PosEncError(f"{name} must be 0 or at least 2**-30 in magnitude, got {text!r}")
     return value
 
 
@@ -255,9 +267,26 @@ def _check_request(
     if digits is not None:
         digits = check_int("digits", digits, min=0, max=17)
     pos = parse_positions(positions, name="--positions")
-    # a float64 table, its Python floats and their text: about 48 bytes a value
-    check_bytes(f"a table of {len(pos)} positions x {dim} channels", 48 * len(pos) * dim)
+    shown = dim if channels is None else len(parse_positions(channels, name="--channels"))
+    check_bytes(
+        f"--dim {dim} with --positions {positions!r}: a table of {len(pos)} positions x "
+        f"{dim} channels",
+        table_bytes(len(pos), dim, shown, fmt),
+        hint="ask for fewer --positions or a smaller --dim",
+    )
     return _Request(name, dim, pos, _channels(channels, dim), fmt, digits, options)
+
+
+def table_bytes(positions: int, dim: int, shown: int, fmt: str) -> int:
+    """A generous estimate of what ``posenc table`` allocates for ``positions`` rows of
+    ``dim`` channels, ``shown`` of them printed in ``fmt``: the float64 table, its Python
+    floats and their text (48 bytes a value), each channel's labels and frequency (400
+    bytes), and for text rich's columns (4 kB each) and cells (1.5 kB each; measured
+    about 3.7 kB and 0.7 kB)."""
+    nbytes = 48 * positions * dim + 400 * dim
+    if fmt == "text":
+        nbytes += 4000 * shown + 1500 * positions * shown
+    return nbytes
 
 
 def _build(request: _Request) -> _Table:
