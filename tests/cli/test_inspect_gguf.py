@@ -153,3 +153,23 @@ def test_inspect_real_file(capsys, name, lines):
     assert code in (0, None), err
     for line in lines:
         assert line in out, line
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_huge_block_count_is_refused_naming_the_key(capsys, tmp_path, arch):
+    """Each layer is listed: block_count = 2**32 - 1 would loop for hours; refused in one
+    line naming the key, before the layers are read (issue 24)."""
+    keys = {**_BASIC, "block_count": 2**32 - 1, "rope.freq_base": 1e4}
+    path = write_gguf(tmp_path / "m.gguf", arch, keys)
+    code, out, err = run(capsys, "inspect", "--gguf", str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{arch}.block_count must be at most 65536" in err and str(2**32 - 1) in err
+
+
+def test_a_long_metadata_list_prints_summarised(capsys, tmp_path):
+    """Phi-3's LongRoPE factor tensors print as a count, a range and the first values; the
+    config line leaves the scaling to the lines above it (issue 24)."""
+    code, out, err = run(capsys, "inspect", "--gguf", str(_file(tmp_path, "phi3_longrope")))
+    assert code == 0, err
+    assert max(map(len, out.splitlines())) <= 200, max(out.splitlines(), key=len)
+    assert " values in [" in out and '"scaling": "longrope (as above)"' in out

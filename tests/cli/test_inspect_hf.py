@@ -51,14 +51,13 @@ def test_inspect_reads_each_family_right(capsys):
 
 
 def test_refused_config_is_one_line(capsys, tmp_path):
-    # NanoChat rotates by -theta: posenc refuses it, naming the family
+    # HunYuan-VL's sections over doubled channels: posenc refuses it, naming the family
     path = tmp_path / "config.json"
-    path.write_text(
-        json.dumps({"model_type": "nanochat", "hidden_size": 64, "num_attention_heads": 4})
-    )
+    config = {"model_type": "hunyuan_vl_text", "hidden_size": 64, "num_attention_heads": 4}
+    path.write_text(json.dumps(config))
     code, out, err = run(capsys, "inspect", "--hf-config", str(path))
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert err.startswith("posenc: error: ") and "model_type 'nanochat'" in err
+    assert err.startswith("posenc: error: ") and "model_type 'hunyuan_vl_text'" in err
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from posenc.cli._hf_inspect import encoding_summary
+from posenc._errors import PosEncError
+from posenc.cli._hf_inspect import MAX_LAYERS, encoding_summary
 from posenc.integrations.gguf import gguf_layer_types, gguf_rope_metadata, rotary_from_gguf
 
 __all__ = ["gguf_summary", "layer_ranges"]
@@ -57,11 +58,19 @@ def gguf_summary(path: str) -> dict[str, Any]:
 
     Raises:
         PosEncError: a file that is not GGUF or cannot be read, an architecture without
-            RoPE, or RoPE posenc cannot express (one line, naming the file).
+            RoPE, RoPE posenc cannot express (one line, naming the file), or a
+            ``block_count`` over :data:`~posenc.cli._hf_inspect.MAX_LAYERS` (every layer
+            is listed).
     """
-    types = gguf_layer_types(path)
     metadata = gguf_rope_metadata(path)
     arch = metadata["general.architecture"]
+    blocks = metadata.get(f"{arch}.block_count")
+    if isinstance(blocks, int) and blocks > MAX_LAYERS:  # each layer is listed below
+        raise PosEncError(
+            f"--gguf {arch}.block_count must be at most {MAX_LAYERS} (the layers of a model), "
+            f"got {blocks}"
+        )
+    types = gguf_layer_types(path)
     layers = {str(key or "all"): _layer_summary(path, key, idx) for key, idx in types.items()}
     blocks = metadata[f"{arch}.block_count"]
     rotating = {i for idx in types.values() for i in idx}

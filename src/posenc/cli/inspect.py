@@ -17,7 +17,7 @@ import typer
 from posenc._errors import PosEncError
 from posenc.cli._analysis import Params, check_analysis_size, count_option, encoding_config
 from posenc.cli._app import app, fail
-from posenc.cli._checks import text
+from posenc.cli._checks import check_regular_file, text
 
 __all__ = ["inspect", "property_rows"]
 
@@ -104,6 +104,36 @@ def _decay_row(d: Any) -> tuple[str, str, str]:
     return ("decay", what, f"{d.measure}: {values}{bound}")
 
 
+#: Lists longer than this print as a summary (count, range, first values); --json has them.
+_SHOWN_VALUES = 8
+
+
+def short(value: Any) -> Any:
+    """``value`` with every list (or tuple) of more than :data:`_SHOWN_VALUES` numbers
+    replaced by its summary, at any depth: ``48 values in [1, 1.2]: 1, 1.02, 1.03, ...``."""
+    if isinstance(value, dict):
+        return {k: short(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        if numbers and len(value) > _SHOWN_VALUES:
+            first = ", ".join(f"{v:.4g}" for v in value[:4])
+            return f"{len(value)} values in [{min(value):.4g}, {max(value):.4g}]: {first}, ..."
+        return [short(v) for v in value]
+    return value
+
+
+def _scaling_lines(enc: dict[str, Any]) -> list[str]:
+    """The scaling as its repr, except that a factor list longer than
+    :data:`_SHOWN_VALUES` (LongRoPE's 48 + 48) gets a line of its own, summarised."""
+    params = enc.get("scaling_parameters")
+    if params is None:
+        return [f"  scaling: {enc['scaling'] or 'none'}"]
+    long = {k: v for k, v in short(params).items() if isinstance(v, str) and k != "type"}
+    inline = ", ".join(f"{k}={v!r}" for k, v in params.items() if k not in long)
+    lines = [f"  scaling: {enc['scaling'].split('(', 1)[0]}({inline})"]
+    return lines + [f"    {k}: {v}" for k, v in long.items()]
+
+
 def _print_hf(summary: dict[str, Any]) -> None:
     """The ``--hf-config`` summary as plain lines."""
     typer.echo(f"model_type: {summary['model_type']}")
@@ -120,7 +150,7 @@ def _print_hf(summary: dict[str, Any]) -> None:
             f"{enc['inv_freq_last']:.6g}; wavelengths {enc['wavelength_min']:.4g} .. "
             f"{enc['wavelength_max']:.4g} positions"
         )
-        typer.echo(f"  scaling: {enc['scaling'] or 'none'}")
+        typer.echo("\n".join(_scaling_lines(enc)))
         typer.echo(f"  attention scale: {enc['attention_scale']:.6g}")
     tf = summary["transformers"]
     if tf["status"] != "compared":
@@ -145,8 +175,9 @@ def _inspect_hf(path: str, as_json: bool, param: list[str] | None) -> None:
         if param:
             raise PosEncError("--param does not apply to --hf-config (the config sets it all)")
         summary = hf_summary(path)
-    except PosEncError as e:
-        fail(str(e))
+    except PosEncError as e:  # the library's refusals name the key; the line the option
+        message = str(e)
+        fail(message if message.startswith("--") else f"--hf-config {path!r}: {message}")
         return
     if as_json:
         typer.echo(json.dumps(summary, indent=1))
@@ -164,9 +195,7 @@ def _print_gguf(summary: dict[str, Any]) -> None:
         f"{summary['block_count']} layers"
     )
     for key, value in summary["metadata"].items():
-        if isinstance(value, list) and len(value) > 8:
-            value = f"{len(value)} values, {min(value):.6g} .. {max(value):.6g}"
-        typer.echo(f"  {key} = {value}")
+        typer.echo(f"  {key} = {short(value)}")
     for layer_type, enc in summary["layers"].items():
         where = f"{len(enc['layers'])} layers: {layer_ranges(enc['layers'])}"
         if not enc["rotates"]:
@@ -191,19 +220,19 @@ def _print_gguf(summary: dict[str, Any]) -> None:
             f"{enc['inv_freq_last']:.6g}; wavelengths {enc['wavelength_min']:.4g} .. "
             f"{enc['wavelength_max']:.4g} positions"
         )
-        typer.echo(f"  scaling: {enc['scaling'] or 'none'}")
+        typer.echo("\n".join(_scaling_lines(enc)))
         typer.echo(f"  attention scale: {enc['attention_scale']:.6g}")
-        typer.echo(f"  config: {json.dumps(enc['config'])}")
+        config = dict(enc["config"])
+        if isinstance(config.get("scaling"), dict):  # printed above, whole in --json
+            config["scaling"] = f"{config['scaling'].get('type')} (as above)"
+        typer.echo(f"  config: {json.dumps(short(config))}")
 
 
 def _inspect_gguf(path: str, as_json: bool, param: list[str] | None) -> None:
-    from pathlib import Path
-
     from posenc.cli._gguf_inspect import gguf_summary
 
     try:
-        if not Path(path).is_file():
-            raise PosEncError(f"--gguf must be an existing file, got {path!r}")
+        check_regular_file("--gguf", path)  # a FIFO or /dev/zero is not handed to the reader
         if param:
             raise PosEncError("--param does not apply to --gguf (the file sets it all)")
         summary = gguf_summary(path)
@@ -293,7 +322,7 @@ def _measure(encoding: str, param: list[str] | None, length: int, max_distance: 
     from posenc.analysis import properties
 
     spec = encoding_config(encoding, param)
-    check_analysis_size(f"inspect at --length {length}", spec, length, max_distance=max_distance)
+    check_analysis_size("inspect", spec, length, max_distance=max_distance)
     return properties(spec, length, shift_positions=min(length, 256), max_distance=max_distance)
 
 
