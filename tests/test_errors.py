@@ -127,3 +127,21 @@ def test_check_float_takes_numpy_numbers(value, expected):
 def test_check_float_refuses(value, match):
     with pytest.raises(PosEncError, match=match):
         check_float("x", value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [torch.tensor([8]), torch.tensor([8.5]), torch.tensor(3.0), torch.tensor(True)],
+    ids=["tensor_1d", "tensor_1d_float", "tensor_float", "tensor_bool"],
+)
+def test_check_int_refuses_tensors_that_int_would_take(value):
+    """``int(tensor([8.5]))`` is 8: a one-element or non-integer tensor is no integer."""
+    with pytest.raises(PosEncError, match="n must be an integer"):
+        check_int("n", value)
+
+
+def test_check_int_refuses_arrays_and_takes_integer_scalars():
+    for value in (np.array([3]), np.array(3.0), np.bool_(True)):
+        with pytest.raises(PosEncError, match="n must be an integer"):
+            check_int("n", value)
+    assert [check_int("n", v) for v in (np.int64(3), np.uint8(3), torch.tensor(3))] == [3, 3, 3]

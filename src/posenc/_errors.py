@@ -70,6 +70,19 @@ def _symbolic_int(value: Any) -> bool:
     return tracing() and isinstance(value, int) and not isinstance(value, bool)
 
 
+def _not_int(value: Any) -> bool:
+    """A tensor or array that ``int()`` would take but is no integer: more than one
+    dimension's worth of shape (``tensor([8])``), or a bool, floating or complex dtype
+    (``int(tensor([8.5]))`` is 8)."""
+    if getattr(value, "ndim", 0) != 0:
+        return True
+    dtype = getattr(value, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+    kind = getattr(dtype, "kind", "i")  # NumPy: i (signed), u (unsigned), b, f, c, ...
+    return kind not in ("i", "u")
+
+
 def check_int(name: str, value: Any, *, min: int | None = None, max: int | None = None) -> int:
     """Return ``value`` as an ``int`` if it is an integer within ``[min, max]``.
 
@@ -91,9 +104,12 @@ def check_int(name: str, value: Any, *, min: int | None = None, max: int | None 
             high = f"{name} must be <= {max}"
             torch._check(value <= max, lambda: high)
         return value
-    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
+    if isinstance(value, (bool, float)) or not hasattr(value, "__index__") or _not_int(value):
         raise PosEncError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
+    try:
+        value = int(value.__index__())
+    except (TypeError, ValueError, RuntimeError):  # e.g. a 0-d float array
+        raise PosEncError(f"{name} must be an integer, got {value!r}") from None
     if not -_INT64 <= value < _INT64:
         raise PosEncError(f"{name} must fit in a 64-bit integer, got {value}")
     if min is not None and value < min:
