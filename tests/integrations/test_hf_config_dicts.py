@@ -153,11 +153,11 @@ def test_without_transformers_the_missing_key_is_named(monkeypatch) -> None:
         ({"hidden_size": 64, "num_attention_heads": 4, "head_dim": 10**8}, "head_dim must be"),
         (
             {"model_type": "llama", "hidden_size": 4 * 10**8, "num_attention_heads": 4},
-            "head_dim (hidden_size // heads) must be",
+            "head_dim (hidden_size // num_attention_heads = 400000000 // 4) must be",
         ),
         (
             {"hidden_size": 4 * 10**8, "num_attention_heads": 4},
-            "head_dim (hidden_size // heads) must be",
+            "head_dim (hidden_size // num_attention_heads = 400000000 // 4) must be",
         ),
         (
             {"model_type": "deepseek_v3", "qk_rope_head_dim": 10**8, "qk_nope_head_dim": 64},
@@ -165,7 +165,7 @@ def test_without_transformers_the_missing_key_is_named(monkeypatch) -> None:
         ),
         (
             {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_positions": 10**8},
-            "max_position_embeddings (n_positions) must be <= 67108864",
+            "n_positions must be <= 67108864",
         ),
         (
             {"model_type": "llama", "max_position_embeddings": 10**8},
@@ -180,7 +180,7 @@ def test_without_transformers_the_missing_key_is_named(monkeypatch) -> None:
                     "original_max_position_embeddings": 10**9,
                 },
             },
-            "original_max_position_embeddings must be <= 67108864",
+            "rope_scaling.original_max_position_embeddings must be <= 67108864",
         ),
         (
             {"model_type": "qwen2_vl_vision", "embed_dim": 16 * 10**8, "num_heads": 16},

@@ -52,9 +52,9 @@ REFUSED: dict[str, str] = {
     "cohere_compass_text": "for every layer type in layer_types",
     # default configs whose default sections (8, 12, 12) do not sum to rotary_dim / 2 (64, 11):
     # transformers' torch.split fails on them too; valid ones: test_glm_vision_text_families
-    "glm4v_text": "sections must sum to rotary_dim / 2",
-    "glm4v_moe_text": "sections must sum to rotary_dim / 2",
-    "glm_image_text": "sections must sum to rotary_dim / 2",
+    "glm4v_text": "mrope_section (the 'glm4v_text' default) must sum to rotary_dim / 2",
+    "glm4v_moe_text": "mrope_section (the 'glm4v_moe_text' default) must sum to rotary_dim / 2",
+    "glm_image_text": "mrope_section (the 'glm_image_text' default) must sum to rotary_dim / 2",
     "hunyuan_vl_text": "over the doubled (cos, cos) channels",
 }
 

@@ -29,12 +29,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc.integrations import _hf_checks as _checks
 from posenc.integrations import _hf_families as _families
 from posenc.integrations import _hf_vision as _vision
 from posenc.integrations._hf_reader import ConfigReader, first, rope_parameters
-from posenc.integrations._hf_sizes import CONTEXT_KEYS, check_context, check_head_dim
+from posenc.integrations._hf_sizes import check_head_dim
 from posenc.rotary._spelling import posenc_spelling
-from posenc.rotary.apply import SectionLayout
 from posenc.rotary.frequencies import Scaling, parse_scaling
 from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
@@ -50,7 +50,6 @@ __all__ = [
 _GENERAL_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section")
 _ORIGINAL_CONTEXT_TYPES = ("llama3", "yarn", "longrope")  # transformers fills the original context
 _DEFAULT_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
-_REQUIRED = {"yarn": ("factor",)}  # keys transformers' rope functions index (a KeyError there)
 
 
 # --- transformers' scaling dicts -------------------------------------------------------------
@@ -155,8 +154,13 @@ def rotary_from_config(
     so its output depends on earlier calls; posenc computes them from each call's largest
     position. The two agree on a fresh module and whenever lengths only grow.
 
+    A dict's ``model_type`` must be a transformers family's (transformers 5.24's, or the
+    installed transformers'); an error about a value names the key as the config spells it
+    (GPT-J's ``n_embd``, ``rope_scaling.original_max_position_embeddings``, ...).
+
     Raises:
-        PosEncError: (naming the ``model_type`` where the config has one) a family posenc
+        PosEncError: a dict's ``model_type`` that names no transformers family; (naming
+            the ``model_type`` where the config has one) a family posenc
             cannot express (nanochat's -theta, ERNIE 4.5 VL's H, W, T section order, Pixtral's
             and Gemma 4's vision RoPE, ...; checked before anything is built), an unknown
             rope type, missing keys (yarn's ``factor``, proportional's ``rope_theta``) or
@@ -233,8 +237,10 @@ def _from_config(
     whole = _families.components(model_type)
     if whole is not None:
         raise PosEncError(whole)
+    src = "rope_parameters"  # where the RoPE parameters are, for the messages
     if rope is None:
         rope = rope_parameters(cfg, layer_type, model_type)
+        src = cfg.rope_key() + ("" if layer_type is None else f".{layer_type}")
     if _vision.is_axial(model_type, rope):
         return _vision.axial_from_config(model_type, cfg.get, rope, layout)
     cfg = cfg.for_layer(layer_type, model_type)
@@ -243,17 +249,17 @@ def _from_config(
         if layout is not None
         else _families.layout_of(model_type, cfg.get("rope_interleave"))
     )
-    kind = _rope_type(rope)
-    base = _rope_theta(cfg, rope, model_type)
-    partial = _partial_factor(cfg, rope, model_type)
+    kind = _checks.rope_type(rope, src)
+    base = _rope_theta(cfg, rope, src, model_type)
+    partial = _partial_factor(cfg, rope, src, model_type)
     trailing = model_type in _families.TRAILING_ROTARY  # [nope | rope]: the whole head
     head_dim, mla = _head_dim(cfg, trailing)
     if kind == "proportional":
-        _require_theta(cfg, rope)
+        _require_theta(cfg, rope, src)
     rotary_dim = _rotary_dim(cfg, model_type, kind, head_dim, mla, partial)
     base, rotary_dim = _odd_rotary_dim(kind, base, rotary_dim, head_dim, partial.factor)
-    _check_contexts(cfg, rope, rotary_dim)
-    sections, section_layout = _sections(cfg, rope, model_type, rotary_dim)
+    _checks.check_contexts(cfg, rope, src, rotary_dim)
+    sections, section_layout = _checks.sections(cfg, rope, src, model_type, rotary_dim)
     return RotaryEmbedding(
         head_dim,
         base=base,
@@ -267,79 +273,23 @@ def _from_config(
     )
 
 
-def _check_contexts(cfg: ConfigReader, rope: dict[str, Any], rotary_dim: int) -> None:
-    """Every context length the config sets, bounded (:func:`._hf_sizes.check_context`)."""
-    aliased = " (n_positions)" if cfg.get("n_positions") is not None else ""
-    for key in CONTEXT_KEYS:
-        named = cfg.where(key) + (aliased if key == "max_position_embeddings" else "")
-        check_context(named, cfg.get_or_default(key), rotary_dim)
-        check_context(f"rope_parameters {key}", rope.get(key), rotary_dim)
+def _named(*places: tuple[str, Any]) -> tuple[str, Any]:
+    """The first ``(name, value)`` of ``places`` whose value is not None (the last if none
+    is): a value and the key it was read from, for the message about it."""
+    return next((p for p in places if p[1] is not None), places[-1])
 
 
-def _sections(
-    cfg: ConfigReader, rope: dict[str, Any], model_type: str, rotary_dim: int
-) -> tuple[list[int] | None, SectionLayout]:
-    """M-RoPE's ``(sections, section_layout)`` (``(None, "contiguous")``: none), in posenc's
-    spelling: sections in the positions' axis order."""
-    equal = _families.MROPE_EQUAL_SECTIONS.get(model_type)
-    if equal is not None:  # NeoMME: the frequencies split equally among its axes
-        half = rotary_dim // 2
-        if half % equal:
-            raise PosEncError(
-                f"the rotary dim {rotary_dim} must be a multiple of {2 * equal} (its "
-                f"{half} frequencies split equally among {equal} axes)"
-            )
-        return [half // equal] * equal, "interleaved"
-    sections = first(
-        rope.get("mrope_section"),
-        cfg.get("mrope_section"),
-        _families.MROPE_DEFAULT_SECTIONS.get(model_type),
-    )
-    if sections is None:
-        return None, "contiguous"
-    sections = list(sections) if isinstance(sections, (list, tuple)) else sections
-    if model_type in _families.MROPE_SPATIAL_INTERLEAVED:
-        if not isinstance(sections, list) or len(sections) != 3:
-            raise PosEncError(f"mrope_section must be 3 sizes (H, W, T), got {sections!r}")
-        return [sections[2], sections[0], sections[1]], "spatial_interleaved"  # (T, H, W)
-    interleaved = model_type in _families.MROPE_INTERLEAVED
-    return sections, "interleaved" if interleaved else "contiguous"
-
-
-def _rope_type(rope: dict[str, Any]) -> Any:
-    """The rope type (``rope_type`` wins over ``type``; ``"default"`` when neither), with
-    the keys transformers' function for it indexes checked; any value but a known type's
-    name is refused by :func:`scaling_from_transformers`, naming it as given."""
-    kind = first(rope.get("rope_type"), rope.get("type"), "default")
-    if not isinstance(kind, str):
-        key = "rope_type" if rope.get("rope_type") is not None else "type"
-        raise PosEncError(f"rope_parameters {key} must be a string (a rope type), got {kind!r}")
-    if kind == "mrope":  # Qwen2-VL's legacy spelling of default RoPE with sections
-        kind = "default"
-    missing = [k for k in _REQUIRED.get(kind, ()) if k not in rope]
-    if missing:
-        raise PosEncError(
-            f"rope type {kind!r} requires the key(s) {missing} in rope_parameters "
-            f"(transformers raises KeyError), got keys {sorted(rope)}"
-        )
-    return kind
-
-
-def _rope_theta(cfg: ConfigReader, rope: dict[str, Any], model_type: str) -> float:
+def _rope_theta(cfg: ConfigReader, rope: dict[str, Any], src: str, model_type: str) -> float:
     defaults = _families.MODEL_DEFAULTS.get(model_type, {})
-    return check_float(
-        "rope_theta",
-        first(
-            rope.get("rope_theta"),
-            cfg.get("rope_theta"),
-            cfg.get("rotary_emb_base"),
-            cfg.get_or_default("rope_theta"),  # a dict's class default
-            defaults.get("rope_theta"),
-            _DEFAULT_THETA,
-        ),
-        min=1.0,
-        min_exclusive=True,
+    name, theta = _named(
+        (f"{src}.rope_theta", rope.get("rope_theta")),
+        (cfg.where("rope_theta"), cfg.get("rope_theta")),
+        (cfg.where("rotary_emb_base"), cfg.get("rotary_emb_base")),
+        ("rope_theta (the class default)", cfg.get_or_default("rope_theta")),
+        (f"rope_theta (the {model_type!r} default)", defaults.get("rope_theta")),
+        ("rope_theta", _DEFAULT_THETA),
     )
+    return check_float(name, theta, min=1.0, min_exclusive=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,19 +300,20 @@ class _Partial:
     factor: float
 
 
-def _partial_factor(cfg: ConfigReader, rope: dict[str, Any], model_type: str) -> _Partial:
+def _partial_factor(cfg: ConfigReader, rope: dict[str, Any], src: str, model_type: str) -> _Partial:
     defaults = _families.MODEL_DEFAULTS.get(model_type, {})
-    given = first(
-        rope.get("partial_rotary_factor"),
-        cfg.get("partial_rotary_factor"),
-        rope.get("rotary_pct"),
-        cfg.get("rotary_pct"),
-        cfg.get_or_default("partial_rotary_factor"),  # a dict's class default
-        defaults.get("partial_rotary_factor"),
+    name, given = _named(
+        (f"{src}.partial_rotary_factor", rope.get("partial_rotary_factor")),
+        (cfg.where("partial_rotary_factor"), cfg.get("partial_rotary_factor")),
+        (f"{src}.rotary_pct", rope.get("rotary_pct")),
+        (cfg.where("rotary_pct"), cfg.get("rotary_pct")),
+        ("partial_rotary_factor (the class default)", cfg.get_or_default("partial_rotary_factor")),
+        (
+            f"partial_rotary_factor (the {model_type!r} default)",
+            defaults.get("partial_rotary_factor"),
+        ),
     )
-    factor = check_float(
-        "partial_rotary_factor", first(given, 1.0), min=0.0, max=1.0, min_exclusive=True
-    )
+    factor = check_float(name, first(given, 1.0), min=0.0, max=1.0, min_exclusive=True)
     return _Partial(given, factor)
 
 
@@ -385,16 +336,16 @@ def _head_dim(cfg: ConfigReader, trailing: bool) -> tuple[int, int | None]:
             f"config must give {cfg.where('head_dim')}, or {cfg.where(*pair)} (missing "
             f"{cfg.where(*missing)}: add it to the config{cfg.defaults_note()})"
         )
-    quotient = check_int("hidden_size", hidden, min=1) // check_int(
-        "num_attention_heads", heads, min=1
-    )
-    return check_head_dim(f"head_dim ({cfg.where('hidden_size')} // heads)", quotient), None
+    names = cfg.where("hidden_size"), cfg.where("num_attention_heads")
+    hidden, heads = check_int(names[0], hidden, min=1), check_int(names[1], heads, min=1)
+    quotient = f"head_dim ({names[0]} // {names[1]} = {hidden} // {heads})"
+    return check_head_dim(quotient, hidden // heads), None
 
 
-def _require_theta(cfg: ConfigReader, rope: dict[str, Any]) -> None:
+def _require_theta(cfg: ConfigReader, rope: dict[str, Any], src: str) -> None:
     if rope.get("rope_theta") is None and cfg.get("rope_theta") is None:
         raise PosEncError(
-            f"rope type 'proportional' requires the key 'rope_theta' in rope_parameters "
+            f"rope type 'proportional' requires the key 'rope_theta' in {src} "
             f"(transformers raises KeyError), got keys {sorted(rope)}"
         )
 
@@ -407,7 +358,7 @@ def _rotary_dim(
         return 2 * int(partial.factor * head_dim // 2)
     rotary_dim = cfg.get_or_default("rotary_dim")
     if model_type in _families.ROTARY_DIM_ATTRIBUTE and rotary_dim is not None:
-        return check_int("rotary_dim", rotary_dim, min=2, max=head_dim)
+        return check_int(cfg.where("rotary_dim"), rotary_dim, min=2, max=head_dim)
     if mla is not None and model_type in _families.MLA_PARTIAL_OF:
         # Mistral 4 (head_dim = qk_nope + qk_rope), dots.3 (its head_dim): a factor of more
         if _families.MLA_PARTIAL_OF[model_type] == "head_dim":

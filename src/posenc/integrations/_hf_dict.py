@@ -22,7 +22,9 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ClassDefaults", "class_defaults"]
+from posenc.integrations._hf_model_types import MODEL_TYPES, MODEL_TYPES_VERSION
+
+__all__ = ["ClassDefaults", "class_defaults", "known_model_types"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,18 +66,45 @@ def class_defaults(model_type: Any, parent_model_type: Any = None) -> ClassDefau
     )
 
 
-def _config_class(model_type: Any, parent_model_type: Any) -> Any:
+def known_model_types() -> tuple[frozenset[str], str]:
+    """The ``model_type`` names a config dict may give, and where they come from (for a
+    message): transformers 5.24's (:data:`._hf_model_types.MODEL_TYPES`) and, where
+    transformers is installed, its own ``CONFIG_MAPPING``'s."""
+    mapping = _config_mapping()
+    source = f"transformers {MODEL_TYPES_VERSION}"
+    if mapping is None:
+        return MODEL_TYPES, source
+    names = frozenset(k for k in mapping.keys() if isinstance(k, str))
+    if names <= MODEL_TYPES:
+        return MODEL_TYPES, source
+    version = _installed_version()
+    return MODEL_TYPES | names, f"{source} and the installed transformers {version}"
+
+
+def _installed_version() -> str:
+    import transformers
+
+    return str(getattr(transformers, "__version__", "?"))
+
+
+def _config_mapping() -> Any:
+    """transformers' ``CONFIG_MAPPING`` (None where transformers is not installed)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from transformers import CONFIG_MAPPING
     except ImportError:
         return None
+    return CONFIG_MAPPING
+
+
+def _config_class(model_type: Any, parent_model_type: Any) -> Any:
+    mapping = _config_mapping()
+    if mapping is None:
+        return None
     if isinstance(model_type, str):
-        return _mapped(CONFIG_MAPPING, model_type)
-    parent = (
-        _mapped(CONFIG_MAPPING, parent_model_type) if isinstance(parent_model_type, str) else None
-    )
+        return _mapped(mapping, model_type)
+    parent = _mapped(mapping, parent_model_type) if isinstance(parent_model_type, str) else None
     sub_configs = getattr(parent, "sub_configs", None)
     text = sub_configs.get("text_config") if isinstance(sub_configs, Mapping) else None
     return text if isinstance(text, type) else None

@@ -10,12 +10,13 @@ all read through here.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
 from posenc._errors import PosEncError, check_choice, check_int
 from posenc.integrations import _hf_families as _families
-from posenc.integrations._hf_dict import ClassDefaults, class_defaults
+from posenc.integrations._hf_dict import ClassDefaults, class_defaults, known_model_types
 
 __all__ = ["MAX_LAYERS", "ConfigReader", "first", "rope_layer_types", "rope_parameters"]
 
@@ -44,6 +45,7 @@ class ConfigReader:
             if hasattr(config, "get_text_config"):  # multimodal configs keep RoPE in the text part
                 config = config.get_text_config()
             self._get = _object_getter(config)
+            self._spell = lambda key: key
             self.is_dict = False
         else:
             text = _text_part(config)
@@ -57,7 +59,8 @@ class ConfigReader:
             legacy = _families.legacy_per_layer(str(config.get("model_type")), config.get)
             if legacy is not None:
                 config = {**config, "rope_parameters": legacy, "rope_scaling": None}
-            self._get = _dict_getter(config, self._defaults)
+            self._spell = _dict_spelling(config, self._defaults)
+            self._get = _dict_getter(config, self._spell)
             self.is_dict = True
         self._config = config
 
@@ -85,8 +88,16 @@ class ConfigReader:
         )
 
     def where(self, *keys: str) -> str:
-        """``keys`` as the config spells their place (``text_config.head_dim``), joined."""
-        return " and ".join(f"{self.prefix}{k}" for k in keys)
+        """``keys`` as the config spells them and their place, joined: a dict's own name for
+        a key (GPT-J's ``n_embd`` for ``hidden_size``) under its prefix
+        (``text_config.head_dim``)."""
+        return " and ".join(f"{self.prefix}{self._spell(k)}" for k in keys)
+
+    def rope_key(self) -> str:
+        """Where the config keeps its RoPE parameters, as :func:`rope_parameters` reads them:
+        ``rope_parameters``, or legacy ``rope_scaling`` when that is what it gives."""
+        legacy = not self.get("rope_parameters") and self.get("rope_scaling")
+        return self.where("rope_scaling" if legacy else "rope_parameters")
 
     def for_layer(self, layer_type: str | None, model_type: str) -> ConfigReader:
         """The reader of one layer type's config where attributes vary per layer (Gemma 4's
@@ -119,21 +130,41 @@ def _text_part(config: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def _check_dict(config: Mapping[str, Any]) -> None:
-    """What a dict must hold before anything is built from it: a string ``model_type`` (its
-    text config's too) and at most :data:`MAX_LAYERS` layers."""
+    """What a dict must hold before anything is built from it: a ``model_type`` (its text
+    config's too), where it gives one, that names a transformers family
+    (:func:`._hf_dict.known_model_types`), and at most :data:`MAX_LAYERS` layers."""
     text = config.get("text_config")
     for part, where in ((config, ""), (text, "text_config.")):
         if not isinstance(part, Mapping):
             continue
         model_type = part.get("model_type")
-        if model_type is not None and not isinstance(model_type, str):
-            raise PosEncError(
-                f"config {where}model_type must be a string (a transformers family), got "
-                f"{model_type!r}"
-            )
+        if model_type is not None:
+            _check_model_type(f"{where}model_type", model_type)
         layers = part.get("num_hidden_layers")
         if layers is not None:
             check_int(f"{where}num_hidden_layers", layers, min=0, max=MAX_LAYERS)
+
+
+_EXAMPLE_MODEL_TYPES = ("llama", "qwen2", "gemma3_text", "gptj")
+
+
+def _check_model_type(key: str, model_type: Any) -> None:
+    """Refuse a ``model_type`` that is no string or names no transformers family (the
+    family decides how the rest of the dict is read; none is guessed)."""
+    if not isinstance(model_type, str):
+        raise PosEncError(
+            f"config {key} must be a string (a transformers family), got {model_type!r}"
+        )
+    known, source = known_model_types()
+    if model_type in known:
+        return
+    close = difflib.get_close_matches(model_type, sorted(known), n=3)
+    examples = close or [k for k in _EXAMPLE_MODEL_TYPES if k in known]
+    hint = f"; {'close' if close else 'e.g.'}: {', '.join(map(repr, examples))}"
+    raise PosEncError(
+        f"config {key} must name a transformers family (one of the {len(known)} model types "
+        f"{source} knows, transformers.CONFIG_MAPPING{hint}), got {model_type!r}"
+    )
 
 
 def _object_getter(config: Any) -> Any:
@@ -155,21 +186,24 @@ def _object_getter(config: Any) -> Any:
     return get
 
 
-def _dict_getter(config: Mapping[str, Any], defaults: ClassDefaults | None) -> Any:
-    """``config.get`` that also answers a key by its GPT-2-style alias (``n_embd``, ...) or
-    the name its family's ``attribute_map`` gives it (``kv_channels``, ...)."""
+def _dict_getter(config: Mapping[str, Any], spell: Any) -> Any:
+    """``config.get`` of a key under the name the dict gives it (:func:`_dict_spelling`)."""
+    return lambda key: config.get(spell(key))
 
-    def get(key: str) -> Any:
-        value = config.get(key)
+
+def _dict_spelling(config: Mapping[str, Any], defaults: ClassDefaults | None) -> Any:
+    """The name under which ``config`` holds a key: the key itself, else its GPT-2-style
+    alias (``n_embd``, ...) or the name its family's ``attribute_map`` gives it
+    (``kv_channels``, ...), the first the dict gives a value; the key itself where none."""
+
+    def spell(key: str) -> str:
+        if config.get(key) is not None:
+            return key
         spelled = None if defaults is None else defaults.spelling(key)
         aliases = (*_families.DICT_ALIASES.get(key, ()), *((spelled,) if spelled else ()))
-        for alias in aliases if value is None else ():
-            value = config.get(alias)
-            if value is not None:
-                break
-        return value
+        return next((a for a in aliases if config.get(a) is not None), key)
 
-    return get
+    return spell
 
 
 def rope_parameters(cfg: ConfigReader, layer_type: str | None, model_type: str) -> dict[str, Any]:
@@ -178,7 +212,10 @@ def rope_parameters(cfg: ConfigReader, layer_type: str | None, model_type: str) 
     None), or one layer type's of a config with a set per layer type."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if not isinstance(rope, Mapping):
-        raise PosEncError(f"config rope_parameters must be a dict, got {type(rope).__name__}")
+        raise PosEncError(
+            f"config {cfg.rope_key()} must be a dict (the RoPE parameters), got "
+            f"{type(rope).__name__} {_short(rope)}"
+        )
     if model_type in _families.PER_LAYER_TYPE_ONLY:
         rope = _families.per_layer_type_rope(dict(rope), cfg.get("layer_types"))
     nested = _layer_type_keys(rope)
@@ -226,6 +263,11 @@ def _layer_type_keys(rope: Mapping[str, Any]) -> list[str] | None:
     for a type without RoPE); None for one flat set."""
     nested = [k for k, v in rope.items() if isinstance(v, Mapping) or v is None]
     return nested if nested and len(nested) == len(rope) else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def first(*values: Any) -> Any:

@@ -45,16 +45,14 @@ def check_head_dim(key: str, value: Any) -> int:
     return value
 
 
-def check_context(key: str, value: Any, rotary_dim: int) -> None:
-    """Refuse a context length (``key``: ``max_position_embeddings``, ...) that is no
-    integer, or past :data:`MAX_CONTEXT` positions, with the bytes of its cos/sin (of
-    ``rotary_dim`` channels; GPT-J's own rotary module holds such a table)."""
+def check_context(key: str, value: Any, rotary_dim: int) -> int | None:
+    """A context length (``key``: ``max_position_embeddings``, ...; None: not given) as an
+    int: refused when no integer or below 1, or past :data:`MAX_CONTEXT` positions, with the
+    bytes of its cos/sin (of ``rotary_dim`` channels; GPT-J's own rotary module holds such a
+    table)."""
     if value is None:
-        return
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # JSON may spell an integer 4096.0; its check is the scaling's
-    if not isinstance(value, int) or isinstance(value, bool):
-        return  # not a length: the scaling that reads it names it
+        return None
+    value = check_int(key, value, min=1)
     if value > MAX_CONTEXT:
         estimate = value * rotary_dim * _COS_SIN_BYTES
         raise PosEncError(
@@ -62,3 +60,4 @@ def check_context(key: str, value: Any, rotary_dim: int) -> None:
             f"1e7), got {value}: the cos/sin of that context ({rotary_dim} rotated channels, "
             f"float32) would take about {estimate:.3g} bytes"
         )
+    return value
