@@ -86,9 +86,6 @@ FLOAT = {
     "underscore": ("1_0.5", True),
     "plus": ("+1", True),
 }
-#: The mutations Python's int() and float() accept. lengthgen's options do not take the
-#: plain-digits parser yet (cli/lengthgen.py builds its options without _checks.option).
-PLAIN_DIGITS = ("underscore", "plus", "spaces")
 TEXT = {
     "empty": ("", True),
     "blank": ("  ", True),
@@ -163,8 +160,6 @@ def _cases() -> Iterator[Any]:
             else:
                 muts = {int: INT, float: FLOAT}.get(kind, TEXT)
             for mutation, (value, expect) in muts.items():
-                if path[0] == "lengthgen" and mutation in PLAIN_DIGITS and kind in (int, float):
-                    continue
                 yield pytest.param(
                     path,
                     param.name,

@@ -342,7 +342,7 @@ def _scaling(**scaling) -> dict:
 BAD_CONFIGS = {
     "unknown-type": (
         _params(rope_type="no_such_type", rope_theta=1e4),
-        "scaling type must be one of 'default', 'linear'",
+        "rope_type must be one of 'default', 'linear'",
     ),
     "missing-factor": (
         _params(rope_type="linear", rope_theta=1e4),
@@ -371,9 +371,9 @@ BAD_CONFIGS = {
         r"int\(32 \* 0.3\) must be even",
     ),
     "partial-zero": ({"partial_rotary_factor": 0.0}, "partial_rotary_factor must be > 0.0"),
-    "partial-above-1": ({"rotary_pct": 1.5}, "partial_rotary_factor must be <= 1.0"),
+    "partial-above-1": ({"rotary_pct": 1.5}, "rotary_pct must be <= 1.0"),
     "theta-one": ({"rope_theta": 1.0}, "rope_theta must be > 1.0"),
-    "bad-sections": (_params(rope_type="default", mrope_section=[4, 4, 4]), "sections"),
+    "bad-sections": (_params(rope_type="default", mrope_section=[4, 4, 4]), "mrope_section"),
     "rope-not-dict": ({"rope_parameters": [1, 2]}, "rope_parameters must be a dict"),
     "nested-no-layer-type": (
         _params(full_attention={"rope_type": "default"}, sliding_attention=None),

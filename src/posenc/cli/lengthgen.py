@@ -14,7 +14,15 @@ import typer
 
 from posenc._errors import PosEncError, check_choice, check_int
 from posenc.cli._app import app, fail
-from posenc.cli._checks import byte_limit, check_out_dir, choice, integer, number, text
+from posenc.cli._checks import (
+    byte_limit,
+    check_out_dir,
+    choice,
+    integer,
+    number,
+    option,
+    text,
+)
 
 if TYPE_CHECKING:
     from posenc.experiments.settings import StudySettings
@@ -202,12 +210,14 @@ def _summary(results: dict) -> None:
 
 
 def _count(option: str, help: str, low: int = 1, high: int = _COUNT) -> Any:
-    """An integer option, checked in ``[low, high]`` when it is parsed."""
-    return typer.Option(help=help, callback=_int(option, low, high))
+    """An integer option, checked in ``[low, high]`` when it is parsed (plain digits only:
+    ``1_000`` and ``+8``, which ``int()`` takes, are refused)."""
+    return _option(help, _int(option, low, high))
 
 
 def _option(help: str, callback: Any) -> Any:
-    return typer.Option(help=help, callback=callback)
+    """An option checked by ``callback``, with its plain-digits parser where it has one."""
+    return option(help, callback)
 
 
 _Out = Annotated[str, typer.Option("--out", help="Output directory.", callback=text("--out"))]
