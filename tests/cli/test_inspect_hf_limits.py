@@ -156,7 +156,7 @@ def test_a_file_over_the_cap_is_refused_before_it_is_read(capsys, tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA) + " " * CONFIG_MAX_BYTES)  # valid JSON, too large
     code, out, err = run(capsys, "inspect", "--hf-config", str(path))
-    _one_line(code, out, err, f"over the {CONFIG_MAX_BYTES} bytes")
+    _one_line(code, out, err, f"more than the {CONFIG_MAX_BYTES} bytes")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")

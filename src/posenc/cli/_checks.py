@@ -341,36 +341,13 @@ def read_option_file(option: str, path: str, *, max_bytes: int) -> bytes:
         PosEncError: missing, not a regular file, or over ``max_bytes``.
         OSError: the environment refuses to read it (permissions).
     """
+    from posenc.experiments.files import read_regular  # the one capped reader
+
     check_regular_file(option, path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
+    try:  # it checks again, on the descriptor it reads
+        return read_regular(path, what=option, max_bytes=max_bytes)
     except OSError as e:
         raise _unreadable(option, path, e) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):  # replaced since check_regular_file looked
-            raise PosEncError(f"{option} must be a regular file, got {_kind(info.st_mode)}")
-        if info.st_size > max_bytes:
-            raise PosEncError(
-                f"{option} {path!r} is {info.st_size} bytes, over the {max_bytes} bytes "
-                f"({human_bytes(max_bytes)}) it may be"
-            )
-        chunks, left = [], max_bytes + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, MIB))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError as e:
-        raise _unreadable(option, path, e) from None
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
-    if len(data) > max_bytes:
-        raise PosEncError(f"{option} {path!r} grew past {max_bytes} bytes while it was read")
-    return data
 
 
 def _umask() -> int:
