@@ -262,6 +262,18 @@ def test_parse_positions_bad(spec, match):
         (["table", "sinusoidal", "--colour"], "No such option: --colour"),
         (["table", "sinusoidal", "extra"], "Got unexpected extra argument"),
         (["tabel"], "No such command 'tabel'"),
+        (
+            ["table", "sinusoidal", "--dim", "200000", "--positions", "0:2"],
+            "--dim: the text format shows at most 4096 channels, got 200000",
+        ),
+        (
+            ["table", "sinusoidal", "-d", "8192", "-p", "0:2", "--channels", "0:5000"],
+            "--channels: the text format shows at most 4096 channels, got 5000",
+        ),
+        (
+            ["table", "sinusoidal", "--dim", "8", "--positions", "0:40000"],
+            "the text format shows at most 200000 values, got 40000 positions x 8 channels",
+        ),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(capsys, args, message):
@@ -270,6 +282,14 @@ def test_bad_arguments_give_one_line_and_exit_2(capsys, args, message):
     assert out == ""
     assert err.startswith("posenc: error: ") and err.count("\n") == 1
     assert message in err
+
+
+def test_a_large_table_streams_as_csv(capsys):
+    """The text format's limits are the layout's: csv prints the same table."""
+    code, out, _ = run(
+        capsys, "table", "sinusoidal", "--dim", "8", "--positions", "0:40000", "--format", "csv"
+    )
+    assert code == 0 and len(out.splitlines()) == 40001
 
 
 def test_no_arguments_shows_help_and_exits_2(capsys):

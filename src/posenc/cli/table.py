@@ -35,9 +35,21 @@ from posenc.cli._checks import check_bytes, choice, integer, number, option, tex
 from posenc.index import index_table
 from posenc.sinusoidal import LAYOUTS, ORDERS, sinusoidal_table
 
-__all__ = ["MAX_ROWS", "TABLES", "parse_positions", "table", "table_bytes"]
+__all__ = [
+    "MAX_ROWS",
+    "MAX_TEXT_CELLS",
+    "MAX_TEXT_COLUMNS",
+    "TABLES",
+    "parse_positions",
+    "table",
+    "table_bytes",
+]
 
 MAX_ROWS = 100_000
+# What the text format lays out (rich measures every cell and column: about 0.2 ms a cell and
+# 2 ms a column on a laptop core, so 200 000 columns took 290 s). csv and json stream.
+MAX_TEXT_COLUMNS = 4096
+MAX_TEXT_CELLS = 200_000
 MAX_POSITION = 2**53  # positions are exact in float64 up to here
 FORMATS = ("text", "csv", "json")
 _SUBSCRIPTS = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
@@ -274,7 +286,24 @@ def _check_request(
         table_bytes(len(pos), dim, shown, fmt),
         hint="ask for fewer --positions or a smaller --dim",
     )
+    if fmt == "text":
+        _check_text_size(len(pos), shown, "--dim" if channels is None else "--channels")
     return _Request(name, dim, pos, _channels(channels, dim), fmt, digits, options)
+
+
+def _check_text_size(rows: int, columns: int, columns_option: str) -> None:
+    """Refuse a text table too large to lay out in seconds (csv and json have no limit)."""
+    if columns > MAX_TEXT_COLUMNS:
+        raise PosEncError(
+            f"{columns_option}: the text format shows at most {MAX_TEXT_COLUMNS} channels, got "
+            f"{columns}; pick some with --channels, or use --format csv or json"
+        )
+    if rows * columns > MAX_TEXT_CELLS:
+        raise PosEncError(
+            f"--positions with {columns_option}: the text format shows at most "
+            f"{MAX_TEXT_CELLS} values, got {rows} positions x {columns} channels; use "
+            f"--format csv or json, or fewer --positions"
+        )
 
 
 def table_bytes(positions: int, dim: int, shown: int, fmt: str) -> int:
