@@ -26,6 +26,7 @@ from typing import Any
 import typer
 
 from posenc._errors import PosEncError, check_float, check_int
+from posenc._files import file_kind, read_regular
 
 __all__ = [
     "MAX_BYTES",
@@ -290,19 +291,6 @@ def check_out_dir(path: str, option: str = "--out", *, create: bool = True) -> P
     return out
 
 
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
-def _kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
 def _unreadable(option: str, path: str, e: OSError) -> OSError | PosEncError:
     """The environment's refusal (permissions) as an OSError (exit 1), else a PosEncError."""
     if e.errno in _ENVIRONMENT:
@@ -326,7 +314,7 @@ def check_regular_file(option: str, path: str) -> None:
     except OSError as e:
         raise _unreadable(option, path, e) from None
     if not stat.S_ISREG(mode):
-        raise PosEncError(f"{option} must be a regular file, got {_kind(mode)}: {path!r}")
+        raise PosEncError(f"{option} must be a regular file, got {file_kind(mode)}: {path!r}")
 
 
 def read_option_file(option: str, path: str, *, max_bytes: int) -> bytes:
@@ -341,8 +329,6 @@ def read_option_file(option: str, path: str, *, max_bytes: int) -> bytes:
         PosEncError: missing, not a regular file, or over ``max_bytes``.
         OSError: the environment refuses to read it (permissions).
     """
-    from posenc.experiments.files import read_regular  # the one capped reader
-
     check_regular_file(option, path)
     try:  # it checks again, on the descriptor it reads
         return read_regular(path, what=option, max_bytes=max_bytes)

@@ -41,8 +41,8 @@ from typing import Any, BinaryIO
 import torch
 
 from posenc._errors import MAX_ALLOC_BYTES, PosEncError, check_int
+from posenc._files import MIB, read_regular
 from posenc.experiments.checkpoint_fields import KEYS, check_fields
-from posenc.experiments.files import MIB, read_regular
 from posenc.experiments.orphans import check_parent
 
 __all__ = [

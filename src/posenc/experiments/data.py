@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from posenc._errors import PosEncError, check_int
-from posenc.experiments.files import read_head
+from posenc._files import read_head
 
 __all__ = [
     "VOCAB_SIZE",

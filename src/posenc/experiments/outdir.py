@@ -25,8 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from posenc._errors import PosEncError
+from posenc._files import open_regular, read_regular
 from posenc.experiments.checkpoint import clean_stale_temps
-from posenc.experiments.files import open_regular, read_regular
 
 __all__ = ["LOCK_NAME", "lock_out_dir", "make_out_dir"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc._errors import PosEncError
-from posenc.experiments.files import MIB, read_regular
+from posenc._files import MIB, read_regular
 
 __all__ = ["Document", "Passkey", "documents", "passkey_prompt", "stdlib_sources"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from posenc._errors import PosEncError
-from posenc.experiments.files import open_regular
+from posenc._files import open_regular
 from posenc.extend.settings import check_model
 from posenc.integrations.transformers import patch, rope_layer_types, rotary_from_config, unpatch
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc.experiments.files import FIGURE_MAX_BYTES, read_regular
+from posenc._files import FIGURE_MAX_BYTES, read_regular
 
 __all__ = ["write_page"]
 

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
+from posenc._files import MIB, read_regular
 from posenc._version import __version__
 from posenc.experiments.checkpoint import atomic_write
-from posenc.experiments.files import MIB, read_regular
 from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.results import write_results
 from posenc.extend import measure

@@ -7,7 +7,7 @@ import html
 from pathlib import Path
 from typing import Any
 
-from posenc.experiments.files import FIGURE_MAX_BYTES, read_regular
+from posenc._files import FIGURE_MAX_BYTES, read_regular
 
 __all__ = ["_e", "_img", "_num"]
 

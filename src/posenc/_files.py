@@ -18,7 +18,7 @@ from pathlib import Path
 
 from posenc._errors import PosEncError
 
-__all__ = ["FIGURE_MAX_BYTES", "MIB", "open_regular", "read_head", "read_regular"]
+__all__ = ["FIGURE_MAX_BYTES", "MIB", "file_kind", "open_regular", "read_head", "read_regular"]
 
 MIB = 1 << 20
 #: The most a figure a page embeds may be (a PNG of the report is well under 2 MiB).
@@ -33,7 +33,9 @@ _KINDS = (
 )
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
+    """What a file of ``stat`` mode ``mode`` is, for a message: ``"a FIFO"``, ``"a
+    directory"``, ... (``"not a regular file"`` for any other kind)."""
     for test, name in _KINDS:
         if test(mode):
             return name
@@ -64,7 +66,7 @@ def open_regular(
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise PosEncError(f"{where} must be a regular file, got {_kind(mode)}")
+            raise PosEncError(f"{where} must be a regular file, got {file_kind(mode)}")
     except BaseException:
         os.close(fd)
         raise
