@@ -108,8 +108,8 @@ class RotaryEmbedding(RotaryEncoding):
             ``direction``.
         attention_scale: the factor cos and sin are multiplied by (YaRN, LongRoPE; else 1.0).
             q and k are both multiplied, as transformers does, so logits carry its square.
-        head_dim, rotary_dim, layout, base, scaling, sections, partial, section_layout,
-        direction: read-only.
+        head_dim, rotary_dim, layout, base, scaling, sections, partial: read-only, as
+            are ``section_layout`` and ``direction``.
 
     Position-dependent scalings read the largest position of each call (of ``q_positions``
     and ``k_positions``): ``dynamic`` recomputes its frequencies from it, which needs one
