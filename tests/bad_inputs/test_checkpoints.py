@@ -19,12 +19,9 @@ from typing import Any
 
 import pytest
 import torch
-from tests.experiments._training import stop_after
-from tests.experiments.test_checkpoint_ranges import CONFIG, _load, _model, _run, reseal
+from tests.experiments.test_checkpoint_ranges import _load, killed_run, reseal
 
 from posenc import PosEncError
-from posenc.experiments.tasks import make_task
-from posenc.experiments.train import train
 
 from ._mutations import mutations
 
@@ -33,17 +30,7 @@ Change = Callable[[dict[str, Any]], None]
 
 
 def _saved_state(folder: Path) -> tuple[Path, dict[str, Any]]:
-    settings, _ = _run("adamw")
-    path = folder / "rope.pt"
-    with pytest.raises(KeyboardInterrupt):
-        train(
-            _model(),
-            make_task("copy", eval_examples=4),
-            settings,
-            checkpoint=path,
-            config=CONFIG,
-            on_step=stop_after(5),
-        )
+    path = killed_run(folder, "adamw", 5)
     return path, torch.load(path, weights_only=True)
 
 

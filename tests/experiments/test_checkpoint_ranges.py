@@ -58,8 +58,14 @@ def _run(optimizer: str) -> tuple[TrainSettings, dict[str, Any]]:
 @pytest.fixture(scope="module", params=["adamw", "muon"])
 def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkpoint of step 4 of a 6-step run (killed after step 5)."""
-    settings, _ = _run(request.param)
-    path = tmp_path_factory.mktemp(request.param) / "rope.pt"
+    return killed_run(tmp_path_factory.mktemp(request.param), request.param, 5)
+
+
+def killed_run(folder: Path, optimizer: str, stop: int) -> Path:
+    """The checkpoint ``folder/rope.pt`` of a 6-step run with ``optimizer``, killed after
+    step ``stop`` (checkpoints every 2 steps)."""
+    settings, _ = _run(optimizer)
+    path = folder / "rope.pt"
     with pytest.raises(KeyboardInterrupt):
         train(
             _model(),
@@ -67,7 +73,7 @@ def saved(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
             settings,
             checkpoint=path,
             config=CONFIG,
-            on_step=stop_after(5),
+            on_step=stop_after(stop),
         )
     return path
 
@@ -211,17 +217,7 @@ def test_a_resealed_field_out_of_range_is_refused(saved: Path, tmp_path: Path, f
 
 
 def test_muon_momentum_out_of_range_is_refused(tmp_path: Path) -> None:
-    settings, _ = _run("muon")
-    path = tmp_path / "rope.pt"
-    with pytest.raises(KeyboardInterrupt):
-        train(
-            _model(),
-            make_task("copy", eval_examples=4),
-            settings,
-            checkpoint=path,
-            config=CONFIG,
-            on_step=stop_after(2),
-        )
+    path = killed_run(tmp_path, "muon", 2)
 
     def change(state: dict[str, Any]) -> None:
         entry = state["optimizer"]["muon"]["state"][0]
