@@ -90,17 +90,9 @@ def read_regular(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> 
             raise PosEncError(
                 f"{where} is {size} bytes, more than the {max_bytes} bytes it can be here"
             )
-        chunks: list[bytes] = []
-        left = max_bytes + 1  # one more: a file grown past the cap is seen
-        while left > 0:
-            chunk = os.read(fd, min(left, 16 * MIB))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        data = _read_upto(fd, max_bytes + 1)  # one more: a file grown past the cap is seen
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > max_bytes:
         raise PosEncError(f"{where} grew past the {max_bytes} bytes it can be while it was read")
     return data
@@ -113,15 +105,20 @@ def read_head(path: str | os.PathLike[str], *, what: str, max_bytes: int) -> byt
         PosEncError: ``path`` is missing or not a regular file.
     """
     fd = open_regular(path, what=what)
-    chunks: list[bytes] = []
     try:
-        left = max_bytes
-        while left > 0:
-            chunk = os.read(fd, min(left, 16 * MIB))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
+        return _read_upto(fd, max_bytes)
     finally:
         os.close(fd)
+
+
+def _read_upto(fd: int, limit: int) -> bytes:
+    """At most ``limit`` bytes from ``fd``, up to its end, read in 16 MiB chunks."""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = os.read(fd, min(left, 16 * MIB))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
     return b"".join(chunks)
