@@ -10,7 +10,7 @@ one. A mutation is ``(kind, value, rule)``; ``rule`` says what the call may do:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import torch
@@ -18,7 +18,7 @@ import torch
 # Integer arguments that may be negative (all others are sizes, counts or lengths).
 SIGNED = frozenset({"offset", "seq_dim", "dim", "relative_position", "seed", "seeds", "shift"})
 # String arguments whose text is free (any string is a valid value).
-FREE_TEXT = frozenset({"path", "name"})
+FREE_TEXT = frozenset({"path", "name", "source", "where"})
 # Tensor arguments holding positions (lists, integers and NaN checks apply to them).
 POSITION_LIKE = ("position", "grid", "distances", "seq_lens", "mask", "tokens")
 
@@ -83,7 +83,8 @@ def _device(name: str, value: Any) -> Iterator[Mutation]:
 def _sequence(name: str, value: tuple | list) -> Iterator[Mutation]:
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     yield "container_dict", lambda: dict(enumerate(value)), "raise"
-    yield "container_set", lambda: set(value), "raise"
+    if all(isinstance(v, Hashable) for v in value):  # a set of dicts cannot be made
+        yield "container_set", lambda: set(value), "raise"
     yield "container_str", lambda: "ab", "raise"
     yield "size_0", lambda: type(value)(), "either"
     yield "container_nested", lambda: [list(value)], "raise"

@@ -6,6 +6,7 @@ keys ``_mutations`` mutates one at a time).
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,15 @@ import torch
 import posenc
 from posenc import contextual, gated, models, plot
 from posenc.experiments import StudySettings, make_task
+from posenc.experiments.comparisons import Comparison, compare, describe, verdict
+from posenc.experiments.results import (
+    check_results,
+    comparisons_record,
+    load_results,
+    refresh_results,
+    summarize,
+)
+from posenc.experiments.student_t import t_quantile
 from posenc.integrations import transformers as hf
 from posenc.models import schedules
 
@@ -232,3 +242,79 @@ fn(
     hf.rope_layers,
     lambda: {"config": {"model_type": "llama", "num_hidden_layers": 4}},  # the keys it reads
 )
+
+
+# --- comparisons over seeds: their specs, the t quantile, the record and its words ---------
+def _study_record() -> dict[str, Any]:
+    runs = [
+        {"encoding": label, "seed": seed, "eval": {"8": {"ppl": p}, "16": {"ppl": 2 * p}}}
+        for label, values in (("rope", (6.0, 6.2, 6.1)), ("alibi", (7.0, 7.3, 7.1)))
+        for seed, p in enumerate(values)
+    ]
+    record: dict[str, Any] = {
+        "task": "lm",
+        "metric": "ppl",
+        "train_len": 8,
+        "eval_lens": [8, 16],
+        "seeds": [0, 1, 2],
+        "runs": runs,
+    }
+    record["summary"] = summarize(runs, [8, 16])
+    return record
+
+
+_ALIBI_ROPE = Comparison("alibi", "rope", "ppl", "all", expect="worse", source="X et al.")
+
+fn(
+    "experiments.Comparison",
+    Comparison,
+    lambda: {
+        "a": "prope-0.75",
+        "b": "rope",
+        "metric": "ppl",
+        "lengths": "past",
+        "expect": "better",
+        "b_metric": "ppl_past",
+        "source": "Barbero et al. 2025",
+    },
+)
+fn("experiments.t_quantile", t_quantile, lambda: {"p": 0.975, "df": 4})
+fn(
+    "experiments.compare",
+    compare,
+    lambda: {"results": _study_record(), "comparisons": [_ALIBI_ROPE]},
+)
+fn(
+    "experiments.verdict",
+    verdict,
+    lambda: {
+        "rows": compare(_study_record(), [_ALIBI_ROPE]),
+        "comparisons": [_ALIBI_ROPE],
+        "names": {"rope": "RoPE"},
+    },
+)
+fn(
+    "experiments.describe",
+    describe,
+    lambda: {"row": compare(_study_record(), [_ALIBI_ROPE])[0], "names": {"rope": "RoPE"}},
+)
+fn(
+    "experiments.comparisons_record",
+    comparisons_record,
+    lambda: {"results": _study_record(), "comparisons": [_ALIBI_ROPE], "study": "prope"},
+)
+fn(
+    "experiments.refresh_results",
+    refresh_results,
+    lambda: {"results": _study_record(), "study": "prope", "comparisons": [_ALIBI_ROPE]},
+)
+fn("experiments.check_results", check_results, lambda: {"results": _study_record(), "where": "r"})
+
+
+def _results_file() -> str:
+    path = Path(tempfile.mkdtemp()) / "results.json"
+    path.write_text(json.dumps(_study_record()))
+    return str(path)
+
+
+fn("experiments.load_results", load_results, lambda: {"results": _results_file()})

@@ -33,6 +33,7 @@ def check_results(
     assert seeds and results["settings"]["seeds"] == seeds
     assert [run["encoding"] for run in results["runs"]] == encodings
     _check_summary(results, seeds)
+    _check_comparisons(results)
     for run in results["runs"]:
         assert run["seed"] in seeds
         assert set(run) == RUN_KEYS, run.keys()
@@ -82,3 +83,24 @@ def _check_summary(results: dict[str, Any], seeds: list[int]) -> None:
             stats = cell[metric]
             assert stats["min"] == min(values) and stats["max"] == max(values)
             assert math.isclose(stats["mean"], sum(values) / len(values), rel_tol=1e-12)
+
+
+def _check_comparisons(results: dict[str, Any]) -> None:
+    """Every row a pair at one length, its differences ``a - b`` seed by seed, its verdict
+    the side of 0 its interval lies on."""
+    from posenc.experiments.records import ROW_KEYS
+
+    record = results["comparisons"]
+    assert set(record) == {"study", "interval", "rows", "verdict"}
+    assert {"status", "sentence", "also", "holds", "level", "opposite", "untested"} <= set(
+        record["verdict"]
+    )
+    for row in record["rows"]:
+        assert set(row) == set(ROW_KEYS), row.keys()
+        assert row["differences"] == [a - b for a, b in zip(row["a_values"], row["b_values"])]
+        assert row["seeds"] and set(row["seeds"]) <= set(results["seeds"])
+        interval = row["interval"]
+        if interval is None or interval[0] <= 0 <= interval[1]:
+            assert row["verdict"] == "level"
+        else:
+            assert row["verdict"] == ("better" if interval[1] < 0 else "worse")

@@ -21,6 +21,10 @@ OPTION_KEYS = {
 }  # fmt: skip
 
 
+#: The seeds of each study on two CPU cores (benchmarks: the wall times in docs/contextual.md).
+CPU_SEEDS = {"counting": 5, "flipflop": 3, "prope": 6, "nope-layers": 3, "drope": 5}
+
+
 @pytest.mark.parametrize("scale", SCALES)
 @pytest.mark.parametrize("name", list(STUDIES))
 def test_every_study_resolves(name, scale):
@@ -31,10 +35,25 @@ def test_every_study_resolves(name, scale):
     study = resolve(task, encodings, {"preset": "default", **options}, 1)
     assert study.task == STUDIES[name].task
     assert list(study.labels) == list(STUDIES[name].encodings)
-    assert study.seeds == (0, 1, 2)  # three seeds at either scale
+    # three seeds at the paper's scale; on two CPU cores as many as fit in 10 minutes
+    assert study.seeds == ((0, 1, 2) if scale == "paper" else tuple(range(CPU_SEEDS[name])))
     if scale == "cpu":  # the CPU budget: small models, short sequences
         assert study.model.dim <= 64 and study.train_len <= 64
         assert study.train.steps <= 800
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_every_study_compares_its_own_runs_and_the_paper_first(name):
+    """A comparison naming a label the study does not train would be left out silently."""
+    study = STUDIES[name]
+    args = study_arguments(name)
+    labels = set(study.encodings) | {f"rope+{m}" for m in args.get("extend", ())}
+    assert study.comparisons
+    for c in study.comparisons:
+        assert {c.a, c.b} <= labels, c
+    claims = [c.expect is not None for c in study.comparisons]
+    assert claims[0] and claims == sorted(claims, reverse=True)  # the paper's first
+    assert all(c.source for c in study.comparisons if c.expect is not None)
 
 
 def test_study_texts_name_their_numbers():

@@ -7,7 +7,11 @@
 - :mod:`.extension`: RoPE context extension (PI, NTK, YaRN) of a trained model;
 - :mod:`.settings` / :mod:`.lengthgen`: :class:`StudySettings`, a study's settings built from
   a preset and checked once, and :func:`run_study`, the whole comparison
-  (``posenc lengthgen``).
+  (``posenc lengthgen``);
+- :mod:`.comparisons` / :mod:`.results`: the pairs a study compares, each over its seeds
+  (paired differences, a 95 % t interval, a verdict), the ``results.json`` record, and
+  reading one back (``posenc compare``); :mod:`.studies`: the named studies of the
+  literature.
 
 Nothing here is imported by ``import posenc``; ``run_study`` needs only torch (the figure
 needs matplotlib, the progress bar rich).

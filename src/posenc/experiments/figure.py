@@ -2,7 +2,8 @@
 encoding (the mean over the seeds; a band from the min to the max when there are several).
 
 Panels: the trained encodings (``lm``: perplexity over the whole window and over the
-positions past the training length; synthetic tasks: exact-match accuracy), then, when
+positions past the training length; synthetic tasks: exact-match accuracy, and for
+flip-flop the read error on its main split), then, when
 the study extended RoPE, the extension runs beside the plain ``rope`` model.
 """
 
@@ -18,9 +19,10 @@ from posenc._errors import PosEncError
 from posenc.experiments.checkpoint import atomic_write
 from posenc.experiments.results import summarize
 
-__all__ = ["plot_study"]
+__all__ = ["draw_study", "plot_study"]
 
 _METHOD_COLORS = {"pi": "tab:green", "ntk": "tab:red", "yarn": "tab:purple"}
+_ERROR_OF = {"mean": "mean", "min": "max", "max": "min"}
 
 
 def _style(label: str, base_colors: Mapping[str, Any], extension_panel: bool) -> dict[str, Any]:
@@ -42,8 +44,10 @@ def _panel(
     ylabel: str,
     base_colors: Mapping[str, Any],
     extension_panel: bool,
+    as_error: bool = False,
 ) -> None:
-    """One line per label: the mean over the seeds, the min-max band when several."""
+    """One line per label: the mean over the seeds, the min-max band when several;
+    ``as_error``: an accuracy drawn as the error rate in %."""
     lengths = [int(e) for e in results["eval_lens"]]
     summary = results["summary"]
     values = []
@@ -53,6 +57,8 @@ def _panel(
             stats = summary[label].get(str(length), {}).get(key)
             if stats is not None:
                 xs.append(length)
+                if as_error:  # the min accuracy is the max error
+                    stats = {k: 100.0 * (1.0 - stats[j]) for k, j in _ERROR_OF.items()}
                 mean.append(stats["mean"])
                 low.append(stats["min"])
                 high.append(stats["max"])
@@ -76,6 +82,10 @@ def _panel(
         ax.legend(fontsize=7, loc="best")
 
 
+def _has(results: Mapping[str, Any], key: str) -> bool:
+    return any(key in cell for cells in results["summary"].values() for cell in cells.values())
+
+
 def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
     """Draw ``results`` (what :func:`~posenc.experiments.lengthgen.run_study` returns)
     to a PNG at ``path``; returns the path.
@@ -83,6 +93,20 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
     The training length is the dash-dotted vertical line; a cell that errored (a learned
     table too short for the length) is left out of its line.
     """
+    fig = draw_study(results)
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format=path.suffix.lstrip(".").lower() or "png")
+    plt.close(fig)
+    atomic_write(path, buffer.getvalue())  # a full disk keeps the previous figure whole
+    return path
+
+
+def draw_study(results: Mapping[str, Any]) -> Any:
+    """The figure of ``results`` (a matplotlib ``Figure``, for :func:`plot_study`): one
+    panel per metric, each line the mean over the seeds with its min-max band."""
     try:
         import matplotlib
 
@@ -107,20 +131,22 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
     panels = [(base, metric[0], f"{metric[1]} (whole window)" if lm else metric[1])]
     if lm:
         panels.append((base, "ppl_past", "perplexity (positions past train length)"))
+    read_error = results["task"] == "flipflop" and _has(results, "token_accuracy")
+    if read_error:  # flip-flop's main metric: the read bits wrong
+        split = results.get("settings", {}).get("task_options", {}).get("eval_split", "sparse")
+        panels.append((base, "token_accuracy", f"read error % ({split} split)"))
     if extended:
         panels.append((extended, metric[0], f"RoPE extended: {metric[1]}"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
     for ax, (subset, key, ylabel) in zip(axes[0], panels):
-        _panel(ax, results, subset, key, ylabel, base_colors, subset is extended)
-        if not lm:
+        error = key == "token_accuracy"
+        _panel(ax, results, subset, key, ylabel, base_colors, subset is extended, error)
+        if error:
+            ax.set_ylim(-2, 102)
+        elif not lm:
             ax.set_ylim(-0.02, 1.02)
     seeds = results.get("seeds", [0])
     spread = f"; mean of {len(seeds)} seeds, band: min-max" if len(seeds) > 1 else ""
     fig.suptitle(f"{results['task']}: trained at {results['train_len']} tokens{spread}")
     fig.tight_layout()
-    path = Path(path)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=110, format=path.suffix.lstrip(".").lower() or "png")
-    plt.close(fig)
-    atomic_write(path, buffer.getvalue())  # a full disk keeps the previous figure whole
-    return path
+    return fig

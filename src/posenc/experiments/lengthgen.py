@@ -13,11 +13,17 @@ short fine-tune at the longest eval length, and returns (and writes) the results
                "train": {"steps", "final_loss", "seconds", ...},
                "eval": {"<len>": {"loss", "ppl" | "accuracy", ...} | {"error"}}}],
      "summary": {"<encoding>": {"<len>": {"seeds", "<metric>": {"mean", "min", "max"}, ...}}},
-     "seconds"}
+     "seconds",
+     "comparisons": {"study", "interval",
+                     "rows": [{"a", "b", "metric", "length", "expect", "seeds",
+                               "differences", "mean", "interval", "verdict"}],
+                     "verdict": {"status", "sentence", "also", ...}}}
 
 With each seed, every model of a study starts from the same initialisation seed and sees
 the same batches in the same order; only the encoding differs. Several seeds repeat the
-whole comparison; ``summary`` (:func:`.results.summarize`) holds the spread. The
+whole comparison; ``summary`` (:func:`.results.summarize`) holds the spread, and
+``comparisons`` (:mod:`.comparisons`) the pairs the study compares, each difference
+paired by seed with a 95 % interval and a verdict (better, worse, level). The
 ``(seed, encoding)`` units run in this process or in ``jobs`` worker processes
 (:mod:`.parallel`) with the same numbers either way.
 """
@@ -28,13 +34,14 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_bool, check_int
+from posenc._errors import PosEncError, check_bool, check_choice, check_int
+from posenc.experiments.comparisons import Comparison
 from posenc.experiments.distributed import Dist, setup
 from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.parallel import (
@@ -94,6 +101,8 @@ def run_study(
     plot: bool = True,
     on_event: Event | None = None,
     max_bytes: int | None = None,
+    study: str | None = None,
+    comparisons: Sequence[Comparison] | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Train a model per encoding at ``train_len``, evaluate it at ``eval_lens``.
@@ -126,6 +135,13 @@ def run_study(
             (:func:`~posenc.experiments.settings.study_bytes`, times the worker processes) is
             above this many bytes, before anything is allocated (``posenc lengthgen`` passes
             its limit); None: no limit.
+        study: the named study (:data:`~posenc.experiments.studies.STUDIES`) these
+            settings are, recorded in ``results.json`` with its comparisons, which are
+            measured over the seeds and read against its paper (``posenc lengthgen
+            --study`` passes it); None: none.
+        comparisons: the comparisons to measure (:class:`~posenc.experiments.comparisons.
+            Comparison`), in place of the study's; None: the study's, or without a study
+            each run label against the first on the task's main metric.
 
     Returns:
         The results dict (see the module docstring); also written to
@@ -152,6 +168,7 @@ def run_study(
     """
     started = time.perf_counter()
     settings = _the_settings(settings, legacy, options)
+    comparisons = _the_comparisons(study, comparisons)
     resume, plot = check_bool("resume", resume), check_bool("plot", plot)
     if on_event is not None and not callable(on_event):
         raise PosEncError(f"on_event must be a callable or None, got {on_event!r:.80}")
@@ -188,7 +205,9 @@ def run_study(
         runs = run_units(units, context, task=task, dist=dist, jobs=workers, on_event=on_event)
         seconds = time.perf_counter() - started
         threads = threads if workers > 1 else None  # None: this process's, as it runs
-        results = results_record(settings, task, runs, dist, device, seconds, workers, threads)
+        results = results_record(
+            settings, task, runs, dist, device, seconds, workers, threads, comparisons, study
+        )
         if out is not None and dist.is_main:
             _write(results, out, plot)
         dist.barrier()
@@ -197,6 +216,29 @@ def run_study(
         held.close()
         torch.set_num_threads(threads_before)
         dist.close()
+
+
+def _the_comparisons(
+    study: str | None, comparisons: Sequence[Comparison] | None
+) -> Sequence[Comparison] | None:
+    """The comparisons of a run: those given, else the named ``study``'s, else None (the
+    default ones, :func:`~posenc.experiments.results.comparisons_record`)."""
+    if study is not None:
+        from posenc.experiments.studies import STUDIES
+
+        study = check_choice("study", study, tuple(STUDIES))
+    if comparisons is not None:
+        if isinstance(comparisons, (str, bytes)) or not isinstance(comparisons, Sequence):
+            raise PosEncError(
+                f"comparisons must be a sequence of Comparison or None, got {comparisons!r:.80}"
+            )
+        bad = [c for c in comparisons if not isinstance(c, Comparison)]
+        if bad:
+            raise PosEncError(f"comparisons must hold Comparison objects, got {bad[0]!r:.80}")
+        return tuple(comparisons)
+    if study is not None:
+        return STUDIES[study].comparisons
+    return None
 
 
 def _the_settings(

@@ -1,6 +1,8 @@
 """Named studies: the literature's findings on contextual and per-layer positions, each a
-``posenc lengthgen`` run that fits two CPU cores (at most 10 minutes, 3 seeds), with the
-settings of its paper for a GPU run of the same command under ``torchrun``.
+``posenc lengthgen`` run that fits two CPU cores (at most 10 minutes, 3 to 6 seeds: as
+many as fit), with the settings of its paper for a GPU run of the same command under
+``torchrun``. Each names the comparisons it exists to make (:mod:`.comparisons`), measured
+over its seeds into ``results.json`` with a verdict.
 
 ``posenc lengthgen --study NAME --out DIR`` runs one (``--scale paper`` for the paper's
 sizes); options given on the command line override the study's (:func:`with_study`). From
@@ -16,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc._errors import check_choice
+from posenc.experiments.comparisons import Comparison
 
 __all__ = ["SCALES", "STUDIES", "NamedStudy", "study_arguments", "with_study"]
 
@@ -37,6 +40,9 @@ class NamedStudy:
         expect: what posenc's run is read against.
         paper_scale: which of the ``paper`` settings come from the paper, and which are
             posenc's choice where the paper (or its code) does not state them.
+        comparisons: the comparisons the study exists to make (:mod:`.comparisons`), the
+            paper's (with its direction) first; each run measures them over its seeds and
+            writes them, with the verdict, into ``results.json``.
     """
 
     name: str
@@ -47,11 +53,13 @@ class NamedStudy:
     paper_says: str
     expect: str
     paper_scale: str
+    comparisons: tuple[Comparison, ...] = ()
 
 
 def _scale(lengths: tuple[int, ...], steps: int, optimizer: str, **more: Any) -> dict[str, Any]:
     """A study's settings at one scale: trained at ``lengths[0]`` and evaluated at
-    ``lengths``, no RoPE extension, three seeds; ``more``: its own settings."""
+    ``lengths``, no RoPE extension, three seeds; ``more``: its own settings (``seeds``
+    where more fit its time)."""
     return {
         "train_len": lengths[0],
         "eval_lens": lengths,
@@ -87,6 +95,13 @@ def _paper(
 
 _LM_CPU = _cpu((64, 128, 256, 512), 700)
 
+_GOLOVNEVA = "Golovneva et al. 2024, Table 3"
+_LIU = "Liu et al. 2023"
+_BARBERO = "Barbero et al. 2025, Table 2"
+_SMOLLM3 = "SmolLM3 (NoPE every 4th layer)"
+_LLAMA4 = "Llama 4 (NoPE every 4th, local RoPE layers, temperature)"
+_GELBERG = "Gelberg et al. 2025"
+
 #: The long-context studies at a 1B-class size of posenc's choice (no paper fixes one).
 _LONG_CONTEXT_PAPER = _paper(
     (4096, 8192, 16384, 32768), 20000, size=(2048, 16, 16), batch=256, lr=3e-4
@@ -99,7 +114,7 @@ STUDIES: dict[str, NamedStudy] = {
             name="counting",
             task="counting",
             encodings=("cope", "t5", "sinusoidal", "learned"),
-            cpu=_cpu((64, 128, 256), 800, num_vars=1),
+            cpu=_cpu((64, 128, 256), 800, num_vars=1, seeds="0,1,2,3,4"),
             paper=_paper((512, 1024), 15600, size=(256, 4, 4), batch=64, lr=7e-5, num_vars=3),
             paper_says=(
                 "Golovneva et al. 2024, Table 3 (4 layers, width 256, sequences of up to 512 "
@@ -111,6 +126,14 @@ STUDIES: dict[str, NamedStudy] = {
                 "all from the released run.sh: 4 layers, width 256, 4 heads, block size 512, "
                 "batch 64, lr 7e-5, 100 epochs of 10k examples (15 600 steps); posenc's "
                 "TinyTransformer is pre-norm where the paper's is post-norm, without dropout"
+            ),
+            comparisons=(
+                *(
+                    Comparison(a, b, "error", "L", expect="better", source=_GOLOVNEVA)
+                    for a, b in (("cope", "t5"), ("t5", "sinusoidal"), ("t5", "learned"))
+                ),
+                Comparison("cope", "t5", "error", "past"),
+                Comparison("t5", "sinusoidal", "error", "past"),
             ),
         ),
         NamedStudy(
@@ -135,12 +158,28 @@ STUDIES: dict[str, NamedStudy] = {
                 "the paper's sequence length (512) and splits (train FFL(0.8), sparse 0.98, "
                 "dense 0.1); the model size, steps and lr are posenc's choice"
             ),
+            comparisons=(
+                *(
+                    Comparison(
+                        e,
+                        e,
+                        "read_error@sparse",
+                        "L",
+                        expect="worse",
+                        b_metric="read_error@train",
+                        source=_LIU,
+                    )
+                    for e in ("rope", "alibi", "none")
+                ),
+                Comparison("cope", "rope", "read_error", "all"),
+                Comparison("fox", "rope", "read_error", "all"),
+            ),
         ),
         NamedStudy(
             name="prope",
             task="lm",
             encodings=("none", "rope", "prope-0.25", "prope-0.75"),
-            cpu=dict(_LM_CPU),
+            cpu={**_LM_CPU, "seeds": "0,1,2,3,4,5"},
             paper=_paper((2048,), 10000, size=(2048, 18, 8), batch=512, lr=3e-4),
             paper_says=(
                 "Barbero et al. 2025, Table 2 (Gemma 2B): validation perplexity NoPE 4.8594, "
@@ -150,6 +189,10 @@ STUDIES: dict[str, NamedStudy] = {
             paper_scale=(
                 "a Gemma-2B-sized model (18 layers, width 2048, 8 heads) as the paper's; its "
                 "data, sequence length, steps and lr are posenc's choice"
+            ),
+            comparisons=tuple(
+                Comparison(a, b, "ppl", "L", expect="better", source=_BARBERO)
+                for a, b in (("prope-0.75", "rope"), ("rope", "prope-0.25"), ("prope-0.25", "none"))
             ),
         ),
         NamedStudy(
@@ -164,12 +207,22 @@ STUDIES: dict[str, NamedStudy] = {
             ),
             expect="ppl(8L) / ppl(L): NoPE-every-4th below all-RoPE; ppl at L about equal",
             paper_scale="a 1B-class model of posenc's choice (no paper fixes one)",
+            comparisons=(
+                Comparison(
+                    "rope@nope-every-4", "rope", "ppl_growth", "longest", "better", source=_SMOLLM3
+                ),
+                Comparison(
+                    "rope@llama4", "rope", "ppl_growth", "longest", "better", source=_LLAMA4
+                ),
+                Comparison("rope@nope-every-4", "rope", "ppl", "L"),
+                Comparison("rope@llama4", "rope", "ppl", "L"),
+            ),
         ),
         NamedStudy(
             name="drope",
             task="lm",
             encodings=("rope", "drope"),
-            cpu={**_LM_CPU, "extend": ("yarn",)},
+            cpu={**_LM_CPU, "extend": ("yarn",), "seeds": "0,1,2,3,4"},
             paper={**_LONG_CONTEXT_PAPER, "extend": ("yarn",)},
             paper_says=(
                 "Gelberg et al. 2025 (DroPE): a model trained with RoPE, RoPE dropped late and "
@@ -178,6 +231,10 @@ STUDIES: dict[str, NamedStudy] = {
             ),
             expect="ppl past L: DroPE below RoPE + YaRN (no fine-tune)",
             paper_scale="a 1B-class model of posenc's choice; the paper starts from pretrained LMs",
+            comparisons=(
+                Comparison("drope", "rope+yarn", "ppl", "past", "better", source=_GELBERG),
+                Comparison("drope", "rope+yarn", "ppl", "L"),
+            ),
         ),
     )
 }
