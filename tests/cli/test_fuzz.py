@@ -30,6 +30,7 @@ from typer.main import get_command
 from posenc.cli import _register, app, main
 
 from ._command import console_script
+from ._results import write_tiny_results
 
 _register()
 ROOT = get_command(app)
@@ -54,6 +55,7 @@ BASE: dict[tuple[str, ...], list[str]] = {
     ("report",): "report --out {tmp}/r --quick --no-lengthgen".split(),
     ("lengthgen",): f"lengthgen {LENGTHGEN_TINY}".split(),
     ("extend",): "extend {tmp}/m.gguf --out {tmp}/e".split(),
+    ("compare",): "compare {tmp}/results.json".split(),
 }
 
 # name -> (value, must the command refuse it?). Values that may be allowed (a negative
@@ -308,6 +310,7 @@ def stub_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(posenc.report.build, "build_report", _quick_report)
     monkeypatch.setattr(posenc.extend.run, "run_extend", _quick_extend)
     (tmp_path / "m.gguf").write_bytes(b"")  # the model extend's base invocation names
+    write_tiny_results(tmp_path / "results.json")  # the study compare's reads
 
 
 @pytest.mark.parametrize("path", list(BASE), ids=["-".join(p) for p in BASE])

@@ -34,6 +34,7 @@ _click_errors = _click_exceptions()
 
 def register_commands() -> None:
     """Import every subcommand module; each registers itself on ``app``."""
+    import posenc.cli.compare
     import posenc.cli.extend
     import posenc.cli.inspect
     import posenc.cli.lengthgen

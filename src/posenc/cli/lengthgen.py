@@ -23,6 +23,7 @@ from posenc.cli._checks import (
     option,
     text,
 )
+from posenc.cli._study_tables import print_comparisons, print_summary
 
 if TYPE_CHECKING:
     from posenc.experiments.settings import StudySettings
@@ -162,48 +163,6 @@ def _jobs(jobs: int | None) -> int:
     from posenc.experiments.lengthgen import default_jobs
 
     return default_jobs()
-
-
-def _value(value: float, metric: str) -> str:
-    return f"{value:.3g}" if metric == "ppl" else f"{value:.2f}"
-
-
-def _summary(results: dict) -> None:
-    """One row per encoding: the mean over the seeds, with min-max when there are several."""
-    from rich.console import Console
-    from rich.table import Table
-
-    metric, seeds = results["metric"], results.get("seeds", [0])
-    over = f", mean (min-max) over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
-    table = Table(
-        title=f"{results['task']}: {metric} at each eval length "
-        f"(trained at {results['train_len']}{over})"
-    )
-    table.add_column("encoding")
-    for length in results["eval_lens"]:
-        table.add_column(str(length), justify="right")
-    table.add_column("train s", justify="right")
-    seconds: dict[str, float] = {}
-    for run in results["runs"]:
-        seconds[run["encoding"]] = seconds.get(run["encoding"], 0.0) + run["train"]["seconds"]
-    for label, cells in results["summary"].items():
-        row = []
-        for length in results["eval_lens"]:
-            cell = cells[str(length)]
-            stats = cell.get(metric)
-            if "error" in cell:
-                row.append("error")
-            elif stats is None:
-                row.append("-")
-            elif len(seeds) > 1:
-                row.append(
-                    f"{_value(stats['mean'], metric)} "
-                    f"({_value(stats['min'], metric)}-{_value(stats['max'], metric)})"
-                )
-            else:
-                row.append(_value(stats["mean"], metric))
-        table.add_row(label, *row, f"{seconds.get(label, 0.0):.1f}")
-    Console().print(table)
 
 
 # --- the options, one alias each (the command's signature reads as their list) ---------
@@ -417,12 +376,14 @@ def lengthgen(
             threads=threads,
             plot=plot,
             max_bytes=_memory_limit(device),
+            study=ctx.params["study"],
         )
     except PosEncError as e:
         fail(str(e))
         return
     if show:
-        _summary(results)
+        print_summary(results)
+        print_comparisons(results)
         typer.echo(
             f"wrote {path / 'results.json'}" + (f" and {path / 'lengthgen.png'}" if plot else "")
         )

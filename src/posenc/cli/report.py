@@ -1,6 +1,6 @@
 """``posenc report``: measure every encoding and write one self-contained HTML report.
 
-posenc report                  # ./report/index.html, report.json, *.png (about 4.5 minutes on 2 cores)
+posenc report                  # ./report/index.html, report.json, *.png (about 5 minutes on 2 cores)
 posenc report --out /tmp/r --quick     # smaller ranges, a short study (under a minute)
 """
 
