@@ -94,8 +94,15 @@ def test_quick_study_shows_alibi_flat_and_sinusoidal_and_rope_rising(quick):
     for label in ("sinusoidal", "rope"):
         assert lg["ratios"][label][longest]["mean"] >= 1.15
     comp = lg["comparison"]
-    assert comp["sentence"].startswith("Agrees with Press et al.:")
+    assert comp["sentence"].startswith("Agrees with Press et al.")
     assert [r["encoding"] for r in comp["rows"]] == ["sinusoidal", "rope", "alibi"]
+    # the one pair of Press et al.'s order this study has, at each length past L
+    assert [(v["a"], v["b"]) for v in comp["verdicts"]] == [("rope", "sinusoidal")] * 3
+    assert all(v["verdict"] in ("better", "level", "worse") for v in comp["verdicts"])
+    rows = lg["results"]["comparisons"]["rows"]
+    assert [r["differences"] for r in rows if r["expect"]] == [
+        v["differences"] for v in comp["verdicts"]
+    ]
 
 
 def test_page_leads_with_the_answer(quick):
@@ -106,6 +113,8 @@ def test_page_leads_with_the_answer(quick):
     head = page[answer:properties]
     assert 'data-file="headline.png"' in head and 'id="ratio-table"' in head
     assert 'id="comparison-sentence"' in head and head.count('<li class="yes">') == 3
+    assert 'id="verdict-table"' in head  # Press et al.'s order, pair by pair, over the seeds
+    assert head.count("rope against sinusoidal") == 3  # at 2L, 4L and 8L
 
 
 def test_page_has_a_row_per_encoding_and_embeds_every_figure(quick):

@@ -32,6 +32,7 @@ th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: rig
 th { background: #eef1f7; white-space: normal; vertical-align: bottom; }
 td:first-child, th:first-child, td.text, th.text { text-align: left; }
 td.yes { color: var(--yes); font-weight: 600; } td.no { color: var(--no); font-weight: 600; }
+td.level { color: var(--muted, #666); font-style: italic; }
 tr.error td { color: var(--no); white-space: normal; }
 .scroll { overflow-x: auto; border: 1px solid var(--line); border-radius: 6px; }
 dl.legend { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; font-size: 13px;

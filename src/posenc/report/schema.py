@@ -21,11 +21,13 @@
       "demonstrations": {...},                          # posenc.analysis.OrderSensitivity
       "lengthgen": {"status": "ok" | "absent" | "error" | "skipped", "reason",
                     "settings",                         # the study's (with seeds, jobs)
-                    "results",                          # run_study's dict (runs, summary)
+                    "results",                          # run_study's (runs, summary, comparisons)
                     "figure", "headline",               # lengthgen.png, headline.png
                     "ratios": {enc: {len: {mean, min, max}}},   # ppl(n) / ppl(L) per seed
                     "checks": [{"claim", "holds", "detail"}],   # the literature, tested
-                    "comparison": {"source", "url", "columns", "rows", "sentence"}},
+                    "comparison": {"source", "url", "columns", "rows",
+                                   "verdicts", "status",        # Press et al.'s order, over
+                                   "sentence"}},                # the seeds; its sentence
       "figures": [{"file", "title", "section", "encoding", "width", "height"}],
       "seconds": {"analysis", "figures", "demonstrations", "lengthgen", "total"}
     }
@@ -48,7 +50,7 @@ from posenc.analysis.summary import SUMMARY_COLUMNS, Properties
 
 __all__ = ["REPORT_SCHEMA", "SCHEMA_VERSION", "validate_report"]
 
-SCHEMA_VERSION = 2  # 2: the study has seeds, a summary, ratios, checks and the comparison
+SCHEMA_VERSION = 3  # 2: seeds, a summary, ratios, checks and the comparison; 3: its verdicts
 
 _STR = {"type": "string"}
 _NUM = {"type": "number"}

@@ -8,8 +8,10 @@ processes), then derives from the results what the page leads with:
   min / max over the seeds (a seed's model is compared with itself);
 - ``checks``: what the literature says should hold, each tested on those numbers;
 - ``comparison``: our ratios beside Press et al.'s (:mod:`.literature`) at the nearest
-  multiples of ``L``, and one sentence, written from the numbers, on what agrees and what
-  does not.
+  multiples of ``L``; Press et al.'s order (ALiBi < T5 < RoPE < sinusoidal in growth) as
+  paired comparisons over the seeds (:data:`PRESS_COMPARISONS`, each with a 95 % interval
+  and a verdict, :mod:`posenc.experiments.comparisons`); and one sentence, written from
+  those verdicts, on what agrees, what is level at this scale and what does not.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Any
 
 from posenc import registry
 from posenc.analysis._results import jsonable
+from posenc.experiments.comparisons import Comparison, describe
 from posenc.report.literature import PRESS_2022, press_ratios
 
 __all__ = [
     "LENGTHGEN_SETTINGS",
+    "PRESS_COMPARISONS",
     "checks",
     "comparison",
     "empty_record",
@@ -79,6 +83,13 @@ _EXPECT: dict[bool, tuple[float, float, float | None]] = {  # flat within, rise 
     True: (0.10, 1.15, None),
 }
 _PRESS_METHODS = ("sinusoidal", "rope", "t5", "alibi")
+
+#: Press et al.'s order of the growth ppl(nL) / ppl(L) at every length of their table past
+#: L, ALiBi < T5 < RoPE < sinusoidal, as the adjacent pairs, each measured over the seeds.
+PRESS_COMPARISONS: tuple[Comparison, ...] = tuple(
+    Comparison(a, b, "ppl_growth", "past", expect="better", source="Press et al. 2022, Table 2")
+    for a, b in (("alibi", "t5"), ("t5", "rope"), ("rope", "sinusoidal"))
+)
 
 
 def ratios(results: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
@@ -157,15 +168,15 @@ def checks(results: Mapping[str, Any], rat: Mapping[str, Any], quick: bool) -> l
                     f"({_fmt(cell['min'])}-{_fmt(cell['max'])})",
                 }
             )
-    t5, rope, sin = at("t5"), at("rope"), at("sinusoidal")
-    if t5 is not None and alibi is not None and rope is not None and sin is not None:
-        worst = min(rope["mean"], sin["mean"])
+    between = _t5_between(results, longest)
+    if between is not None:
+        holds, detail = between
         out.append(
             {
-                "claim": f"T5's bias lies in between: above ALiBi, below RoPE and sinusoidal at "
-                f"{times}",
-                "holds": alibi["mean"] <= t5["mean"] <= worst,
-                "detail": f"ALiBi {_fmt(alibi['mean'])} <= T5 {_fmt(t5['mean'])} <= {_fmt(worst)}",
+                "claim": f"T5's bias lies in between at {times}: flatter than RoPE, steeper than "
+                "ALiBi, each beyond the seeds' spread (95% interval)",
+                "holds": holds,
+                "detail": detail,
             }
         )
     if "learned" in summary:
@@ -181,9 +192,25 @@ def checks(results: Mapping[str, Any], rat: Mapping[str, Any], quick: bool) -> l
     return out
 
 
+def _t5_between(results: Mapping[str, Any], longest: str) -> tuple[bool, str] | None:
+    """Whether ALiBi < T5 < RoPE in growth at ``longest``, from the comparisons' verdicts;
+    None when the study has not made both."""
+    rows = {
+        (r["a"], r["b"]): r
+        for r in results.get("comparisons", {}).get("rows", [])
+        if r["metric"] == "ppl_growth" and str(r["length"]) == longest
+    }
+    low, high = rows.get(("alibi", "t5")), rows.get(("t5", "rope"))
+    if low is None or high is None:
+        return None
+    holds = low["verdict"] == "better" and high["verdict"] == "better"
+    return holds, f"{describe(low)}; {describe(high)}"
+
+
 def comparison(results: Mapping[str, Any], rat: Mapping[str, Any]) -> dict[str, Any]:
-    """Our ratios beside Press et al.'s at the nearest multiple of L (rows), and a
-    sentence on what agrees and what does not."""
+    """Our ratios beside Press et al.'s at the nearest multiple of L (rows), Press et
+    al.'s order as verdicts over the seeds (``verdicts``, ``status``), and a sentence on
+    what agrees and what does not, written from those verdicts."""
     theirs = press_ratios()
     train_len = results["train_len"]
     multiples = [n / train_len for n in results["eval_lens"] if n > train_len]
@@ -200,63 +227,83 @@ def comparison(results: Mapping[str, Any], rat: Mapping[str, Any]) -> dict[str, 
             ours = rat[method].get(str(round(col["ours"] * train_len)))
             cells.append({"ours": ours, "theirs": theirs[method][col["theirs"]]})
         rows.append({"encoding": method, "cells": cells})
+    record = results.get("comparisons") or {}
+    verdicts = [r for r in record.get("rows", []) if r.get("expect") is not None]
+    status = (record.get("verdict") or {}).get("status", "no claim")
     return {
         "source": PRESS_2022["citation"],
         "url": PRESS_2022["url"],
         "columns": columns,
         "rows": rows,
-        "sentence": _sentence(rows, columns, train_len),
+        "verdicts": verdicts,
+        "status": status,
+        "sentence": _sentence(rows, columns, train_len, verdicts),
     }
 
 
-def _sentence(rows: list[dict[str, Any]], columns: list[dict[str, Any]], train_len: int) -> str:
-    """One sentence from the numbers: the order of the encodings at the longest length
-    (ours and theirs), ALiBi flat or not, and how the size of the rise compares."""
+def _sentence(
+    rows: list[dict[str, Any]],
+    columns: list[dict[str, Any]],
+    train_len: int,
+    verdicts: list[dict[str, Any]],
+) -> str:
+    """One sentence from the verdicts: Press et al.'s order pair by pair at the longest
+    length (as theirs beyond the spread, level at this scale, or against theirs), ALiBi flat
+    in every seed or not, and how the size of the rise compares. A level pair is never
+    ordered."""
     if not rows or not columns:
         return "No encoding of Press et al.'s table is in this study."
     last = {r["encoding"]: r["cells"][-1] for r in rows if r["cells"][-1]["ours"] is not None}
     if not last:
         return "No encoding of Press et al.'s table has a ratio past L here."
-    ours = sorted(last, key=lambda m: last[m]["ours"]["mean"])
-    theirs = sorted(last, key=lambda m: last[m]["theirs"])
     col = columns[-1]
-    where = f"{col['ours']:g}L (theirs {col['theirs']:.1f}L)"
-    agree, differ = [], []
-    if ours == theirs:
-        agree.append(f"the order from flattest to steepest at {where}, {' < '.join(ours)}")
-    else:
-        differ.append(f"the order at {where}: ours {' < '.join(ours)}, theirs {' < '.join(theirs)}")
-    if "alibi" in last:
-        flat = abs(last["alibi"]["ours"]["mean"] - 1) <= 0.1
-        (agree if flat else differ).append(
-            f"ALiBi {'stays flat' if flat else 'does not stay flat'} "
-            f"({last['alibi']['ours']['mean']:.2f}x, theirs {last['alibi']['theirs']:.2f}x)"
+    longest = round(col["ours"] * train_len)
+    agree, level, differ = [], [], []
+    every = bool(verdicts) and all(v["verdict"] == v["expect"] for v in verdicts)
+    if every:
+        agree.append(
+            f"their order of the growth, {' < '.join(_PRESS_ORDER)}, each pair beyond the "
+            f"seeds' spread at every length past L (to {col['ours']:g}L, theirs "
+            f"{col['theirs']:.1f}L)"
         )
-    others = [m for m in ("sinusoidal", "rope") if m in last]
-    if "alibi" in last and "t5" in last and others and ours != theirs:
-
-        def t5_between(side: str) -> bool:
-            value = {
-                m: c["ours"]["mean"] if side == "ours" else c["theirs"] for m, c in last.items()
-            }
-            return bool(value["alibi"] < value["t5"] < min(value[m] for m in others))
-
-        if t5_between("ours") and t5_between("theirs"):
-            agree.append(f"T5's bias lies between ALiBi and {' and '.join(others)}")
+    else:
+        for v in (v for v in verdicts if v["length"] == longest):
+            said = describe(v)
+            if v["verdict"] == v["expect"]:
+                agree.append(said)
+            elif v["verdict"] == "level":
+                level.append(said)
+            else:
+                differ.append(said)
+    if "alibi" in last:
+        cell = last["alibi"]["ours"]
+        flat = abs(cell["min"] - 1) <= 0.1 and abs(cell["max"] - 1) <= 0.1
+        (agree if flat else differ).append(
+            f"ALiBi {'stays flat' if flat else 'does not stay flat'} in every seed "
+            f"({cell['min']:.2f}-{cell['max']:.2f}x, theirs {last['alibi']['theirs']:.2f}x)"
+        )
     rising = [m for m in ("sinusoidal", "rope", "t5") if m in last]
     if rising:
         pairs = ", ".join(
-            f"{m} {last[m]['ours']['mean']:.2f}x against {last[m]['theirs']:.2f}x" for m in rising
+            f"{m} {last[m]['ours']['mean']:.2f}x ({last[m]['ours']['min']:.2f}-"
+            f"{last[m]['ours']['max']:.2f}) against {last[m]['theirs']:.2f}x"
+            for m in rising
         )
-        smaller = all(last[m]["ours"]["mean"] < last[m]["theirs"] for m in rising)
-        larger = all(last[m]["ours"]["mean"] > last[m]["theirs"] for m in rising)
+        smaller = all(last[m]["ours"]["max"] < last[m]["theirs"] for m in rising)
+        larger = all(last[m]["ours"]["min"] > last[m]["theirs"] for m in rising)
         size = "smaller" if smaller else "larger" if larger else "mixed in size"
         differ.append(
             f"the rise of the others is {size} here ({pairs}: a tiny byte-level model "
             f"trained on {train_len} bytes, not a 247M-parameter word-level one on 512 words)"
         )
-    text = "Agrees with Press et al.: " + ("; ".join(agree) if agree else "nothing checked")
+    where = "" if every else f" at {col['ours']:g}L (theirs {col['theirs']:.1f}L)"
+    text = f"Agrees with Press et al.{where}: " + ("; ".join(agree) or "nothing checked")
+    if level:
+        text += ". Level at this scale: " + "; ".join(level)
     return text + ". Differs: " + ("; ".join(differ) if differ else "nothing") + "."
+
+
+_PRESS_ORDER = ("alibi", "t5", "rope", "sinusoidal")
 
 
 def empty_record(status: str, reason: str | None = None) -> dict[str, Any]:
@@ -300,7 +347,9 @@ def run_report_study(out: Path, quick: bool, progress: Progress, *, jobs: int) -
             finetune_steps=settings["finetune_steps"],
         )
         # tiny models: one thread a process (as `posenc lengthgen`)
-        results = run_study(study, plot=False, threads=1, jobs=jobs, on_event=bar)
+        results = run_study(
+            study, plot=False, threads=1, jobs=jobs, on_event=bar, comparisons=PRESS_COMPARISONS
+        )
     except Exception as e:  # the analysis half of the report is still worth writing
         record["status"] = "error"
         record["reason"] = f"{type(e).__name__}: {e}"

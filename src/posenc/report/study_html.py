@@ -37,6 +37,22 @@ def _spread(cell: dict[str, float] | None, digits: int = 3) -> str:
     )
 
 
+#: A verdict's class: (as the paper, verdict) -> yes / no / level.
+_VERDICT_CLASS = {
+    (True, "better"): "yes",
+    (True, "worse"): "yes",
+    (False, "better"): "no",
+    (False, "worse"): "no",
+    (False, "level"): "level",
+}
+
+
+def _interval(interval: list[float] | None) -> str:
+    if interval is None:
+        return "one seed: none"
+    return f"{_num(interval[0], 3)} to {_num(interval[1], 3)}"
+
+
 def headline_section(data: dict[str, Any], out: Path) -> str:
     """The answer first: perplexity against length with the seed spread, our ratios beside
     Press et al.'s, the sentence on what agrees, and the checks. Empty without a study."""
@@ -63,6 +79,26 @@ def headline_section(data: dict[str, Any], out: Path) -> str:
         for c in lg["checks"]
     )
     longest = max(r["eval_lens"])
+    verdicts = "".join(
+        f'<tr><td class="text">{_e(v["a"])} against {_e(v["b"])}</td>'
+        f"<td>{v['times_L']:g}L</td><td>{_num(v['mean'], 3)}</td>"
+        f"<td>{_interval(v['interval'])}</td>"
+        f'<td class="{_VERDICT_CLASS[v["verdict"] == v["expect"], v["verdict"]]}">'
+        f"{_e(v['verdict'])}</td></tr>"
+        for v in comp.get("verdicts", [])
+    )
+    verdict_table = (
+        f"""<h3>Press et al.'s order, pair by pair, over the seeds</h3>
+<p class="lead">Each row: the growth ppl(nL)&nbsp;/&nbsp;ppl(L) of the first encoding minus the
+second's, seed by seed (a seed's models share initialisation and data), its mean and 95% t
+interval; <i>better</i>: the first grows less beyond the spread, as Press et al. have it;
+<i>level</i>: the interval holds 0, no order is claimed.</p>
+<div class="scroll"><table id="verdict-table"><thead><tr><th class="text">pair</th><th>at</th>
+<th>mean difference</th><th>95% interval</th><th>verdict</th></tr></thead>
+<tbody>{verdicts}</tbody></table></div>"""
+        if verdicts
+        else ""
+    )
     return f"""
 <section id="answer">
 <h2>The answer: which encodings extrapolate</h2>
@@ -76,6 +112,7 @@ min to max. Measured in this run; every number is in <code>report.json</code>.</
 <h3>Perplexity at nL over perplexity at L, beside Press et al. (2022, Table 2)</h3>
 <div class="scroll"><table id="ratio-table"><thead><tr><th class="text">encoding</th>{heads}
 </tr></thead><tbody>{"".join(rows)}</tbody></table></div>
+{verdict_table}
 <p class="lead" id="comparison-sentence">{_e(comp["sentence"])}</p>
 <p class="lead">Theirs: <a href="{_e(comp["url"])}">{_e(comp["source"])}</a>, at the table's
 rows nearest to each multiple of L. Ours: mean (min&ndash;max) over the seeds of each seed's own
