@@ -4,6 +4,7 @@ back; a file that is not a study's results is one line, exit code 2."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from typing import Any
@@ -52,6 +53,8 @@ def test_seeds_select_and_write_makes_the_record_again(tmp_path, capsys):
     code, _, err = _run(capsys, str(path), "--seeds", "0,2", "--write", "--study", "prope")
     assert code == 0, err
     data = json.loads(path.read_text())
+    if importlib.util.find_spec("matplotlib") is not None:  # the study folder's figure
+        assert (tmp_path / "lengthgen.png").read_bytes()[:4] == b"\x89PNG"
     assert data["seeds"] == [0, 2] and {r["seed"] for r in data["runs"]} == {0, 2}
     assert data["summary"]["rope"]["8"]["ppl"] == {"mean": 6.05, "min": 6.0, "max": 6.1}
     comp = data["comparisons"]
@@ -189,3 +192,12 @@ def test_an_oversized_file_is_refused_before_it_is_read(tmp_path, capsys, monkey
     path = write_tiny_results(tmp_path / "results.json")
     code, _, err = _run(capsys, str(path))
     assert code == 2 and "more than the 100 bytes it can be here" in err
+
+
+def test_write_goes_back_into_the_file_read(tmp_path, capsys):
+    path = write_tiny_results(tmp_path / "old-results.json")
+    code, out, err = _run(capsys, str(path), "--write")
+    assert code == 0, err
+    assert f"wrote {path}" in out
+    assert "comparisons" in json.loads(path.read_text())
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "lengthgen.png").exists()

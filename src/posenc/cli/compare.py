@@ -61,8 +61,8 @@ Write = Annotated[
     bool,
     typer.Option(
         "--write/--no-write",
-        help="Write the summary and comparisons back into results.json (and redraw "
-        "lengthgen.png beside it when matplotlib is installed).",
+        help="Write the summary and comparisons back into the file read (and redraw a "
+        "study folder's lengthgen.png when matplotlib is installed).",
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print the comparisons as JSON.")]
@@ -81,7 +81,7 @@ def compare(
 
     Exit codes: 0 read, 2 a bad option or a file that is not a study's results, 1 the
     environment refused (a file that cannot be read or written)."""
-    from posenc.experiments.results import load_results, refresh_results, write_results
+    from posenc.experiments.results import load_results, refresh_results
 
     try:
         data = load_results(results)
@@ -99,12 +99,11 @@ def compare(
         print_summary(data)
         print_comparisons(data)
     if write:
-        folder = Path(results)
-        folder = folder if folder.is_dir() else folder.parent
-        write_results(data, folder)
-        _redraw(data, folder)
+        target = Path(results)
+        target = target / "results.json" if target.is_dir() else target
+        _write(data, target)
         if not json_out:
-            typer.echo(f"wrote {folder / 'results.json'}")
+            typer.echo(f"wrote {target}")
 
 
 def _only(data: dict[str, Any], seeds: str) -> dict[str, Any]:
@@ -123,12 +122,17 @@ def _only(data: dict[str, Any], seeds: str) -> dict[str, Any]:
     return {**data, "runs": runs, "seeds": wanted}
 
 
-def _redraw(data: dict[str, Any], folder: Path) -> None:
-    """lengthgen.png again, when matplotlib is here (results.json is written either way)."""
+def _write(data: dict[str, Any], target: Path) -> None:
+    """``data`` back into the file it was read from, atomically; a study folder's
+    ``results.json`` also gets its ``lengthgen.png`` redrawn when matplotlib is here."""
     import importlib.util
 
-    if importlib.util.find_spec("matplotlib") is None:
+    from posenc.experiments.checkpoint import atomic_write
+
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    atomic_write(target, text.encode("utf-8"))
+    if target.name != "results.json" or importlib.util.find_spec("matplotlib") is None:
         return
     from posenc.experiments.figure import plot_study
 
-    plot_study(data, folder / "lengthgen.png")
+    plot_study(data, target.parent / "lengthgen.png")

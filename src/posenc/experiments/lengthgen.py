@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError, check_bool, check_choice, check_int
-from posenc.experiments.comparisons import Comparison
+from posenc.experiments.comparisons import Comparison, check_comparisons
 from posenc.experiments.distributed import Dist, setup
 from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.parallel import (
@@ -139,9 +139,10 @@ def run_study(
             settings are, recorded in ``results.json`` with its comparisons, which are
             measured over the seeds and read against its paper (``posenc lengthgen
             --study`` passes it); None: none.
-        comparisons: the comparisons to measure (:class:`~posenc.experiments.comparisons.
-            Comparison`), in place of the study's; None: the study's, or without a study
-            each run label against the first on the task's main metric.
+        comparisons: the comparisons to measure (``Comparison`` objects of
+            :mod:`~posenc.experiments.comparisons`), in place of the study's; None: the
+            study's, or without a study each run label against the first on the task's
+            main metric.
 
     Returns:
         The results dict (see the module docstring); also written to
@@ -228,14 +229,7 @@ def _the_comparisons(
 
         study = check_choice("study", study, tuple(STUDIES))
     if comparisons is not None:
-        if isinstance(comparisons, (str, bytes)) or not isinstance(comparisons, Sequence):
-            raise PosEncError(
-                f"comparisons must be a sequence of Comparison or None, got {comparisons!r:.80}"
-            )
-        bad = [c for c in comparisons if not isinstance(c, Comparison)]
-        if bad:
-            raise PosEncError(f"comparisons must hold Comparison objects, got {bad[0]!r:.80}")
-        return tuple(comparisons)
+        return check_comparisons(comparisons)
     if study is not None:
         return STUDIES[study].comparisons
     return None

@@ -3,9 +3,9 @@ comparisons.
 
 ``summary`` holds, per run label (``rope``, ``rope+yarn``, ...) and eval length, the
 ``mean``, ``min`` and ``max`` of the study's metric (and of ``loss``, for ``lm``
-``ppl_past``, for the synthetic tasks ``token_accuracy``) over the seeds whose cell has a value, and ``seeds``, how many those are;
-a cell that errored for every seed (a learned table too short for the length) holds its
-``error`` instead.
+``ppl_past``, for the synthetic tasks ``token_accuracy``) over the seeds whose cell has a
+value, and ``seeds``, how many those are; a cell that errored for every seed (a learned
+table too short for the length) holds its ``error`` instead.
 
 ``comparisons`` (:func:`comparisons_record`) holds the pairs the study exists to compare,
 each measured over the seeds with a 95 % interval and a verdict (:mod:`.comparisons`),
