@@ -12,13 +12,24 @@ legitimately be, checked before a byte is read. Each refusal is one line of
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import sys
 from pathlib import Path
+from typing import Any
 
 from posenc._errors import PosEncError
 
-__all__ = ["FIGURE_MAX_BYTES", "MIB", "file_kind", "open_regular", "read_head", "read_regular"]
+__all__ = [
+    "FIGURE_MAX_BYTES",
+    "MIB",
+    "file_kind",
+    "open_regular",
+    "parse_json",
+    "read_head",
+    "read_regular",
+]
 
 MIB = 1 << 20
 #: The most a figure a page embeds may be (a PNG of the report is well under 2 MiB).
@@ -122,3 +133,23 @@ def _read_upto(fd: int, limit: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def parse_json(raw: bytes, where: str, *, too_deep: str = "too deep to read") -> Any:
+    """The JSON value in ``raw`` (a file's bytes); text that is not UTF-8, not JSON,
+    nested past the interpreter's recursion limit or holding an integer of more digits
+    than Python reads is a one-line PosEncError beginning with ``where`` (``"results
+    'x.json'"``); ``too_deep`` says how deep is too deep.
+    """
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise PosEncError(f"{where} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise PosEncError(f"{where} is not valid JSON ({e})") from None
+    except RecursionError:
+        raise PosEncError(f"{where} nests JSON arrays or objects {too_deep}") from None
+    except ValueError:  # an integer over sys.get_int_max_str_digits() digits
+        raise PosEncError(
+            f"{where} holds an integer of over {sys.get_int_max_str_digits()} digits"
+        ) from None

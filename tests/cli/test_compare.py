@@ -155,7 +155,7 @@ def test_a_record_that_is_not_a_study_is_one_line(tmp_path, capsys, where, value
         (b"\xff\xfe", "is not UTF-8 text"),
         (b"[1, 2]", "the record must be a JSON object"),
         (b"[" * 100_000 + b"]" * 100_000, "nests JSON arrays or objects too deep"),
-        (b"1" * 5000, "holds an integer too long to read"),
+        (b"1" * 5000, "holds an integer of over 4300 digits"),
     ],
     ids=["truncated", "not-utf8", "a-list", "deep", "digits"],
 )

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import re
-import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -23,6 +21,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
+from posenc._files import parse_json
 from posenc.cli._checks import MIB, check_bytes, read_option_file
 from posenc.integrations.transformers import rope_layer_types, rotary_from_config
 
@@ -60,22 +59,7 @@ def read_config(path: str) -> dict[str, Any]:
     :data:`CONFIG_MAX_BYTES`, bad JSON, JSON nested over :data:`MAX_DEPTH` levels or an
     integer too long to read is a one-line PosEncError naming ``--hf-config``."""
     raw = read_option_file("--hf-config", path, max_bytes=CONFIG_MAX_BYTES)
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise PosEncError(
-            f"--hf-config {path!r} is not UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
-    except json.JSONDecodeError as e:
-        raise PosEncError(f"--hf-config {path!r} is not valid JSON ({e})") from None
-    except RecursionError:
-        raise PosEncError(
-            f"--hf-config {path!r} nests JSON arrays or objects over {MAX_DEPTH} levels deep"
-        ) from None
-    except ValueError:  # an integer over sys.get_int_max_str_digits() digits
-        raise PosEncError(
-            f"--hf-config {path!r} holds an integer of over {sys.get_int_max_str_digits()} digits"
-        ) from None
+    data = parse_json(raw, f"--hf-config {path!r}", too_deep=f"over {MAX_DEPTH} levels deep")
     if not isinstance(data, dict):
         raise PosEncError(
             f"--hf-config must hold a JSON object (a config.json), got {type(data).__name__}"

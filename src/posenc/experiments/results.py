@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
-from posenc._files import read_regular
+from posenc._files import parse_json, read_regular
 from posenc.experiments.checkpoint import atomic_write
 from posenc.experiments.comparisons import (
     INTERVAL,
@@ -211,16 +211,7 @@ def load_results(results: str | os.PathLike[str]) -> dict[str, Any]:
         path = path / "results.json"
     raw = read_regular(path, what="results", max_bytes=RESULTS_MAX_BYTES)
     where = f"results {str(path)!r}"
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise PosEncError(f"{where} is not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise PosEncError(f"{where} is not valid JSON ({e})") from None
-    except RecursionError:
-        raise PosEncError(f"{where} nests JSON arrays or objects too deep") from None
-    except ValueError:  # an integer over sys.get_int_max_str_digits() digits
-        raise PosEncError(f"{where} holds an integer too long to read") from None
+    data = parse_json(raw, where)
     check_results(data, where)
     return data
 
