@@ -201,3 +201,19 @@ def test_write_goes_back_into_the_file_read(tmp_path, capsys):
     assert f"wrote {path}" in out
     assert "comparisons" in json.loads(path.read_text())
     assert not (tmp_path / "results.json").exists() and not (tmp_path / "lengthgen.png").exists()
+
+
+def test_non_finite_numbers_in_a_file_are_left_out_and_written_as_null(tmp_path, capsys):
+    """json reads NaN and Infinity: they never reach an interval, and --write keeps the
+    file standard JSON."""
+    text = json.dumps(tiny_results()).replace('"ppl": 6.2}', '"ppl": NaN}', 1)
+    path = tmp_path / "results.json"
+    path.write_text(text.replace('"ppl": 8.3}', '"ppl": Infinity}', 1))
+    code, out, err = _run(capsys, str(path), "--json", "--write")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    at_l = next(r for r in rows if (r["a"], r["length"]) == ("none", 8))
+    assert at_l["seeds"] == [0, 2]  # seed 1: RoPE's NaN and NoPE's infinity left out
+    written = path.read_text()
+    assert "NaN" not in written and "Infinity" not in written
+    json.loads(written, parse_constant=lambda c: pytest.fail(f"{c} in the file"))

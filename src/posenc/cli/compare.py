@@ -127,9 +127,10 @@ def _write(data: dict[str, Any], target: Path) -> None:
     ``results.json`` also gets its ``lengthgen.png`` redrawn when matplotlib is here."""
     import importlib.util
 
+    from posenc.analysis._results import jsonable
     from posenc.experiments.checkpoint import atomic_write
 
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    text = json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"  # NaN -> null
     atomic_write(target, text.encode("utf-8"))
     if target.name != "results.json" or importlib.util.find_spec("matplotlib") is None:
         return
