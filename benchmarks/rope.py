@@ -27,7 +27,9 @@ the copy's rate in the same run (``x copy``: the time over the time to copy as m
 bytes); ``x fused`` is the peer's time over posenc fused's.
 CPU runs also time ``copy_`` into preallocated buffers (``copy prealloc``): the memory
 bandwidth without the page faults of fresh allocations, which every out-of-place
-operation (clone included) pays.
+operation (clone included) pays; and (Linux) ``copy huge pages``, a copy into fresh
+tensors advised to transparent huge pages as posenc's CPU kernel advises its outputs of
+8 MiB and more, the fair floor for that kernel at the large sizes.
 """
 
 from __future__ import annotations
@@ -161,6 +163,37 @@ def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callabl
     return peers
 
 
+def _libc_madvise():
+    """libc's ``madvise`` (Linux), or None."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn if sys.platform.startswith("linux") else None
+
+
+_madvise = _libc_madvise()
+_MADV_HUGEPAGE = 14
+
+
+def _huge_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x into a fresh tensor advised to huge pages (as posenc's CPU kernel
+    advises its outputs of 8 MiB and more): the floor for an out-of-place result that
+    does not fault its memory in 4 KiB pages."""
+    y = torch.empty_like(x)
+    n, huge = y.numel() * y.element_size(), 1 << 21
+    if _madvise is not None and n >= 4 * huge:
+        lo = (y.data_ptr() + huge - 1) & ~(huge - 1)
+        hi = (y.data_ptr() + n) & ~(huge - 1)
+        if hi > lo:
+            _madvise(lo, hi - lo, _MADV_HUGEPAGE)
+    return y.copy_(x)
+
+
 # --- timing ---------------------------------------------------------------------------------
 
 
@@ -213,6 +246,8 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
         if device == "cpu" and mode == "fwd":
             buffers = (torch.empty_like(q), torch.empty_like(k))
             active["copy prealloc"] = lambda q, k, o=buffers: (o[0].copy_(q), o[1].copy_(k))
+            if _madvise is not None:
+                active["copy huge pages"] = lambda q, k: (_huge_copy(q), _huge_copy(k))
         first: dict[str, float] = {}
         for peer, fn in active.items():  # warm-up: compilation, caches, allocator
             t0 = time.perf_counter()

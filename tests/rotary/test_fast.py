@@ -157,3 +157,59 @@ def test_bad_input_still_raises_the_general_message():
     q, k = tensors(torch.float32, -2)
     with pytest.raises(posenc.PosEncError, match="q_positions must have length 5"):
         rope(q, k, torch.arange(4))
+
+
+STRIDED_POSITIONS = {
+    "expanded-batch": lambda: torch.arange(5).expand(3, 5),  # batch stride 0
+    "transposed": lambda: torch.arange(15).view(5, 3).t(),  # [3, 5], strides (1, 3)
+    "every-other": lambda: torch.arange(10)[::2],
+    "int32-bs": lambda: torch.arange(15, dtype=torch.int32).view(3, 5) * 7,
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDED_POSITIONS))
+def test_strided_positions_are_gathered_as_the_general_path_reads_them(case):
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    positions = STRIDED_POSITIONS[case]()
+    with torch.no_grad():
+        assert served(rope, q, k, positions)
+        for a, b in zip(rope(q, k, positions), general(rope, q, k, positions)):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_decoding_loop_reuses_its_plan_and_leaves_new_positions_to_the_table(dtype):
+    """One plan per call shape; positions past the table's rows (grown by the general
+    path), negative ones (computed there) and back: the same bits as the general path."""
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(dtype, -2, s=1)
+    steps = [
+        [[3], [9], [4]],
+        [[4], [10], [5]],
+        [[5000], [9000], [4]],
+        [[-2], [0], [1]],
+        [[6], [7], [8]],
+    ]
+    with torch.no_grad():
+        for step in steps:
+            positions = torch.tensor(step)
+            out = rope(q, k, positions)
+            want = general(rope, q, k, positions)
+            assert all(torch.equal(a, b) for a, b in zip(out, want)), step
+    assert len(rope._fast.plans) == 1  # every step had the shape of the first
+    assert rope.cos_sin_table.rows[torch.float32] >= 9001  # grown for the far positions
+
+
+def test_the_plan_follows_torch_threads():
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    before = torch.get_num_threads()
+    try:
+        with torch.no_grad():
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                assert all(torch.equal(a, b) for a, b in zip(rope(q, k), general(rope, q, k)))
+    finally:
+        torch.set_num_threads(before)
+    assert len(rope._fast.plans) == 2

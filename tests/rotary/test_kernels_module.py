@@ -93,6 +93,18 @@ def test_shared_positions_take_one_launch(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(cpu, "launch_cpu", counting)
+    original_entry = cpu.table_entry
+
+    def counting_entry():  # forward's fast path: q and k in one gathering launch
+        entry = original_entry()
+
+        def call(address):
+            calls.append(2)
+            return entry(address)
+
+        return call
+
+    monkeypatch.setattr(cpu, "table_entry", counting_entry)
     previous = backends._cpu_on
     kernels.enable_cpu_fast_path(True)
     try:

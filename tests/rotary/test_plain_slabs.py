@@ -1,6 +1,8 @@
-"""The plain torch path's slabs (large CPU tensors without autograd) against the one-pass
-plain path, bit for bit, over every dtype, layout, sequence layout, cos/sin batch and
-partial rotary; and that autograd and small tensors keep the one-pass path."""
+"""The plain torch path against the textbook rotation (``x1 * cos - x2 * sin``,
+``x2 * cos + x1 * sin`` in float32, one rounding), bit for bit: its slabs (large CPU
+tensors without autograd), its one pass, and with autograd its forward and its backward
+(the rotation by minus the angles) against autograd through the textbook operations, over
+every dtype, layout, sequence layout, cos/sin batch and partial rotary."""
 
 from __future__ import annotations
 
@@ -13,10 +15,36 @@ from posenc.rotary.kernels.plain import apply_rotary_torch
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
 
-def one_pass(x, cos, sin, **kw):
-    """The plain path as autograd runs it (never in slabs)."""
-    with torch.enable_grad():
-        return apply_rotary_torch(x.detach().requires_grad_(), cos, sin, **kw).detach()
+def textbook(x, cos, sin, layout="half", seq_dim=-2):
+    """The rotation as papers write it, in the compute dtype, rounded once."""
+    half = cos.shape[-1]
+    compute = torch.promote_types(x.dtype, torch.float32)
+    if cos.ndim == 2:
+        cos, sin = cos[None], sin[None]
+    axis = 1 if seq_dim == -2 else 2
+    c, s = cos.unsqueeze(axis).to(compute), sin.unsqueeze(axis).to(compute)
+    x_rot = x[..., : 2 * half]
+    if layout == "half":
+        x1, x2 = x_rot[..., :half].to(compute), x_rot[..., half:].to(compute)
+    else:
+        x1, x2 = x_rot[..., 0::2].to(compute), x_rot[..., 1::2].to(compute)
+    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+    if layout == "half":
+        out = torch.cat([o1, o2], dim=-1)
+    else:
+        out = torch.stack([o1, o2], dim=-1).flatten(-2)
+    return torch.cat([out.to(x.dtype), x[..., 2 * half :]], dim=-1)
+
+
+def case(dtype, layout, seq_dim, cos_batch, d, r):
+    gen = torch.Generator().manual_seed(d + r)
+    shape = (3, 5, 7, d)  # [b, h, s, d] or [b, s, h, d]
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+    s = shape[2] if seq_dim == -2 else shape[1]
+    cs_shape = (s, r // 2) if cos_batch is None else (cos_batch, s, r // 2)
+    angles = torch.rand(*cs_shape, generator=gen, dtype=torch.float64) * 6.3
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    return x, angles.cos().to(compute), angles.sin().to(compute)
 
 
 @pytest.fixture
@@ -31,18 +59,62 @@ def small_slabs(monkeypatch):
 @pytest.mark.parametrize("seq_dim", [-2, -3])
 @pytest.mark.parametrize("cos_batch", [None, 1, 3], ids=["cos-s", "cos-1s", "cos-bs"])
 @pytest.mark.parametrize("d,r", [(8, 8), (10, 6)], ids=["full", "partial"])
-def test_slabs_equal_the_one_pass_path(small_slabs, dtype, layout, seq_dim, cos_batch, d, r):
-    gen = torch.Generator().manual_seed(d + r)
-    shape = (3, 5, 7, d)  # [b, h, s, d] or [b, s, h, d]
-    x = torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-    s = shape[2] if seq_dim == -2 else shape[1]
-    cs_shape = (s, r // 2) if cos_batch is None else (cos_batch, s, r // 2)
-    angles = torch.rand(*cs_shape, generator=gen, dtype=torch.float64) * 6.3
-    compute = torch.float64 if dtype == torch.float64 else torch.float32
-    cos, sin = angles.cos().to(compute), angles.sin().to(compute)
+@pytest.mark.parametrize("slabs", [True, False], ids=["slabs", "one-pass"])
+def test_no_grad_equals_the_textbook(monkeypatch, slabs, dtype, layout, seq_dim, cos_batch, d, r):
+    if slabs:  # slabs of 96 elements, from 64
+        monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
+        monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
+    x, cos, sin = case(dtype, layout, seq_dim, cos_batch, d, r)
     with torch.no_grad():
         out = apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
-    assert torch.equal(out, one_pass(x, cos, sin, layout=layout, seq_dim=seq_dim))
+    assert torch.equal(out, textbook(x, cos, sin, layout=layout, seq_dim=seq_dim))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+@pytest.mark.parametrize("cos_batch", [None, 3], ids=["cos-s", "cos-bs"])
+@pytest.mark.parametrize("d,r", [(8, 8), (10, 6)], ids=["full", "partial"])
+@pytest.mark.parametrize("slabs", [True, False], ids=["slabs", "one-pass"])
+def test_autograd_equals_autograd_through_the_textbook(
+    monkeypatch, slabs, dtype, layout, seq_dim, cos_batch, d, r
+):
+    """Forward and x's gradient bit for bit: the backward's rotation by minus the angles
+    rounds each gradient element once, as autograd through the float32 operations does."""
+    if slabs:
+        monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
+        monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
+    x, cos, sin = case(dtype, layout, seq_dim, cos_batch, d, r)
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
+    outs, grads = [], []
+    for fn in (apply_rotary_torch, textbook):
+        leaf = x.detach().requires_grad_()
+        out = fn(leaf, cos, sin, layout=layout, seq_dim=seq_dim)
+        out.backward(grad)
+        outs.append(out.detach())
+        grads.append(leaf.grad)
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_cos_sin_gradients_match_the_textbook():
+    x, cos, sin = case(torch.float64, "half", -2, 3, 10, 6)
+    got, want = [], []
+    for fn, into in ((apply_rotary_torch, got), (textbook, want)):
+        c, s = cos.clone().requires_grad_(), sin.clone().requires_grad_()
+        leaf = x.clone().requires_grad_()
+        fn(leaf, c, s).square().sum().backward()
+        into.extend([leaf.grad, c.grad, s.grad])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_twice_differentiable():
+    x, cos, sin = case(torch.float64, "interleaved", -3, None, 10, 6)
+    leaf = x.clone().requires_grad_()
+    assert torch.autograd.gradgradcheck(
+        lambda t: apply_rotary_torch(t, cos, sin, layout="interleaved", seq_dim=-3), (leaf,)
+    )
 
 
 def test_slabs_of_a_strided_view(small_slabs):
@@ -52,18 +124,15 @@ def test_slabs_of_a_strided_view(small_slabs):
     cos, sin = angles.cos().float(), angles.sin().float()
     with torch.no_grad():
         out = apply_rotary_torch(x, cos, sin)
-    assert torch.equal(out, one_pass(x, cos, sin))
+    assert torch.equal(out, textbook(x, cos, sin))
 
 
-def test_autograd_keeps_the_one_pass_path(small_slabs, monkeypatch):
+def test_gradients_of_cos_keep_the_recorded_operations(small_slabs, monkeypatch):
     def refuse(*args, **kwargs):
-        raise AssertionError("slabs used under autograd")
+        raise AssertionError("slabs used where autograd records the operations")
 
     monkeypatch.setattr(plain, "_rotate_in_slabs", refuse)
-    x = torch.randn(2, 3, 4, 8, requires_grad=True)
-    cos, sin = torch.rand(4, 4), torch.rand(4, 4)
-    apply_rotary_torch(x, cos, sin).sum().backward()
-    assert x.grad is not None and x.grad.shape == x.shape
-    cos_leaf = torch.rand(4, 4, requires_grad=True)
-    apply_rotary_torch(x.detach(), cos_leaf, sin).sum().backward()
+    x = torch.randn(2, 3, 4, 8)
+    cos_leaf, sin = torch.rand(4, 4, requires_grad=True), torch.rand(4, 4)
+    apply_rotary_torch(x, cos_leaf, sin).sum().backward()
     assert cos_leaf.grad is not None

@@ -127,6 +127,12 @@ class CosSinTable:
         cos, sin = table[:n].chunk(2, dim=-1)
         return cos, sin
 
+    def current(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """The table ``[rows, r]`` of ``dtype`` as it stands (contiguous; cos the first
+        ``r / 2`` columns, sin the rest), or ``None`` if none is held: what a caller that
+        reads its rows itself (:mod:`posenc.rotary.fast`) holds on to during the read."""
+        return self._tables.get(dtype)
+
     def _grow(self, dtype: torch.dtype, needed: int) -> torch.Tensor | None:
         """The table for ``dtype`` with at least ``needed`` rows, or ``None`` past
         ``max_bytes``."""

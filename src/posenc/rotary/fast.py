@@ -3,12 +3,24 @@
 A decoding step rotates a few kilobytes; there the Python between the call and the fused
 loop costs more than the loop. :func:`fast_forward` serves the call every model makes (q
 and k of one dtype on the CPU, integer positions the cos/sin table holds, no autograd, no
-tracing, the fused CPU path on) with the checks that call needs, written for it, and
-returns ``None`` for anything else, which then takes the general path with its full
-validation and messages. Whatever it accepts, the general path accepts too and computes
-the same bits: the same table rows, the same launch check
-(:func:`posenc.rotary.kernels.ops.check_launch`, before any pointer is read) and the same
-loop; ``tests/rotary/test_fast.py`` compares the two on every case it serves.
+tracing, the fused CPU path on) and returns ``None`` for anything else, which then takes
+the general path with its full validation and messages. Whatever it accepts, the general
+path accepts too and computes the same bits: the same table rows and the same loop;
+``tests/rotary/test_fast.py`` compares the two on every case it serves.
+
+What a call costs is what its shape has not already paid:
+
+- **checked once per call shape.** The first call of a shape (q's and k's sizes, strides,
+  dtypes and devices, the positions' sizes, strides, dtype and device, ``seq_dim``, torch's
+  thread count) runs every check of the general launch
+  (:func:`posenc.rotary.kernels.ops.check_launch` on the table's rows) and keeps the C
+  loop's arguments as a template (:class:`_Plan`); a later call of that shape checks only
+  what its key cannot hold (the tensor types, autograd, tracing) and writes six pointers;
+- **gathered where it is rotated.** The positions are read and their cos/sin rows found
+  inside the same foreign call that rotates (``posenc_rope_table_packed`` in
+  ``rope_cpu.c``), which first checks every position lies in the table and otherwise
+  writes nothing and answers 1: the call then takes the general path, which grows the
+  table (or computes past its cap).
 
 What a module hands it is a :class:`FastRotation`, built once at construction from the
 module's public attributes (``cos_sin_table``, ``head_dim``, ``layout``); a module whose
@@ -17,18 +29,22 @@ rotation is not the table's (xPos, M-RoPE, position-dependent scalings) has none
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import array
+from typing import Any, NamedTuple
 
 import torch
 
 from posenc.rotary.cache import CosSinTable
+from posenc.rotary.kernels import cpu as cpu_kernel
 from posenc.rotary.kernels.backends import cpu_fast_path_ready
-from posenc.rotary.kernels.ops import launch
+from posenc.rotary.kernels.ops import check_launch
 
 __all__ = ["FastRotation", "fast_forward"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX = (torch.int64, torch.int32)
+_PLANS_MAX = 64  # call shapes remembered per module (then forgotten all at once)
+_NOT_SERVED = False  # a call shape the fast path leaves to the general one
 
 
 class FastRotation(NamedTuple):
@@ -38,11 +54,21 @@ class FastRotation(NamedTuple):
         table: the module's ``cos_sin_table``.
         head_dim: the module's ``head_dim``: q and k must end in it.
         interleaved: the module's ``layout == "interleaved"``.
+        plans: the call shapes seen, each with its :class:`_Plan` (or ``False``: not
+            served); filled by :func:`fast_forward`.
     """
 
     table: CosSinTable
     head_dim: int
     interleaved: bool
+    plans: dict
+
+
+class _Plan(NamedTuple):
+    """A call shape's checked arguments: the C loop's template and the table's half width."""
+
+    template: array.array
+    r2: int
 
 
 def fast_forward(
@@ -57,31 +83,143 @@ def fast_forward(
     module docstring)."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return None  # first: a trace reads no state here (no guard on the CPU switch)
-    if not (cpu_fast_path_ready() and _common(q, k, seq_dim, rotation.head_dim)):
+    if not cpu_fast_path_ready() or type(q) is not torch.Tensor or type(k) is not torch.Tensor:
         return None
-    rows = _rows(rotation.table, positions, q.shape[0], q.shape[2 if seq_dim == -2 else 1])
-    if rows is None:
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return None
+    try:
+        key = _key(q, k, positions, seq_dim)
+    except (RuntimeError, NotImplementedError):  # no strides (sparse, nested tensors)
+        return None
+    if key is None:
+        return None
+    plans = rotation.plans
+    plan = plans.get(key, None)
+    if plan is None:
+        plan = _new_plan(rotation, q, k, positions, seq_dim)
+        if plan is None:
+            return None  # not this time (the table lacks these positions): not remembered
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plans[key] = plan
+    if plan is _NOT_SERVED:
+        return None
+    table = rotation.table.current(torch.float32)
+    if table is None:
+        return None
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    args = array.array("q", plan.template)
+    start = table.data_ptr()
+    args[7], args[8], args[9], args[10] = (
+        q.data_ptr(),
+        k.data_ptr(),
+        q_out.data_ptr(),
+        k_out.data_ptr(),
+    )
+    args[11], args[12], args[16] = start, start + 4 * plan.r2, table.shape[0]
+    if positions is not None:
+        args[13] = positions.data_ptr()
+    if cpu_kernel.table_entry()(args.buffer_info()[0]) != 0:
+        return None  # a position outside the table: the general path grows it or computes
+    return q_out, k_out
+
+
+def _key(q: torch.Tensor, k: torch.Tensor, positions: Any, seq_dim: int) -> tuple | None:
+    """What a call shape is: everything a plan's checks read (``None``: positions that are
+    not a plain tensor, never served)."""
+    if positions is None:
+        pos: tuple | None = None
+    elif type(positions) is torch.Tensor:
+        pos = (positions.shape, positions.stride(), positions.dtype, positions.device)
+    else:
+        return None
+    return (
+        q.shape,
+        q.stride(),
+        q.dtype,
+        q.device,
+        k.shape,
+        k.stride(),
+        k.dtype,
+        k.device,
+        pos,
+        seq_dim,
+        torch.get_num_threads(),
+    )
+
+
+def _new_plan(
+    rotation: FastRotation,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor | None,
+    seq_dim: int,
+) -> _Plan | bool | None:
+    """The plan of this call's shape after every check of the general launch,
+    ``_NOT_SERVED`` (never served), or ``None`` where the table does not hold this call's
+    positions (negative, past its cap: the general path computes them)."""
+    if not _common(q, k, seq_dim, rotation.head_dim):
+        return _NOT_SERVED
+    axis = 2 if seq_dim == -2 else 1
+    batch, seq = q.shape[0], q.shape[axis]
+    layout = _positions_layout(positions, batch, seq)
+    if layout is _NOT_SERVED:
+        return _NOT_SERVED
+    rows = _rows(rotation.table, positions, batch, seq)  # grows the table as the call needs
+    table = rotation.table.current(torch.float32)
+    if rows is None or table is None:
         return None
     cos, sin = rows
-    q_out, k_out = launch(  # the launch every path shares: check_launch first
-        "cpu", [q, k], cos, sin, interleaved=rotation.interleaved, seq_dim=seq_dim, inplace=False
+    check_launch("cpu", [q, k], cos, sin, seq_dim=seq_dim, inplace=False)
+    y_strides = [torch.empty_like(x).stride() for x in (q, k)]
+    elements = q.numel() + k.numel()
+    threads = torch.get_num_threads() if elements >= cpu_kernel.PARALLEL_MIN_ELEMENTS else 1
+    r2 = cos.shape[-1]
+    template = cpu_kernel.table_template(
+        q.dtype,
+        seq_dim,
+        rotation.interleaved,
+        threads,
+        [(x.shape, x.stride(), ys) for x, ys in zip((q, k), y_strides)],
+        r2,
+        layout,  # type: ignore[arg-type]
     )
-    return q_out, k_out
+    return _Plan(template, r2)
+
+
+def _positions_layout(
+    positions: torch.Tensor | None, batch: int, seq: int
+) -> tuple[int, int, int, int, int] | bool | None:
+    """``(int32, batch, seq, batch stride, seq stride)`` of positions the common call has
+    (``None`` for none: ``arange(seq)``), else ``_NOT_SERVED``."""
+    if positions is None:
+        return None
+    if not (
+        positions.dtype in _INDEX
+        and positions.is_cpu
+        and (positions.ndim == 1 or (positions.ndim == 2 and positions.shape[0] in (1, batch)))
+        and positions.shape[-1] == seq
+    ):
+        return _NOT_SERVED
+    int32 = positions.dtype == torch.int32
+    if positions.ndim == 1:
+        return int32, 1, seq, 0, positions.stride(0)
+    pb = positions.shape[0]
+    return int32, pb, seq, positions.stride(0) if pb > 1 else 0, positions.stride(1)
 
 
 def _common(q: torch.Tensor, k: torch.Tensor, seq_dim: int, d: int) -> bool:
     """Whether q and k are the common call's: plain CPU tensors of one kernel dtype, 4-D
-    with the same batch size and sequence length, ``d`` channels, no autograd."""
+    with the same batch size and sequence length, ``d`` channels."""
     if (
-        type(q) is not torch.Tensor
-        or type(k) is not torch.Tensor
-        or q.dtype not in _DTYPES
+        q.dtype not in _DTYPES
         or k.dtype is not q.dtype
         or not (q.is_cpu and k.is_cpu)
         or q.ndim != 4
         or k.ndim != 4
         or (seq_dim != -2 and seq_dim != -3)
-        or (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad))
+        or q.layout is not torch.strided
+        or k.layout is not torch.strided
     ):
         return False
     axis = 2 if seq_dim == -2 else 1
@@ -98,15 +236,7 @@ def _rows(
     table: CosSinTable, positions: torch.Tensor | None, batch: int, seq: int
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The table's float32 cos/sin of ``positions`` (``None``: ``arange(seq)``), or ``None``
-    for positions the common call does not have (or the table does not hold)."""
+    where the table does not hold them."""
     if positions is None:
         return table.leading(seq, torch.float32)  # arange(s): the table's first rows
-    if (
-        type(positions) is torch.Tensor
-        and positions.dtype in _INDEX
-        and positions.is_cpu
-        and (positions.ndim == 1 or (positions.ndim == 2 and positions.shape[0] in (1, batch)))
-        and positions.shape[-1] == seq
-    ):
-        return table.lookup(positions, torch.float32)
-    return None
+    return table.lookup(positions, torch.float32)

@@ -41,7 +41,7 @@ import stat
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -53,7 +53,7 @@ try:
 except ImportError:  # pragma: no cover - not a POSIX system
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["build", "cache_dir", "launch_cpu", "load"]
+__all__ = ["build", "cache_dir", "launch_cpu", "load", "table_entry", "table_template"]
 
 log = logging.getLogger("posenc")
 
@@ -69,7 +69,7 @@ _FLAGS = (
 )
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
 # Below this many elements one thread is faster than waking the pool.
-_PARALLEL_MIN_ELEMENTS = 1 << 15
+PARALLEL_MIN_ELEMENTS = 1 << 15
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -291,8 +291,10 @@ def _library() -> ctypes.CDLL:
                 lib = ctypes.CDLL(str(path))
             except OSError as err:
                 raise RuntimeError(f"posenc's CPU fast path could not be loaded: {err}") from err
-            lib.posenc_rope_packed.restype = ctypes.c_int
-            lib.posenc_rope_packed.argtypes = [ctypes.c_void_p]  # the packed int64 arguments
+            for name in ("posenc_rope_packed", "posenc_rope_table_packed"):
+                fn = getattr(lib, name)
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p]  # the packed int64 arguments
             _lib = lib
         return _lib
 
@@ -361,7 +363,7 @@ def launch_cpu(
     lib = _library()
     q = x_tensors[0]
     elements = q.numel() + (x_tensors[1].numel() if len(x_tensors) == 2 else 0)
-    threads = torch.get_num_threads() if elements >= _PARALLEL_MIN_ELEMENTS else 1
+    threads = torch.get_num_threads() if elements >= PARALLEL_MIN_ELEMENTS else 1
     key = (
         q.dtype,
         seq_dim,
@@ -387,3 +389,47 @@ def launch_cpu(
     rc = lib.posenc_rope_packed(args.buffer_info()[0])
     if rc != 0:  # pragma: no cover - the dtype table above and the C switch agree
         raise RuntimeError(f"posenc's CPU rotary kernel failed with code {rc}")
+
+
+def table_entry() -> Callable[[int], int]:
+    """``posenc_rope_table_packed`` (see ``rope_cpu.c``): the rotation at positions read
+    from a cos/sin table in one foreign call, taking the address of its packed arguments
+    (a :func:`table_template` copy with the pointers written in); returns 0, or 1 (nothing
+    written) where a position lies outside the table's rows."""
+    return _library().posenc_rope_table_packed
+
+
+def table_template(
+    dtype: torch.dtype,
+    seq_dim: int,
+    interleaved: bool,
+    threads: int,
+    tensors: Sequence[tuple[Sequence[int], Sequence[int], Sequence[int]]],
+    r2: int,
+    positions: tuple[int, int, int, int, int] | None,
+) -> array.array:
+    """The arguments of :func:`table_entry` for one call shape, pointers and the table's
+    row count left 0 (written per call: slots 7-13 and 16).
+
+    Args:
+        dtype: of q and k (float32, bfloat16 or float16: the table is float32).
+        tensors: ``(shape, strides, output strides)`` of q and k, checked beforehand.
+        r2: half the rotary dim; the table's rows are ``2 * r2`` float32 (cos, then sin).
+        positions: ``(int32, batch, seq, batch stride, seq stride)`` of the positions
+            (batch stride 0 when they are shared), or ``None``: the table's first rows.
+    """
+    if positions is None:
+        pos = [0, 0, 1, tensors[0][0][2 if seq_dim == -2 else 1], 0, 0]
+        cos_strides = (0, 2 * r2)
+    else:
+        int32, pb, ps, psb, pss = positions
+        pos = [int(int32), 0, pb, ps, psb, pss]
+        cos_strides = (psb, pss)
+    meta: list[int] = []
+    for shape, strides, y_strides in tensors:
+        x = bshd_order(shape, strides, seq_dim)
+        meta += _meta(x, bshd_order(shape, y_strides, seq_dim)[1], cos_strides)
+    header = [_DTYPES[dtype], int(interleaved), 1, 0, len(tensors), r2, threads]
+    # slots 7-12 pointers, 13 positions, 14 int32, 15 row stride, 16 rows, 17-20 positions
+    values = [*header, 0, 0, 0, 0, 0, 0, 0, pos[0], 2 * r2, pos[1], *pos[2:], *meta]
+    return array.array("q", values)

@@ -193,44 +193,113 @@ def apply_rotary_torch(
 
     ``x: [b, h, s, d]`` or ``[b, s, h, d]``; ``cos, sin: [s, r/2]`` or ``[b, s, r/2]``.
 
-    Large CPU tensors outside autograd and tracing are rotated slab by slab through
-    reused float32 buffers (:func:`_rotate_in_slabs`): the same operations on the same
-    numbers, with the temporaries in cache instead of six tensors of x's size.
+    Every element is ``x[a] * cos + x[b] * (-sin)`` / ``x[b] * cos + x[a] * sin`` with each
+    product rounded in float32 (float64 for float64) and one rounding to x's dtype, which
+    are exactly the bits of ``x[a] * cos - x[b] * sin`` / ``x[b] * cos + x[a] * sin`` the
+    fused kernels compute. As few passes as that allows:
+
+    - outside autograd, x widened to float32 (exact), a swap of the pairs, two products
+      by the tables widened to the rotary dim, a sum in place and the rounding; large CPU
+      tensors go slab by slab through reused float32 buffers (:func:`_rotate_in_slabs`),
+      the temporaries in cache instead of tensors of x's size;
+    - with autograd (x needs a gradient, cos and sin do not), the same forward, and as
+      backward the same rotation by minus the angles (:class:`_Rotation`: a rotation's
+      Jacobian is its transpose), each gradient element rounded once as autograd through
+      the float32 operations would;
+    - where cos or sin need gradients, or under ``torch.compile`` / tracing, the
+      operations themselves, x widened once so that autograd sums each gradient in
+      float32 before its one rounding.
     """
-    if (
-        x.is_cpu
-        and x.numel() >= _SLAB_MIN_ELEMENTS
-        and not (
-            torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
-        )
-        and not torch.compiler.is_compiling()
-        and not torch.jit.is_tracing()
-    ):
+    tracing_now = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
+        if tracing_now or cos.requires_grad or sin.requires_grad:
+            return _rotate(x, cos, sin, layout, seq_dim, recorded=True)
+        return _Rotation.apply(x, cos, sin, layout, seq_dim)
+    return _rotate_untracked(x, cos, sin, layout, seq_dim, tracing_now)
+
+
+def _rotate_untracked(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str,
+    seq_dim: int,
+    tracing_now: bool,
+) -> torch.Tensor:
+    """The rotation outside autograd: in slabs for large CPU tensors (not while tracing)."""
+    if x.is_cpu and x.numel() >= _SLAB_MIN_ELEMENTS and not tracing_now:
         return _rotate_in_slabs(x, cos, sin, layout=layout, seq_dim=seq_dim)
-    half = cos.shape[-1]
-    rotary_dim = 2 * half
-    compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
-    # Views that broadcast over heads: [.., s, r/2] -> [b|1, 1, s, r/2] or [b|1, s, 1, r/2].
+    return _rotate(x, cos, sin, layout, seq_dim, recorded=tracing_now)
+
+
+def _widened(
+    cos: torch.Tensor, sin: torch.Tensor, layout: str, seq_dim: int, compute: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin per channel of the rotary dim, ``[b|1, 1, s, r]`` (``seq_dim=-2``) or
+    ``[b|1, s, 1, r]``, in ``compute``: the cos each channel is multiplied by and the
+    signed sin its partner is (``-sin`` for the first of a pair, ``sin`` for the second)."""
     if cos.ndim == 2:
         cos, sin = cos[None], sin[None]  # [1, s, r/2]
+    c, s = cos.to(compute), sin.to(compute)
+    if layout == "half":
+        cc, ss = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)
+    else:
+        cc, ss = torch.stack([c, c], dim=-1).flatten(-2), torch.stack([-s, s], dim=-1).flatten(-2)
     head_axis = 1 if seq_dim == -2 else 2
-    c = cos.unsqueeze(head_axis).to(compute)
-    s = sin.unsqueeze(head_axis).to(compute)
-    x_rot = x[..., :rotary_dim]  # a view; channels past rotary_dim are untouched
+    return cc.unsqueeze(head_axis), ss.unsqueeze(head_axis)
+
+
+def _rotate(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    layout: str,
+    seq_dim: int,
+    *,
+    recorded: bool,
+) -> torch.Tensor:
+    """``x * cos + swap(x) * signed sin`` over the rotary channels, rounded once to x's
+    dtype, the channels past them copied. ``recorded``: autograd or a trace sees the
+    operations (x widened first, out-of-place sums)."""
+    compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
+    cc, ss = _widened(cos, sin, layout, seq_dim, compute)
+    rotary_dim, half = cc.shape[-1], cc.shape[-1] // 2
+    x_rot = x[..., :rotary_dim] if rotary_dim < x.shape[-1] else x
+    x_rot = x_rot.to(compute)  # exact; one vectorized pass (mixed-dtype products are not)
     if layout == "half":
-        x1, x2 = x_rot[..., :half].to(compute), x_rot[..., half:].to(compute)
+        swapped = torch.cat([x_rot[..., half:], x_rot[..., :half]], dim=-1)
     else:
-        x1, x2 = x_rot[..., 0::2].to(compute), x_rot[..., 1::2].to(compute)
-    o1 = x1 * c - x2 * s  # [b, h, s, r/2]
-    o2 = x2 * c + x1 * s
-    if layout == "half":
-        out = torch.cat([o1, o2], dim=-1)
-    else:
-        out = torch.stack([o1, o2], dim=-1).flatten(-2)  # (o1_0, o2_0, o1_1, o2_1, ...)
+        swapped = x_rot.unflatten(-1, (half, 2)).flip(-1).flatten(-2)
+    out = x_rot * cc
+    out = out + swapped * ss if recorded else out.add_(swapped * ss)
     out = out.to(x.dtype)  # the one rounding to x's dtype
     if rotary_dim < x.shape[-1]:
         out = torch.cat([out, x[..., rotary_dim:]], dim=-1)
     return out
+
+
+class _Rotation(torch.autograd.Function):
+    """The plain rotation with autograd: forward as outside autograd, backward the
+    rotation of the gradient by minus the angles (itself a ``_Rotation``: twice
+    differentiable)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x, cos, sin, layout, seq_dim):  # type: ignore[override]
+        return _rotate_untracked(x, cos, sin, layout, seq_dim, False)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        _, cos, sin, layout, seq_dim = inputs
+        ctx.save_for_backward(cos, sin)
+        ctx.options = (layout, seq_dim)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        cos, sin = ctx.saved_tensors
+        layout, seq_dim = ctx.options
+        return _Rotation.apply(grad, cos, -sin, layout, seq_dim), None, None, None, None
 
 
 # Elements of x per slab (its float32 temporaries: 1 MiB each), and the size from which
@@ -244,7 +313,10 @@ def _rotate_in_slabs(
 ) -> torch.Tensor:
     """:func:`apply_rotary_torch` without autograd: x is cut along its two outer dimensions
     into slabs of about ``_SLAB_ELEMENTS``; each slab's products go into two float32 buffers
-    reused for every slab, and its results are rounded straight into the output."""
+    reused for every slab, and its results are rounded straight into the output. A 16-bit
+    slab is widened into a third buffer first: one vectorized conversion, where products
+    of a bf16 and a float32 tensor take torch's elementwise mixed-dtype loop (ten times
+    slower on the CPU)."""
     half = cos.shape[-1]
     rotary_dim = 2 * half
     compute = torch.promote_types(x.dtype, torch.float32)
@@ -260,11 +332,14 @@ def _rotate_in_slabs(
     step = max(1, min(n1, _SLAB_ELEMENTS // max(1, n2 * half)))  # of dim 1 per slab
     buf_a = torch.empty((step, n2, half), dtype=compute)
     buf_b = torch.empty_like(buf_a)
+    buf_x = None if x.dtype == compute else torch.empty((step, n2, rotary_dim), dtype=compute)
     for i in range(b):
         ci, si = c[i if c.shape[0] > 1 else 0], s[i if s.shape[0] > 1 else 0]
         for j in range(0, n1, step):
             m = min(step, n1 - j)
             xs, ys = x[i, j : j + m, :, :rotary_dim], out[i, j : j + m, :, :rotary_dim]
+            if buf_x is not None:
+                xs = buf_x[:m].copy_(xs)  # exact: every 16-bit value is a float32 one
             cj = ci if ci.shape[0] == 1 else ci[j : j + m]  # over heads, or a run of tokens
             sj = si if si.shape[0] == 1 else si[j : j + m]
             if layout == "half":

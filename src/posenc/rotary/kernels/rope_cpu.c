@@ -17,11 +17,15 @@
  * loaded per token and reused across heads). Rows of q and k are concatenated
  * and split evenly over the OpenMP threads in one parallel region.
  */
+#define _DEFAULT_SOURCE /* madvise and MADV_HUGEPAGE under -std=c11 */
 #include <stdint.h>
 #include <string.h>
 
 #ifdef _OPENMP
 #include <omp.h>
+#endif
+#ifdef __linux__
+#include <sys/mman.h>
 #endif
 #if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -373,16 +377,29 @@ DEFINE_ROW(f16, uint16_t, float, f16_load, f16_store)
 typedef void (*row_fn)(const void *, void *, int64_t, int64_t, int64_t, const void *,
                        const void *, int64_t, int, int, int);
 
+/* Where a row's cos/sin are: at element offset i0 * m[3] + i1 * m[7] + i2 * m[11] of cos
+ * and sin, or (gather) at row pos[that offset] of a table whose rows are tstride elements
+ * apart (cos the first r2 of each row, sin the next r2: sin = cos + r2). */
+typedef struct {
+    const void *pos; /* NULL: no gather */
+    int pos32;       /* positions are int32 (else int64) */
+    int64_t tstride;
+} gather_t;
+
 /* Rows [lo, hi) of one tensor. */
 static void run_rows(row_fn row, size_t esize, size_t csize, const int64_t *m, const char *x,
                      char *y, const char *cos, const char *sin, int64_t r2, int sign,
-                     int interleaved, int inplace, int64_t lo, int64_t hi) {
+                     int interleaved, int inplace, int64_t lo, int64_t hi,
+                     const gather_t *g) {
     const int64_t n1 = m[4], n2 = m[8];
     int64_t i0 = lo / (n1 * n2), i1 = (lo / n2) % n1, i2 = lo % n2;
     for (int64_t r = lo; r < hi; ++r) {
         int64_t xo = i0 * m[1] + i1 * m[5] + i2 * m[9];
         int64_t yo = i0 * m[2] + i1 * m[6] + i2 * m[10];
         int64_t co = i0 * m[3] + i1 * m[7] + i2 * m[11];
+        if (g->pos)
+            co = (g->pos32 ? (int64_t)((const int32_t *)g->pos)[co]
+                           : ((const int64_t *)g->pos)[co]) * g->tstride;
         row(x + xo * (int64_t)esize, y + yo * (int64_t)esize, m[META_XSD], m[META_YSD],
             m[META_D], cos + co * (int64_t)csize, sin + co * (int64_t)csize, r2, sign,
             interleaved, inplace);
@@ -396,11 +413,29 @@ static void run_rows(row_fn row, size_t esize, size_t csize, const int64_t *m, c
     }
 }
 
+/* Fresh outputs of a few MiB and more: ask the kernel for huge pages on the 2 MiB-aligned
+ * part before the first write. Allocations that large come straight from mmap, untouched,
+ * and faulting them in 4 KiB pages costs more than the rotation (a clone of the goal
+ * size spends three quarters of its time there). Only advice: the contents are not
+ * changed and a refusal (THP off, not Linux) changes nothing but the speed. */
+static void advise_huge(void *y, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)1 << 21;
+    if (bytes < 4 * (int64_t)huge) return;
+    uintptr_t lo = ((uintptr_t)y + huge - 1) & ~(huge - 1);
+    uintptr_t hi = ((uintptr_t)y + (uintptr_t)bytes) & ~(huge - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+#else
+    (void)y;
+    (void)bytes;
+#endif
+}
+
 /* Rotate up to two tensors (q and k) in one parallel region.
  * Returns 0 on success, -1 for an unknown dtype. */
-int posenc_rope(int dtype, int interleaved, int sign, int inplace, int ntensors,
+static int rope(int dtype, int interleaved, int sign, int inplace, int ntensors,
                 const int64_t *meta, const void *const *xs, void *const *ys, const void *cos,
-                const void *sin, int64_t r2, int nthreads) {
+                const void *sin, int64_t r2, int nthreads, const gather_t *g) {
     row_fn row;
     size_t esize, csize = sizeof(float);
     switch (dtype) {
@@ -417,6 +452,13 @@ int posenc_rope(int dtype, int interleaved, int sign, int inplace, int ntensors,
         total += rows[t];
     }
     if (total == 0) return 0;
+    if (!inplace)
+        for (int t = 0; t < ntensors; ++t) {
+            const int64_t *m = meta + t * META_LEN;
+            /* out of place the caller allocated y dense (empty_like): rows x d elements
+             * from its first one */
+            if (m[META_YSD] == 1) advise_huge(ys[t], rows[t] * m[META_D] * (int64_t)esize);
+        }
     if (nthreads < 1) nthreads = 1;
     if (nthreads > total) nthreads = (int)total;
 
@@ -435,11 +477,19 @@ int posenc_rope(int dtype, int interleaved, int sign, int inplace, int ntensors,
             if (a < b)
                 run_rows(row, esize, csize, meta + t * META_LEN, (const char *)xs[t],
                          (char *)ys[t], (const char *)cos, (const char *)sin, r2, sign,
-                         interleaved, inplace, a - base, b - base);
+                         interleaved, inplace, a - base, b - base, g);
             base += rows[t];
         }
     }
     return 0;
+}
+
+int posenc_rope(int dtype, int interleaved, int sign, int inplace, int ntensors,
+                const int64_t *meta, const void *const *xs, void *const *ys, const void *cos,
+                const void *sin, int64_t r2, int nthreads) {
+    const gather_t none = {NULL, 0, 0};
+    return rope(dtype, interleaved, sign, inplace, ntensors, meta, xs, ys, cos, sin, r2,
+                nthreads, &none);
 }
 
 /* posenc_rope with its arguments packed in one int64 array (one ctypes argument instead
@@ -454,4 +504,37 @@ int posenc_rope_packed(const int64_t *p) {
     return posenc_rope((int)p[0], (int)p[1], (int)p[2], (int)p[3], (int)p[4], p + 13, xs, ys,
                        (const void *)(intptr_t)p[11], (const void *)(intptr_t)p[12], p[5],
                        (int)p[6]);
+}
+
+/* The rotation at positions read from a cos/sin table in the same call (a decoding step's
+ * gather and rotation in one foreign call). p[0..12] as posenc_rope_packed, p[11] the
+ * table's first cos (row 0) and p[12] its first sin (p[11] + r2 elements), then
+ *   p[13] positions (0: none, the rows are the table's first s, as the meta's cos strides
+ *   say), p[14] 1 for int32 positions (else int64), p[15] the table's row stride and p[16]
+ *   its number of rows (elements), p[17], p[18] the positions' batch and sequence sizes,
+ *   p[19], p[20] their strides, p[21..] the META_LEN numbers per tensor, whose cos strides
+ *   are the positions' (b, s) strides.
+ * Every position is checked to lie in [0, rows) before anything is read or written:
+ * returns 1 (nothing written) if one does not, so the caller takes its general path. */
+int posenc_rope_table_packed(const int64_t *p) {
+    const void *xs[2] = {(const void *)(intptr_t)p[7], (const void *)(intptr_t)p[8]};
+    void *ys[2] = {(void *)(intptr_t)p[9], (void *)(intptr_t)p[10]};
+    const void *pos = (const void *)(intptr_t)p[13];
+    const int pos32 = (int)p[14];
+    const int64_t rows = p[16], pb = p[17], ps = p[18], sb = p[19], ss = p[20];
+    if (p[4] < 1 || p[4] > 2) return -2;
+    if (pos == NULL) {
+        if (ps > rows) return 1;
+    } else {
+        for (int64_t i = 0; i < pb; ++i)
+            for (int64_t j = 0; j < ps; ++j) {
+                int64_t o = i * sb + j * ss;
+                int64_t v = pos32 ? (int64_t)((const int32_t *)pos)[o] : ((const int64_t *)pos)[o];
+                if (v < 0 || v >= rows) return 1;
+            }
+    }
+    const gather_t g = {pos, pos32, p[15]};
+    return rope((int)p[0], (int)p[1], (int)p[2], (int)p[3], (int)p[4], p + 21, xs, ys,
+                (const void *)(intptr_t)p[11], (const void *)(intptr_t)p[12], p[5], (int)p[6],
+                &g);
 }
