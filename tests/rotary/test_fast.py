@@ -213,3 +213,18 @@ def test_the_plan_follows_torch_threads():
     finally:
         torch.set_num_threads(before)
     assert len(rope._fast.plans) == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_outputs_advised_to_huge_pages_hold_the_same_bits(dtype):
+    """Outputs of 8 MiB and more are advised to huge pages before the kernel writes them:
+    advice only, the numbers are the general path's."""
+    rope = posenc.RotaryEmbedding(128)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 8, 2048, 128, generator=gen).to(dtype)  # 16 / 8 MiB
+    k = torch.randn(2, 8, 2048, 128, generator=gen).to(dtype)
+    positions = torch.arange(2048) * 3
+    with torch.no_grad():
+        assert served(rope, q, k, positions)
+        for a, b in zip(rope(q, k, positions), general(rope, q, k, positions)):
+            assert torch.equal(a, b)

@@ -102,7 +102,7 @@ def fast_forward(
         if len(plans) >= _PLANS_MAX:
             plans.clear()
         plans[key] = plan
-    if plan is _NOT_SERVED:
+    if not isinstance(plan, _Plan):  # _NOT_SERVED
         return None
     table = rotation.table.current(torch.float32)
     if table is None:
