@@ -6,16 +6,22 @@
 For each sequence length, one forward and backward of ``posenc.attention`` (causal, float32,
 gradients of q, k, v and the encoding's parameters or gates) on each path:
 
+- ``none``: SDPA with no encoding (``is_causal``), the floor every ratio ``/ none`` is to;
 - CoPE: ``eager`` (every ``[b, h, q, k]`` tensor of the formula kept for the backward pass),
   ``chunked`` (blocks of query rows, each recomputed in the backward pass);
-- forgetting attention: ``eager``, ``sdpa`` (the bias as SDPA's float mask) and ``chunked``.
+- forgetting attention: ``eager``, ``sdpa`` (the term folded into the keys,
+  :mod:`posenc.attend.folded`) and ``chunked``, with gates that remember (``fox``: log f =
+  logsigmoid(N(0, 1) + 3), about -0.07 a token), forget (``fox-forget``: + -3 instead,
+  about -3 a token) and one head of each of +5, +3, 0, -3 (``fox-mixed``).
 
-First every path is shown to give the same output and gradients as ``eager`` (within 1e-5;
-the script exits 1 otherwise). ``saved MiB`` is what autograd keeps for the backward pass
+First every path is shown to be as close to the float64 eager answer as the float32 eager
+path is, output and every gradient (within 4x and 1e-6; the script exits 1 otherwise).
+``saved MiB`` is what autograd keeps for the backward pass
 (``torch.autograd.graph.saved_tensors_hooks``, exact and machine-independent); ``ms`` the
-median wall time of ``--repeats`` steps after one warm-up; ratios are against ``eager``.
-No peer is timed: the CoPE paper's released code computes the eager formula (posenc equals it
-to 1e-14) and forgetting attention's own kernel is Triton on CUDA.
+median wall time of ``--repeats`` steps after one warm-up, the paths of one length timed in
+turn each repeat (so a slow spell of the machine is shared), with the range after it.
+No peer is timed: the CoPE paper's released code computes the eager formula (posenc equals
+it to 1e-14) and forgetting attention's own kernel is Triton on CUDA.
 """
 
 from __future__ import annotations
@@ -53,53 +59,102 @@ def _inputs(s: int, b: int, h: int, d: int, gen: torch.Generator):
 
 
 def _step(enc, backend: str, q, k, v, gates):
+    if enc is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     return posenc.attention(q, k, v, encoding=enc, causal=True, backend=backend, gates=gates)
 
 
-def _run(name: str, s: int, backends: list[str], args) -> list[str]:
-    gen = torch.Generator().manual_seed(0)
+SHIFTS = {"fox": [3.0], "fox-forget": [-3.0], "fox-mixed": [5.0, 3.0, 0.0, -3.0]}
+
+
+def _setup(name: str, s: int, args, gen: torch.Generator):
     b, h, d = args.batch, args.heads, args.head_dim
     q, k, v = _inputs(s, b, h, d, gen)
-    gates = None
+    gates = enc = None
     if name == "cope":
         enc = posenc.build("cope", head_dim=d, npos_max=s + 1)
         with torch.no_grad():
             enc.weight.normal_(0, 0.1, generator=gen)
-    else:
+    elif name in SHIFTS:
         enc = posenc.build("fox", num_heads=h)
-        gates = torch.nn.functional.logsigmoid(torch.randn(b, h, s, generator=gen) + 3)
+        shift = torch.tensor(SHIFTS[name] * h)[:h, None]
+        gates = torch.nn.functional.logsigmoid(torch.randn(b, h, s, generator=gen) + shift)
         gates.requires_grad_(True)
-    leaves = [q, k, v, *([gates] if gates is not None else []), *enc.parameters()]
+    leaves = [q, k, v, *([gates] if gates is not None else [])]
+    return enc, (q, k, v, gates), leaves + ([] if enc is None else list(enc.parameters()))
 
-    def grads(backend: str):
+
+def _checked(name: str, s: int, enc, tensors, leaves, backends: list[str]) -> None:
+    """Exit 1 unless every path is as close to the float64 eager answer (output and every
+    gradient) as the float32 eager path is, within 4x and 1e-6."""
+
+    def grads(backend: str, wide: bool = False):
+        inputs = list(tensors)
+        params = leaves[len([t for t in tensors if t is not None]) :]
+        if wide:
+            inputs = [
+                None if t is None else t.detach().double().requires_grad_(True) for t in inputs
+            ]
+            for p in params:
+                p.data = p.data.double()
         for t in leaves:
             t.grad = None
-        out = _step(enc, backend, q, k, v, gates)
+        out = _step(enc, backend, *inputs)
         out.sum().backward()
-        return out.detach(), [t.grad.clone() for t in leaves]
+        got = [t.grad for t in inputs if t is not None] + [p.grad for p in params]
+        result = [out.detach().double(), *[g.detach().double().clone() for g in got]]
+        if wide:
+            for p in params:
+                p.data = p.data.float()
+                p.grad = None
+        return result
 
-    want, want_grads = grads("eager")
-    rows, base = [], {}
+    truth = grads("eager", wide=True)
+    floor = [float((g - t).abs().max()) for g, t in zip(grads("eager"), truth)]
+    allowed = [4 * f + 1e-6 for f in floor]
     for backend in backends:
-        got, got_grads = grads(backend)
-        ok = torch.allclose(got, want, atol=1e-5, rtol=1e-5) and all(
-            torch.allclose(g, w, atol=1e-4, rtol=1e-4) for g, w in zip(got_grads, want_grads)
-        )
-        if not ok:
-            print(f"{name} {backend} at s={s}: not equal to eager", file=sys.stderr)
+        errors = [float((g - t).abs().max()) for g, t in zip(grads(backend), truth)]
+        if any(e > a for e, a in zip(errors, allowed)):
+            print(
+                f"{name} {backend} at s={s}: errors {errors} against float64, eager's {floor}",
+                file=sys.stderr,
+            )
             sys.exit(1)
-        saved = _saved_bytes(lambda backend=backend: _step(enc, backend, q, k, v, gates))
-        times = []
-        for _ in range(args.repeats + 1):
+
+
+PATHS = {
+    "none": ["sdpa"],
+    "cope": ["eager", "chunked"],
+    "fox": ["eager", "sdpa", "chunked"],
+    "fox-forget": ["sdpa"],
+    "fox-mixed": ["sdpa"],
+}
+
+
+def _length(s: int, args) -> list[str]:
+    gen = torch.Generator().manual_seed(0)
+    runs = []
+    for name, backends in PATHS.items():
+        enc, tensors, leaves = _setup(name, s, args, gen)
+        if enc is not None:
+            _checked(name, s, enc, tensors, leaves, backends)
+        for backend in backends:
+            step = lambda enc=enc, backend=backend, t=tensors: _step(enc, backend, *t)  # noqa: E731
+            runs.append((name, "sdpa" if enc is None else backend, step, _saved_bytes(step)))
+    times: list[list[float]] = [[] for _ in runs]
+    for _ in range(args.repeats + 1):
+        for i, (_, _, step, _) in enumerate(runs):
             began = time.perf_counter()
-            _step(enc, backend, q, k, v, gates).sum().backward()
-            times.append(time.perf_counter() - began)
-        ms = 1000 * statistics.median(times[1:])
-        base.setdefault("saved", saved)
-        base.setdefault("ms", ms)
+            step().sum().backward()
+            times[i].append(time.perf_counter() - began)
+    floor = 1000 * statistics.median(times[0][1:])
+    rows = []
+    for (name, backend, _, saved), ts in zip(runs, times):
+        ms = [1000 * t for t in ts[1:]]
+        mid = statistics.median(ms)
         rows.append(
-            f"| {name} | {s} | {backend} | {saved / 2**20:.1f} | {saved / base['saved']:.3f} "
-            f"| {ms:.1f} | {ms / base['ms']:.2f} |"
+            f"| {name} | {s} | {backend} | {saved / 2**20:.1f} | {mid:.1f} "
+            f"| {min(ms):.1f}-{max(ms):.1f} | {mid / floor:.2f} |"
         )
     return rows
 
@@ -115,13 +170,11 @@ def main() -> None:
     torch.set_num_threads(1)
     lengths = [256] if args.quick else [256, 1024, 2048]
     print(f"b={args.batch}, h={args.heads}, d={args.head_dim}, float32, 1 thread, causal")
-    print("| encoding | s | path | saved MiB | saved / eager | ms | ms / eager |")
+    print("| encoding | s | path | saved MiB | ms | range | / none |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for s in lengths:
-        for row in _run("cope", s, ["eager", "chunked"], args):
-            print(row)
-        for row in _run("fox", s, ["eager", "sdpa", "chunked"], args):
-            print(row)
+        for row in _length(s, args):
+            print(row, flush=True)
 
 
 if __name__ == "__main__":

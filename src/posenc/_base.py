@@ -305,7 +305,8 @@ class GatedEncoding(Encoding):
 
     The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
     ``num_heads``, :meth:`check_gates` (the ``gates`` passed to :func:`posenc.attention`),
-    :meth:`gate_bias_at` and :meth:`gate_score_mod_at`. A model gives each layer that
+    :meth:`gate_bias_at` and :meth:`gate_score_mod_at`, and for a ``separable`` member
+    (a term ``c_i - c_j``) :meth:`gate_cumulative`. A model gives each layer that
     uses a gated encoding a projection ``dim -> num_heads`` whose output it passes as
     ``gates``. Gated encodings are causal only; the positions attention is given are not
     read.
@@ -317,6 +318,9 @@ class GatedEncoding(Encoding):
 
     kind: ClassVar[Kind] = "bias"
     num_heads: int
+    #: Whether the term is ``c_i - c_j`` of :meth:`gate_cumulative`'s ``c``: SDPA then
+    #: folds it into the keys (:mod:`posenc.attend.folded`) instead of materialising it.
+    separable: ClassVar[bool] = False
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """The term of the gates (a member's own); here: refused by name."""
@@ -337,6 +341,11 @@ class GatedEncoding(Encoding):
 
     def gate_score_mod_at(self, gates: torch.Tensor, q_len: int) -> Callable[..., torch.Tensor]:
         """:meth:`gate_bias_at` as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)``."""
+        raise NotImplementedError
+
+    def gate_cumulative(self, gates: torch.Tensor) -> torch.Tensor:
+        """A separable member's ``c`` (float64 ``[b, h, k]``, differentiable in the gates):
+        its term is ``c_i - c_j`` (the queries are the last keys)."""
         raise NotImplementedError
 
 

@@ -437,13 +437,22 @@ def check_distances(
 
 
 def causal_pairs(
-    q_len: int, k_len: int, *, rows: tuple[int, int] | None = None, device: Any = None
+    q_len: int,
+    k_len: int,
+    *,
+    rows: tuple[int, int] | None = None,
+    device: Any = None,
+    at: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The causal rule, the one place it is written: bool ``[rows, k]``, True where query
     ``i`` may attend key ``j``, i.e. ``j <= i + (k_len - q_len)`` (the queries are the last
     ``q_len`` of the ``k_len`` keys: decoding with a KV cache). ``rows = (start, stop)``
-    restricts the answer to those query rows. Internal (no validation): attention's
-    :func:`posenc.attend.paths.allowed_pairs` and the families' pure functions call it."""
+    restricts the answer to those query rows; ``at = (i, j)``, index tensors that
+    broadcast, gives it at those pairs only (``rows`` and ``device`` then unused).
+    Internal (no validation): attention's :func:`posenc.attend.paths.allowed_pairs` and
+    the families' pure functions call it."""
+    if at is not None:
+        return at[1] <= at[0] + (k_len - q_len)
     start, stop = (0, q_len) if rows is None else rows
     i = torch.arange(start, stop, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]

@@ -172,12 +172,23 @@ def test_float64_gates_with_float32_inputs(backend):
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=0)
 
 
-def test_auto_choice(monkeypatch):
-    """auto: SDPA for small scores; above FLEX_MIN_BIAS_BYTES Flex without gradients,
-    the chunked path with them (no Flex backward on CPU)."""
+def test_auto_choice_folds_at_any_size(monkeypatch):
+    """auto: FoX's term is separable, so SDPA (the term folded into the keys) at any size."""
+    case = CASES["gqa"]
+    q, k, v, gates = make_inputs(case, torch.float32)
+    monkeypatch.setattr(A, "FLEX_MIN_BIAS_BYTES", 1)
+    for grad, dropout in [(True, 0.0), (False, 0.0), (False, 0.1)]:
+        assert A._choose("auto", q, FoXBias(H), grad, dropout, B, case.k_len) == "sdpa"
+
+
+def test_auto_choice_without_fold(monkeypatch):
+    """auto for a gated term that does not fold: SDPA for small scores; above
+    FLEX_MIN_BIAS_BYTES Flex without gradients, the chunked path with them (no Flex
+    backward on CPU)."""
     case = CASES["gqa"]
     q, k, v, gates = make_inputs(case, torch.float32)
     fox = FoXBias(H)
+    monkeypatch.setattr(FoXBias, "separable", False)
     scores_bytes = 4 * B * H * case.q_len * case.k_len
     calls = []
     for name in ("eager", "chunked", "sdpa", "_flex"):

@@ -6,6 +6,8 @@ per forward pass), and :data:`BACKENDS`. Inside:
 
 - :mod:`posenc.attend.dispatch`: ``attention`` itself: validation, choosing a path;
 - :mod:`posenc.attend.paths`: the eager and SDPA paths and the one mask rule they share;
+- :mod:`posenc.attend.folded`: SDPA with a separable gated term (forgetting attention)
+  folded into the keys;
 - :mod:`posenc.attend.flex`: the FlexAttention path (compiled kernels, block masks);
 - :mod:`posenc.attend.prepared`: ``PreparedEncoding`` and ``prepare_encoding``.
 

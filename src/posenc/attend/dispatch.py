@@ -27,8 +27,9 @@ pass with :func:`prepare_encoding` and passes it as ``encoding=`` to every layer
 ``score_mod``, the bias it would otherwise materialise reaches :data:`FLEX_MIN_BIAS_BYTES`,
 and Flex can run here (CUDA, or CPU without gradients, no dropout), and SDPA otherwise.
 Contextual encodings take eager, or ``"chunked"`` (the eager path per block of query rows)
-once the scores reach that size; gated ones SDPA (their term as its mask), or Flex (or
-chunked where Flex cannot run) once large.
+once the scores reach that size; gated ones SDPA (a separable term such as forgetting
+attention's folded into the keys at any size, :mod:`posenc.attend.folded`; otherwise the
+term as its mask, or Flex, or chunked where Flex cannot run, once large).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from posenc._base import (
     RotaryEncoding,
 )
 from posenc._errors import PosEncError, check_choice, check_float, check_tensor
+from posenc.attend import folded
 from posenc.attend.paths import Call, chunked, eager, sdpa
 from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_encoding
 
@@ -240,8 +242,8 @@ def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: 
         raise PosEncError(f"backend='flex' cannot run here: {flex_why}")
     if backend != "auto":
         return backend
-    if isinstance(enc, GatedEncoding) and large:
-        return "flex" if flex_why is None else "chunked"
+    if isinstance(enc, GatedEncoding) and large and not folded.applies(q, enc):
+        return "flex" if flex_why is None else "chunked"  # a separable term folds into SDPA
     return "sdpa"
 
 
@@ -365,6 +367,9 @@ def attention(
     call = Call(prep, keep, causal, scale, dropout_p, gates, attn_mask)
     if path == "flex":
         return _flex(q, k, v, call)
+    if path == "sdpa" and isinstance(enc, GatedEncoding) and folded.applies(q, enc):
+        # a separable term (c_i - c_j): one more channel of the keys, no [b, h, q, k] bias
+        return folded.folded(q, k, v, call, enc.gate_cumulative(call.checked_gates()))
     if path == "sdpa":
         return sdpa(q, k, v, call)
     return chunked(q, k, v, call) if path == "chunked" else eager(q, k, v, call)

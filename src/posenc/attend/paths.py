@@ -184,7 +184,9 @@ def chunked(q, k, v, call: Call, block_scores: int | None = None) -> torch.Tenso
 
 
 def sdpa(q, k, v, call: Call) -> torch.Tensor:
-    """SDPA: is_causal / a bool mask without a bias, one merged float mask with one."""
+    """SDPA: is_causal / a bool mask without a bias, one merged float mask with one (a
+    separable gated term goes to :func:`posenc.attend.folded.folded` instead, which
+    :func:`posenc.attention` calls where it applies)."""
     prep, keep, causal, scale = call.prep, call.keep, call.causal, call.scale
     dropout_p = call.dropout_p
     q_len, k_len = q.shape[2], k.shape[2]

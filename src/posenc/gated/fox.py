@@ -177,7 +177,8 @@ class FoXBias(GatedEncoding):
 
     Calling the module, ``fox(gates, q_len=None)``, returns its term (:meth:`forward`,
     :func:`fox_bias` with the heads checked). :meth:`check_gates` is what attention calls
-    first; :meth:`gate_bias_at` and :meth:`gate_score_mod_at` are the protocol's methods of
+    first; :meth:`gate_bias_at`, :meth:`gate_score_mod_at` and :meth:`gate_cumulative` (FoX is
+    ``separable``: SDPA folds its term into the keys) are the protocol's methods of
     gates it has checked and validate nothing.
 
     Args:
@@ -193,6 +194,7 @@ class FoXBias(GatedEncoding):
     """
 
     name: ClassVar[str] = "fox"
+    separable: ClassVar[bool] = True
 
     def __init__(self, num_heads: int) -> None:
         super().__init__()
@@ -240,3 +242,7 @@ class FoXBias(GatedEncoding):
             )
 
         return score_mod
+
+    def gate_cumulative(self, gates: torch.Tensor) -> torch.Tensor:
+        """``c = cumsum(gates)`` in float64 (``[b, h, k]``): the term is ``c_i - c_j``."""
+        return gates.to(torch.float64).cumsum(-1)
