@@ -19,7 +19,8 @@ path is, output and every gradient (within 4x and 1e-6; the script exits 1 other
 ``saved MiB`` is what autograd keeps for the backward pass
 (``torch.autograd.graph.saved_tensors_hooks``, exact and machine-independent); ``ms`` the
 median wall time of ``--repeats`` steps after one warm-up, the paths of one length timed in
-turn each repeat (so a slow spell of the machine is shared), with the range after it.
+turn each repeat (so a slow spell of the machine is shared), with the range after it;
+``/ none`` the median and range of each repeat's ratio to that repeat's SDPA step.
 No peer is timed: the CoPE paper's released code computes the eager formula (posenc equals
 it to 1e-14) and forgetting attention's own kernel is Triton on CUDA.
 """
@@ -147,14 +148,14 @@ def _length(s: int, args) -> list[str]:
             began = time.perf_counter()
             step().sum().backward()
             times[i].append(time.perf_counter() - began)
-    floor = 1000 * statistics.median(times[0][1:])
     rows = []
     for (name, backend, _, saved), ts in zip(runs, times):
         ms = [1000 * t for t in ts[1:]]
-        mid = statistics.median(ms)
+        paired = [t / f for t, f in zip(ts[1:], times[0][1:])]  # the same repeat's floor
         rows.append(
-            f"| {name} | {s} | {backend} | {saved / 2**20:.1f} | {mid:.1f} "
-            f"| {min(ms):.1f}-{max(ms):.1f} | {mid / floor:.2f} |"
+            f"| {name} | {s} | {backend} | {saved / 2**20:.1f} | {statistics.median(ms):.1f} "
+            f"| {min(ms):.1f}-{max(ms):.1f} | {statistics.median(paired):.2f} "
+            f"({min(paired):.2f}-{max(paired):.2f}) |"
         )
     return rows
 
@@ -170,7 +171,7 @@ def main() -> None:
     torch.set_num_threads(1)
     lengths = [256] if args.quick else [256, 1024, 2048]
     print(f"b={args.batch}, h={args.heads}, d={args.head_dim}, float32, 1 thread, causal")
-    print("| encoding | s | path | saved MiB | ms | range | / none |")
+    print("| encoding | s | path | saved MiB | ms | range | / none, paired (min-max) |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for s in lengths:
         for row in _length(s, args):

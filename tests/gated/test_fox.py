@@ -175,7 +175,7 @@ def test_float64_gates_with_float32_inputs(backend):
 def test_auto_choice_folds_at_any_size(monkeypatch):
     """auto: FoX's term is separable, so SDPA (the term folded into the keys) at any size."""
     case = CASES["gqa"]
-    q, k, v, gates = make_inputs(case, torch.float32)
+    q = make_inputs(case, torch.float32)[0]
     monkeypatch.setattr(A, "FLEX_MIN_BIAS_BYTES", 1)
     for grad, dropout in [(True, 0.0), (False, 0.0), (False, 0.1)]:
         assert A._choose("auto", q, FoXBias(H), grad, dropout, B, case.k_len) == "sdpa"

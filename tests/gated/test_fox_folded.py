@@ -6,6 +6,7 @@ with heads that forget fast, and the block rule as a property."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import pytest
@@ -198,9 +199,9 @@ def test_blocks_rule(steps, heads, first, limit):
     q_len = len(steps)
     edges = FO.blocks(c, first, q_len, limit)
     assert edges[0] == 0 and edges[-1] == q_len
-    assert all(a < b for a, b in zip(edges, edges[1:]))
+    assert all(a < b for a, b in itertools.pairwise(edges))
     rows = c[0, :, first:]
-    for a, b in zip(edges, edges[1:]):
+    for a, b in itertools.pairwise(edges):
         fall = float((rows[:, a] - rows[:, b - 1]).max())
         assert b - a == 1 or fall <= limit
         if b < q_len:

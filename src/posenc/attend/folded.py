@@ -102,7 +102,8 @@ def _horizon(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
 def _fold_inputs(q, k, v, scale: float):
     """``q' = [q * scale, 1, 0]`` and ``k' = [k, 0, 1]`` (channels ``d`` of the keys and
     ``d + 1`` of the queries are written per block), both repeated to ``q``'s heads, and
-    the values, zero-padded: all to one width ``max(d + 2, d_v)``."""
+    the values, zero-padded: all to one width ``max(d + 2, d_v)`` (off the CPU rounded up
+    to a multiple of 8)."""
     compute = torch.promote_types(q.dtype, torch.float32)
     rep = q.shape[1] // k.shape[1]
     qf, kf, vf = q.to(compute), k.to(compute), v.to(compute)
@@ -110,6 +111,8 @@ def _fold_inputs(q, k, v, scale: float):
         kf, vf = kf.repeat_interleave(rep, dim=1), vf.repeat_interleave(rep, dim=1)
     d, d_v = q.shape[-1], v.shape[-1]
     width = max(d + 2, d_v)
+    if q.device.type != "cpu":  # CUDA's fused kernels want head dims in multiples of 8
+        width = -(-width // 8) * 8
     ones = qf.new_ones(*qf.shape[:-1], 1)
     qp = F.pad(torch.cat([qf * scale, ones], dim=-1), (0, width - d - 1))
     kp = F.pad(
