@@ -3,10 +3,13 @@
 A gated encoding whose term is ``D_ij = c_i - c_j`` (forgetting attention: ``c`` the
 cumulative sum of the log forget gates) needs no ``[b, h, q, k]`` bias: in the softmax of
 row ``i`` the row's own ``c_i`` cancels, and ``-c_j`` is one more channel of the keys.
-With ``q' = [q * scale, 1]``, ``k' = [k, r - c_j]`` (``r`` any constant of the row) and
-``v`` zero-padded to the same width (SDPA's fused CPU kernel wants equal head dims),
-``softmax(q' k'^T) v'`` is the attention with the term, through SDPA's fused kernels, and
-autograd carries the gradient of ``c`` (so of the gates) through ``k'``'s last channel.
+With ``q' = [q * scale, 1, c_i - r]``, ``k' = [k, r - c_j, 1]`` (``r`` a constant of the
+block of rows, below) and ``v`` zero-padded to the same width (SDPA's fused CPU kernel
+wants equal head dims), ``softmax(q' k'^T) v'`` is the attention with the term, through
+SDPA's fused kernels. The queries' channel adds a row constant, which changes nothing
+forward; it is for the backward pass, where the gradient of ``c`` (so of the gates) then
+takes each pair's share from both of SDPA's sums, over keys and over queries, as the eager
+path's does (from the column sums alone it was 8x further from float64).
 
 Precision: the channel holds ``r - c_j``, and a float32 logit of magnitude ``M`` carries
 an error of about ``M * 6e-8``. So the queries are cut into blocks within which ``c``
@@ -18,11 +21,13 @@ rounded once. A block of one row serves any gate, so every call is served:
 - heads are grouped by the number of blocks their decay needs (within 2x), and each
   group cut on its own, so a head that remembers is not cut as finely as one that forgets;
 - a group whose decay never exceeds ``FOLD_RANGE`` is one SDPA call (``is_causal`` for
-  self-attention); the others one call per block, with a bool mask;
-- a block skips the keys whose weight is exactly 0 in float32 in each of its rows (a term
-  below ``-(2 scale max|q| max|k| + 110)``: the row's own key, term 0, sits that far above),
-  so a head that forgets fast attends in a band; many short blocks are padded to one size
-  and sent as one batch when that costs less than the calls (:data:`CALL_PAIRS`);
+  self-attention); the others one call per block, with the causal rule as an additive mask
+  (the caller's ``attn_mask`` merged in as a bool one);
+- a block skips the keys whose weight is below ``e^-110`` of the row's largest in each of
+  its rows, 0 in float32: a term below ``-(2 scale max|q| max|k| + 110)``, as the row's own
+  key (term 0) sits at most ``2 scale max|q| max|k|`` below the largest logit. A head that
+  forgets fast so attends in a band; many short blocks are padded to one size and sent as
+  one batch when that costs less than the calls (:data:`CALL_PAIRS`);
 - blocks whose pairs reach :data:`CHUNK_SCORES` in all are recomputed in the backward pass
   instead of keeping their masks.
 
@@ -88,7 +93,7 @@ def blocks(c: torch.Tensor, first: int, q_len: int, limit: float | None = None) 
 
 
 def _horizon(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
-    """A decay past which a key's weight is exactly 0 in every row: a row's largest logit
+    """A decay past which a key's weight is 0 in the dtype in every row: a row's largest logit
     is at least that of its own key (term 0), and ``|scale q . k| <= scale |q| |k|``, so a
     key with term ``< -(2 scale max|q| max|k| + u)`` sits more than ``u`` below the row's
     largest logit, where ``exp(-u)`` underflows to 0 in the compute dtype (float32: ``u =
@@ -140,7 +145,7 @@ def _groups(c: torch.Tensor, first: int, q_len: int) -> list[torch.Tensor]:
 
 
 def _starts(c: torch.Tensor, first: int, edges: list[int], horizon: float | None) -> list[int]:
-    """Per block the first key it needs: 0, or past the keys whose weight is exactly 0 in
+    """Per block the first key it needs: 0, or past the keys whose weight is 0 (in the dtype) in
     every row of the block (a term below ``-horizon`` at the block's first query)."""
     if horizon is None:
         return [0] * (len(edges) - 1)
