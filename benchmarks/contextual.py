@@ -8,7 +8,10 @@ gradients of q, k, v and the encoding's parameters or gates) on each path:
 
 - ``none``: SDPA with no encoding (``is_causal``), the floor every ratio ``/ none`` is to;
 - CoPE: ``eager`` (every ``[b, h, q, k]`` tensor of the formula kept for the backward pass),
-  ``chunked`` (blocks of query rows, each recomputed in the backward pass);
+  ``chunked`` (blocks of query rows, each recomputed in the backward pass); and with the
+  position logits added unscaled (``cope-unscaled``, as x-transformers adds them) posenc's
+  chunked path beside x-transformers' ``Attend`` with its ``CoPE`` (the same table), when
+  x-transformers is installed (the dev extra);
 - forgetting attention: ``eager``, ``sdpa`` (the term folded into the keys,
   :mod:`posenc.attend.folded`) and ``chunked``, with gates that remember (``fox``: log f =
   logsigmoid(N(0, 1) + 3), about -0.07 a token), forget (``fox-forget``: + -3 instead,
@@ -21,13 +24,14 @@ path is, output and every gradient (within 4x and 1e-6; the script exits 1 other
 median wall time of ``--repeats`` steps after one warm-up, the paths of one length timed in
 turn each repeat (so a slow spell of the machine is shared), with the range after it;
 ``/ none`` the median and range of each repeat's ratio to that repeat's SDPA step.
-No peer is timed: the CoPE paper's released code computes the eager formula (posenc equals
-it to 1e-14) and forgetting attention's own kernel is Triton on CUDA.
+The CoPE paper's released code computes the eager formula (posenc equals it to 1e-14);
+forgetting attention's own kernel is Triton on CUDA, so it has no CPU peer.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import sys
 import time
@@ -59,9 +63,14 @@ def _inputs(s: int, b: int, h: int, d: int, gen: torch.Generator):
     return [torch.randn(b, h, s, d, generator=gen).requires_grad_(True) for _ in range(3)]
 
 
+PEERS: dict[int, object] = {}  # id(encoding) -> x-transformers' Attend sharing its table
+
+
 def _step(enc, backend: str, q, k, v, gates):
     if enc is None:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if backend == "x-transformers":
+        return PEERS[id(enc)](q, k, v)[0]
     return posenc.attention(q, k, v, encoding=enc, causal=True, backend=backend, gates=gates)
 
 
@@ -72,10 +81,18 @@ def _setup(name: str, s: int, args, gen: torch.Generator):
     b, h, d = args.batch, args.heads, args.head_dim
     q, k, v = _inputs(s, b, h, d, gen)
     gates = enc = None
-    if name == "cope":
-        enc = posenc.build("cope", head_dim=d, npos_max=s + 1)
+    if name in ("cope", "cope-unscaled"):
+        logit = "scaled" if name == "cope" else "unscaled"
+        enc = posenc.build("cope", head_dim=d, npos_max=s + 1, position_logit=logit)
         with torch.no_grad():
             enc.weight.normal_(0, 0.1, generator=gen)
+        if name == "cope-unscaled":
+            from x_transformers.attend import Attend
+            from x_transformers.x_transformers import CoPE
+
+            peer = CoPE(d, h, s + 1)
+            peer.pos_emb = enc.weight  # one table: its gradient is checked against posenc's
+            PEERS[id(enc)] = Attend(causal=True, cope=peer, flash=False)
     elif name in SHIFTS:
         enc = posenc.build("fox", num_heads=h)
         shift = torch.tensor(SHIFTS[name] * h)[:h, None]
@@ -126,6 +143,7 @@ def _checked(name: str, s: int, enc, tensors, leaves, backends: list[str]) -> No
 PATHS = {
     "none": ["sdpa"],
     "cope": ["eager", "chunked"],
+    "cope-unscaled": ["chunked", "x-transformers"],
     "fox": ["eager", "sdpa", "chunked"],
     "fox-forget": ["sdpa"],
     "fox-mixed": ["sdpa"],
@@ -136,6 +154,9 @@ def _length(s: int, args) -> list[str]:
     gen = torch.Generator().manual_seed(0)
     runs = []
     for name, backends in PATHS.items():
+        if "x-transformers" in backends and importlib.util.find_spec("x_transformers") is None:
+            print(f"{name}: x-transformers is not installed (pip install x-transformers)")
+            continue
         enc, tensors, leaves = _setup(name, s, args, gen)
         if enc is not None:
             _checked(name, s, enc, tensors, leaves, backends)
