@@ -368,7 +368,7 @@ def attention(
     if path == "flex":
         return _flex(q, k, v, call)
     if path == "sdpa" and isinstance(enc, GatedEncoding) and folded.applies(q, enc):
-        # a separable term (c_i - c_j): one more channel of the keys, no [b, h, q, k] bias
+        # a separable term (c_i - c_j): two more channels of q and k, no [b, h, q, k] bias
         return folded.folded(q, k, v, call, enc.gate_cumulative(call.checked_gates()))
     if path == "sdpa":
         return sdpa(q, k, v, call)

@@ -39,10 +39,15 @@ from posenc.positions import causal_pairs
 __all__ = ["FoXBias", "fox_bias", "fox_cumulative"]
 
 
+def _sums(gates: torch.Tensor) -> torch.Tensor:
+    """``c = cumsum(gates)`` over the keys, in float64 (differentiable)."""
+    return gates.to(torch.float64).cumsum(-1)
+
+
 def _cumulative(gates: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``c = cumsum(gates)`` in float64 as float32 ``(head, tail)`` with ``head + tail = c``
     (float64 gates: ``c`` itself and zeros)."""
-    c = gates.to(torch.float64).cumsum(-1)
+    c = _sums(gates)
     if gates.dtype == torch.float64:
         return c, torch.zeros_like(c)
     head = c.to(torch.float32)
@@ -61,8 +66,7 @@ def fox_cumulative(gates: torch.Tensor) -> torch.Tensor:
         >>> fox_cumulative(torch.full((1, 1, 3), -0.5))
         tensor([[[-0.5000, -1.0000, -1.5000]]], dtype=torch.float64)
     """
-    gates = _check_gates(gates)
-    return gates.to(torch.float64).cumsum(-1)
+    return _sums(_check_gates(gates))
 
 
 def _rows(
@@ -245,4 +249,4 @@ class FoXBias(GatedEncoding):
 
     def gate_cumulative(self, gates: torch.Tensor) -> torch.Tensor:
         """``c = cumsum(gates)`` in float64 (``[b, h, k]``): the term is ``c_i - c_j``."""
-        return gates.to(torch.float64).cumsum(-1)
+        return _sums(gates)
