@@ -142,9 +142,9 @@ def _checked(name: str, s: int, enc, tensors, leaves, backends: list[str]) -> No
 
 PATHS = {
     "none": ["sdpa"],
-    "cope": ["eager", "chunked"],
-    "cope-unscaled": ["chunked", "x-transformers"],
-    "fox": ["eager", "sdpa", "chunked"],
+    "cope": ["eager", "chunked", "auto"],
+    "cope-unscaled": ["auto", "chunked", "x-transformers"],
+    "fox": ["sdpa"],
     "fox-forget": ["sdpa"],
     "fox-mixed": ["sdpa"],
 }

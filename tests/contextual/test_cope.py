@@ -363,7 +363,18 @@ def test_chunked_saves_far_less_than_eager(monkeypatch):
 # --- auto -----------------------------------------------------------------------------------
 
 
+def test_auto_chooses_fused_on_cpu():
+    """Auto takes the fused CPU path for CoPE at any size (tests/contextual/test_cope_fused.py
+    holds its cases)."""
+    case = CASES["gqa-causal"]
+    q, _, _, table = make_inputs(case, torch.float32)
+    assert A._choose("auto", q, make_cope(case, table), True, 0.0, B, case.k_len) == "fused"
+    assert A._choose("auto", q, make_cope(case, table), True, 0.1, B, case.k_len) == "eager"
+
+
 def test_auto_chooses_chunked_for_large_scores(monkeypatch):
+    """Where the fused path cannot run (here: switched off), eager, or chunked once large."""
+    monkeypatch.setattr(A.cope_fused, "applies", lambda *args: False)
     case = CASES["gqa-causal"]
     q, k, v, table = make_inputs(case, torch.float32)
     cope = make_cope(case, table)

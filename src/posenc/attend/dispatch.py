@@ -49,7 +49,7 @@ from posenc._base import (
     RotaryEncoding,
 )
 from posenc._errors import PosEncError, check_choice, check_float, check_tensor
-from posenc.attend import folded
+from posenc.attend import cope_fused, folded
 from posenc.attend.paths import Call, chunked, eager, sdpa
 from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_encoding
 
@@ -191,8 +191,11 @@ def _large(q, b: int, k_len: int) -> bool:
     return 4 * b * q.shape[1] * q.shape[2] * k_len >= FLEX_MIN_BIAS_BYTES
 
 
-def _choose_contextual(backend: str, enc: ContextualEncoding, large: bool) -> str:
-    """A contextual term is computed from the logits: eager, or chunked when large."""
+def _choose_contextual(
+    backend: str, enc: ContextualEncoding, large: bool, q, dropout_p: float
+) -> str:
+    """A contextual term is computed from the logits: fused on the CPU where it can be
+    (CoPE, :mod:`posenc.attend.cope_fused`), else eager, or chunked when large."""
     if backend in ("sdpa", "flex"):
         raise PosEncError(
             f"encoding {enc.name!r} is contextual (its bias is computed from the logits): "
@@ -200,6 +203,8 @@ def _choose_contextual(backend: str, enc: ContextualEncoding, large: bool) -> st
         )
     if backend != "auto":
         return backend
+    if cope_fused.applies(q, enc, dropout_p):
+        return "fused"
     return "chunked" if large else "eager"
 
 
@@ -234,7 +239,7 @@ def _choose(backend, q, enc, needs_grad: bool, dropout_p: float, b: int, k_len: 
     """The path of one call, by the encoding's protocol and the call's size."""
     large = _large(q, b, k_len)
     if isinstance(enc, ContextualEncoding):
-        return _choose_contextual(backend, enc, large)
+        return _choose_contextual(backend, enc, large, q, dropout_p)
     flex_why = _flexattn.refusal(q, needs_grad, dropout_p)
     if isinstance(enc, BiasEncoding):
         return _choose_bias(backend, enc, flex_why, large)
@@ -372,4 +377,6 @@ def attention(
         return folded.folded(q, k, v, call, enc.gate_cumulative(call.checked_gates()))
     if path == "sdpa":
         return sdpa(q, k, v, call)
+    if path == "fused":
+        return cope_fused.fused(q, k, v, call)
     return chunked(q, k, v, call) if path == "chunked" else eager(q, k, v, call)

@@ -402,6 +402,12 @@ class CoPEBias(ContextualEncoding):
     ) -> torch.Tensor:
         """CoPE's term from the attention ``logits`` (its gates), ``q`` and the table
         (``k`` is read through the logits)."""
+        self.check_query(q)
+        return _bias(logits, q, self.weight, allowed, scale, self.position_logit)
+
+    def check_query(self, q: torch.Tensor) -> None:
+        """Raise unless ``q`` fits the table: its device and head dim (every path that
+        computes the term, :func:`posenc.attention`'s fused one included, asks this)."""
         if self.weight.device != q.device:
             raise PosEncError(
                 f"encoding 'cope' has its table on {self.weight.device}; q is on {q.device}"
@@ -410,7 +416,6 @@ class CoPEBias(ContextualEncoding):
             raise PosEncError(
                 f"encoding 'cope' has head_dim={self.head_dim}; q has head dim {q.shape[-1]}"
             )
-        return _bias(logits, q, self.weight, allowed, scale, self.position_logit)
 
     def forward(
         self,

@@ -219,14 +219,14 @@ def _compile(cc: str, source: Path, target: Path, openmp: bool) -> subprocess.Co
     return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
-def _build_into(cc: str, target: Path) -> None:
+def _build_into(cc: str, source: Path, target: Path) -> None:
     """Compile to a private name, then rename into ``target`` and write its hash file."""
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        result = _compile(cc, _SOURCE, Path(tmp), openmp=True)
+        result = _compile(cc, source, Path(tmp), openmp=True)
         if result.returncode != 0:  # e.g. a compiler without OpenMP: one thread
-            result = _compile(cc, _SOURCE, Path(tmp), openmp=False)
+            result = _compile(cc, source, Path(tmp), openmp=False)
         if result.returncode != 0:
             raise RuntimeError(
                 f"posenc's CPU fast path failed to compile with {cc!r}:\n{result.stderr[-2000:]}"
@@ -240,8 +240,11 @@ def _build_into(cc: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-def build() -> Path:
+def build(source: Path | None = None) -> Path:
     """Compile ``rope_cpu.c`` (or find it, checked, in the cache) and return the library's path.
+
+    ``source``: another C file of posenc to build the same way (the fused CoPE rows of
+    :mod:`posenc.attend.cope_fused`), cached as ``<stem>-<key>.so``; default ``rope_cpu.c``.
 
     Raises:
         RuntimeError: no C compiler, compilation failed (the compiler's message is
@@ -250,20 +253,21 @@ def build() -> Path:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise RuntimeError(f"posenc's CPU fast path needs a C compiler; {cc!r} was not found")
-    source = _SOURCE.read_bytes()
+    path = _SOURCE if source is None else source
+    text = path.read_bytes()
     key = hashlib.sha256(
-        b"\0".join([source, " ".join(_FLAGS).encode(), cc.encode(), _cpu_identity().encode()])
+        b"\0".join([text, " ".join(_FLAGS).encode(), cc.encode(), _cpu_identity().encode()])
     ).hexdigest()[:16]
     try:
         directory = _build_dir()
-        target = directory / f"rope_cpu-{key}.so"
+        target = directory / f"{path.stem}-{key}.so"
         with _file_lock(directory / ".lock"):
             reason = _check_library(target)
             if reason is None:
                 return target
             if os.path.lexists(target):
                 _log_once(logging.INFO, f"posenc: rebuilding the CPU fast path: {reason}")
-            _build_into(cc, target)
+            _build_into(cc, path, target)
     except OSError as err:
         raise RuntimeError(f"posenc's CPU fast path could not be built: {err}") from err
     return target
