@@ -8,12 +8,15 @@ gradients of q, k, v and the encoding's parameters or gates) on each path:
 
 - ``none``: SDPA with no encoding (``is_causal``), the floor every ratio ``/ none`` is to;
 - CoPE: ``eager`` (every ``[b, h, q, k]`` tensor of the formula kept for the backward pass),
-  ``chunked`` (blocks of query rows, each recomputed in the backward pass); and with the
-  position logits added unscaled (``cope-unscaled``, as x-transformers adds them) posenc's
-  chunked path beside x-transformers' ``Attend`` with its ``CoPE`` (the same table), when
-  x-transformers is installed (the dev extra);
-- forgetting attention: ``eager``, ``sdpa`` (the term folded into the keys,
-  :mod:`posenc.attend.folded`) and ``chunked``, with gates that remember (``fox``: log f =
+  ``chunked`` (blocks of query rows, each recomputed in the backward pass), ``auto`` (the
+  fused CPU path, :mod:`posenc.attend.cope_fused`: torch's products per block, one C loop
+  a row between them); and with the position logits added unscaled (``cope-unscaled``, as
+  x-transformers adds them) posenc's fused and chunked paths beside x-transformers'
+  ``Attend`` with its ``CoPE`` (the same table), when x-transformers is installed (the dev
+  extra);
+- forgetting attention through ``sdpa`` (the term folded into the keys,
+  :mod:`posenc.attend.folded`; its eager and chunked twins are in
+  ``results/contextual-2026-12-02.md``), with gates that remember (``fox``: log f =
   logsigmoid(N(0, 1) + 3), about -0.07 a token), forget (``fox-forget``: + -3 instead,
   about -3 a token) and one head of each of +5, +3, 0, -3 (``fox-mixed``).
 

@@ -7,6 +7,7 @@ with heads that forget fast, and the block rule as a property."""
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -206,3 +207,23 @@ def test_blocks_rule(steps, heads, first, limit):
         assert b - a == 1 or fall <= limit
         if b < q_len:
             assert float((rows[:, a] - rows[:, b]).max()) > limit
+
+
+@pytest.mark.parametrize("norm", [0.5, 2.0, 8.0, 40.0])
+@pytest.mark.parametrize("k_len", [16, 2048, 1 << 20])
+def test_horizon_keeps_float32_weights_normal(norm, k_len):
+    """float32: the kept keys' logits lie within 2B + u of their row's largest (B = 2 scale
+    max|q| max|k|); u = 87 - 2B keeps every weight SDPA computes at least e^-87, a normal
+    float (subnormals made its backward 10x slower), unless the skipped keys' weights would
+    then reach float32's rounding of the row sum (u >= 17 + ln k); never above 110."""
+    q = torch.zeros(1, 1, 2, 4)
+    k = torch.zeros(1, 1, k_len, 4)
+    q[..., 0], k[..., 0] = norm, norm
+    scale = 0.5
+    bound = 2 * scale * norm * norm
+    u = FO._horizon(q, k, scale) - bound
+    least = 17 + math.log(k_len)
+    assert least - 1e-9 <= u <= 110
+    assert u == pytest.approx(least) or 2 * bound + u <= 87 + 1e-9
+    assert u == pytest.approx(min(110, max(least, 87 - 2 * bound)))
+    assert FO._horizon(q.double(), k.double(), scale) == pytest.approx(bound + 760)

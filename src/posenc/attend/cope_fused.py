@@ -168,11 +168,12 @@ class _Blocks:
         scores = self.bh * min(self.rows, self.q_len) * self.k_len
         cols = self.bh * min(self.rows, self.q_len) * min(self.npos, self.k_len + 2)
         self.s, self.p = q.new_empty(scores), q.new_empty(scores)  # p: dP when backward
-        self.f, self.df = q.new_empty(cols), (q.new_empty(cols) if backward else None)
+        grads = 1 if backward else 0  # the backward pass's buffers, empty in the forward
+        self.f, self.df = q.new_empty(cols), q.new_empty(cols * grads)
         self.top, self.lse = q.new_empty(self.bh * self.rows), q.new_empty(self.bh * self.rows)
-        self.delta = q.new_empty(self.bh * self.rows) if backward else None
+        self.delta = q.new_empty(self.bh * self.rows * grads)
         width = max(q.shape[-1], v_dim)
-        self.tmp = q.new_empty(self.bh * self.k_len * width) if backward else None
+        self.tmp = q.new_empty(self.bh * self.k_len * width * grads)
 
     def __iter__(self):
         for start in range(0, self.q_len, self.rows):

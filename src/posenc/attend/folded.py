@@ -23,11 +23,13 @@ rounded once. A block of one row serves any gate, so every call is served:
 - a group whose decay never exceeds ``FOLD_RANGE`` is one SDPA call (``is_causal`` for
   self-attention); the others one call per block, with the causal rule as an additive mask
   (the caller's ``attn_mask`` merged in as a bool one);
-- a block skips the keys whose weight is below ``e^-110`` of the row's largest in each of
-  its rows, 0 in float32: a term below ``-(2 scale max|q| max|k| + 110)``, as the row's own
-  key (term 0) sits at most ``2 scale max|q| max|k|`` below the largest logit. A head that
-  forgets fast so attends in a band; many short blocks are padded to one size and sent as
-  one batch when that costs less than the calls (:data:`CALL_PAIRS`);
+- a block skips the keys whose weight is below ``e^-u`` of the row's largest in each of
+  its rows: a term below ``-(2 scale max|q| max|k| + u)``, as the row's own key (term 0)
+  sits at most ``2 scale max|q| max|k|`` below the largest logit (``u`` in
+  :func:`_horizon`: in float32 small enough that no weight SDPA computes is a subnormal,
+  large enough that the skipped weights are below float32's rounding of the sum). A head
+  that forgets fast so attends in a band; many short blocks are padded to one size and
+  sent as one batch when that costs less than the calls (:data:`CALL_PAIRS`);
 - blocks whose pairs reach :data:`CHUNK_SCORES` in all are recomputed in the backward pass
   instead of keeping their masks.
 
@@ -37,6 +39,8 @@ gates), so under ``torch.compile`` the bias is materialised instead
 """
 
 from __future__ import annotations
+
+import math
 
 from typing import Any
 
@@ -93,15 +97,24 @@ def blocks(c: torch.Tensor, first: int, q_len: int, limit: float | None = None) 
 
 
 def _horizon(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
-    """A decay past which a key's weight is 0 in the dtype in every row: a row's largest logit
+    """A decay past which a key's weight is negligible in every row: a row's largest logit
     is at least that of its own key (term 0), and ``|scale q . k| <= scale |q| |k|``, so a
-    key with term ``< -(2 scale max|q| max|k| + u)`` sits more than ``u`` below the row's
-    largest logit, where ``exp(-u)`` underflows to 0 in the compute dtype (float32: ``u =
-    110``; float64: ``u = 760``)."""
+    key with term ``< -(B + u)``, ``B = 2 scale max|q| max|k|``, sits more than ``u`` below
+    the row's largest logit.
+
+    float64: ``u = 760`` (``exp(-u)`` is 0). float32: the kept keys' logits then lie within
+    ``2 B + u`` of the row's largest, so ``u = 87 - 2 B`` keeps every weight SDPA computes
+    a normal float (``e^-87``, not a subnormal: the CPU's subnormal arithmetic made
+    SDPA's backward 10x slower on the blocks that reached them), as long as the skipped
+    weights stay below ``2^-24`` of the row's sum (``u >= 17 + ln k``); within ``[17 + ln
+    k, 110]`` in any case (110: every skipped weight 0)."""
     qn = q.detach().to(torch.float64).norm(dim=-1).max()
     kn = k.detach().to(torch.float64).norm(dim=-1).max()
-    under = 760.0 if torch.promote_types(q.dtype, torch.float32) == torch.float64 else 110.0
-    return 2.0 * abs(scale) * float(qn * kn) + under
+    bound = 2.0 * abs(scale) * float(qn * kn)
+    if torch.promote_types(q.dtype, torch.float32) == torch.float64:
+        return bound + 760.0
+    least = 17.0 + math.log(k.shape[2])
+    return bound + min(110.0, max(least, 87.0 - 2.0 * bound))
 
 
 def _fold_inputs(q, k, v, scale: float):
