@@ -41,7 +41,6 @@ gates), so under ``torch.compile`` the bias is materialised instead
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import torch
