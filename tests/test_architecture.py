@@ -449,6 +449,12 @@ FAMILY_IMPORTS_ALLOWED: dict[tuple[str, str], tuple[frozenset[str] | None, str]]
         "layouts, partial rotary, M-RoPE): a translation the registry's names cannot express; "
         "it builds no encoding from a posenc name",
     ),
+    ("src/posenc/attend/cope_fused.py", f"{A.TOP}.rotary.kernels.cpu"): (
+        frozenset({"build"}),
+        "the fused CoPE path compiles its C loop with the rotary fast path's compile-and-"
+        "cache (one private cache directory, one set of ownership and hash checks); no "
+        "encoding is built",
+    ),
     ("src/posenc/cli/table.py", f"{A.TOP}.sinusoidal"): (
         frozenset({"sinusoidal_table", "LAYOUTS", "ORDERS"}),
         "`posenc table sinusoidal` prints the family's pure table function (and offers its "

@@ -266,10 +266,11 @@ class ContextualEncoding(Encoding):
     themselves (CoPE: positions counted by gates on ``q . k``), not from positions.
 
     The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
-    ``num_heads`` (None when any number of heads is served) and
-    :meth:`contextual_bias_at`. Attention computes the term on its eager path, or the
-    query-chunked one for long sequences (SDPA and Flex take no term of the logits); the
-    positions attention is given are not read.
+    ``num_heads`` (None when any number of heads is served), :meth:`contextual_bias_at`
+    and :meth:`counted_table`. Attention computes the term on its eager path, or the
+    query-chunked one for long sequences (SDPA and Flex take no term of the logits), or,
+    for a term of CoPE's counted form on the CPU, fused; the positions attention is given
+    are not read.
 
     Calling the module returns its term: a member's :meth:`forward` takes what its pure
     function takes (CoPE: ``cope(q, k)`` is ``cope_bias`` with its table); one that defines
@@ -297,6 +298,16 @@ class ContextualEncoding(Encoding):
         to ``h``) and ``allowed`` (bool ``[.., q, k]``, the pairs that may attend; None:
         all). A block of query rows is passed as its own ``q`` and ``logits``."""
         raise NotImplementedError
+
+    def counted_table(self) -> tuple[torch.Tensor, bool] | None:
+        """``(table, scaled)`` when the term has CoPE's counted form, which attention may
+        then compute without :meth:`contextual_bias_at` (its fused CPU path,
+        :mod:`posenc.attend.cope_fused`): gates ``sigmoid(logits)`` on the allowed pairs,
+        positions ``p_ij = sum_{t >= j} g_it`` clamped to ``table.shape[0] - 1``, and the
+        term ``z_ij = q_i . table[p_ij]`` interpolated between ``floor p`` and ``floor p +
+        1`` (times ``scale`` when ``scaled``); ``table`` is ``[npos, d]``, shared by the
+        heads. None (here): attention always calls :meth:`contextual_bias_at`."""
+        return None
 
 
 class GatedEncoding(Encoding):

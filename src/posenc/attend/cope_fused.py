@@ -12,14 +12,15 @@ in place in the block's score buffer. Only ``q``, ``k``, ``v``, the table, the o
 one log-sum-exp per row are saved for backward (``O(s (d + 1))``, no ``[q, k]`` tensor);
 the backward pass recomputes each block's scores, as flash attention does.
 
-Causal blocks stop at their last visible key, and the table logits at the largest
-position a block can count to (``min(npos_max, keys + 2)`` columns), so a causal step
-does half the work of a full one. The same numbers as the eager path, to float32's
-rounding (float64 sums of the gates: closer to the float64 oracle than eager's float32
-cumsum); float64 inputs are computed in float64.
+Causal blocks stop at their last visible key, so a causal step does half the work of a
+full one; the table logits are computed after the positions, for the positions the block
+reaches (its rows' largest, kept per row for the backward pass), not the whole table. The
+same numbers as the eager path to float32's rounding (the gates summed in float64),
+gradients included; float64 inputs are computed in float64.
 
-It serves :class:`~posenc.contextual.CoPEBias` (its own ``contextual_bias_at``, not a
-subclass that overrides it) on CPU tensors of any floating dtype (16-bit widened to
+It serves a contextual encoding whose term has CoPE's counted form (its
+:meth:`~posenc._base.ContextualEncoding.counted_table` is not None: CoPE's, not a subclass
+that overrides its ``contextual_bias_at``) on CPU tensors of any floating dtype (16-bit widened to
 float32, as eager), without dropout, outside ``torch.compile`` and ``torch.func``
 transforms, when the C library builds: the same switch as the rotary fast path
 (``POSENC_CPU_FAST_PATH=0`` turns both off); anything else takes eager or chunked.
@@ -36,9 +37,9 @@ from typing import Any
 
 import torch
 
-from posenc._errors import tracing
+from posenc._base import ContextualEncoding
+from posenc._errors import PosEncError, tracing
 from posenc.attend.paths import Call, _widened
-from posenc.contextual.cope import CoPEBias
 
 __all__ = ["BLOCK_SCORES", "applies", "available", "fused"]
 
@@ -106,11 +107,11 @@ def _transformed(t: torch.Tensor) -> bool:
 
 def applies(q: torch.Tensor, enc: Any, dropout_p: float) -> bool:
     """Whether this call of CoPE takes the fused path (see the module docs)."""
+    counted = enc.counted_table() if isinstance(enc, ContextualEncoding) else None
     return (
-        isinstance(enc, CoPEBias)
-        and type(enc).contextual_bias_at is CoPEBias.contextual_bias_at
+        counted is not None
         and q.device.type == "cpu"
-        and enc.weight.device.type == "cpu"
+        and counted[0].device.type == "cpu"
         and not dropout_p
         and not tracing()
         and not _transformed(q)
@@ -291,10 +292,14 @@ def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, call: Call) -> torc
     """``softmax(q k^T * scale + CoPE's term + mask) v`` for a call :func:`applies` to
     (validated by :func:`posenc.attention`): ``[b, h, q, d_v]`` in ``q``'s dtype."""
     enc = call.prep.encoding
-    enc.check_query(q)
+    table, scaled = enc.counted_table()
+    if table.shape[-1] != q.shape[-1]:  # the words of its eager path
+        raise PosEncError(
+            f"encoding {enc.name!r} has head_dim={table.shape[-1]}; q has head dim {q.shape[-1]}"
+        )
     qf, kf, vf = _widened(q, k, v)
     qf, kf, vf = qf.contiguous(), kf.contiguous(), vf.contiguous()
-    weight = enc.weight.to(qf.dtype)
-    a = call.scale if enc.position_logit == "scaled" else 1.0
+    weight = table.to(qf.dtype)
+    a = call.scale if scaled else 1.0
     out = _FusedCoPE.apply(qf, kf, vf, weight, call.keep, call.causal, call.scale, a)
     return out.to(q.dtype)

@@ -402,12 +402,6 @@ class CoPEBias(ContextualEncoding):
     ) -> torch.Tensor:
         """CoPE's term from the attention ``logits`` (its gates), ``q`` and the table
         (``k`` is read through the logits)."""
-        self.check_query(q)
-        return _bias(logits, q, self.weight, allowed, scale, self.position_logit)
-
-    def check_query(self, q: torch.Tensor) -> None:
-        """Raise unless ``q`` fits the table: its device and head dim (every path that
-        computes the term, :func:`posenc.attention`'s fused one included, asks this)."""
         if self.weight.device != q.device:
             raise PosEncError(
                 f"encoding 'cope' has its table on {self.weight.device}; q is on {q.device}"
@@ -416,6 +410,15 @@ class CoPEBias(ContextualEncoding):
             raise PosEncError(
                 f"encoding 'cope' has head_dim={self.head_dim}; q has head dim {q.shape[-1]}"
             )
+        return _bias(logits, q, self.weight, allowed, scale, self.position_logit)
+
+    def counted_table(self) -> tuple[torch.Tensor, bool] | None:
+        """``(weight, position_logit == "scaled")``: CoPE's term is the counted form
+        (:meth:`~posenc._base.ContextualEncoding.counted_table`); None for a subclass that
+        computes its own term (overrides :meth:`contextual_bias_at`)."""
+        if type(self).contextual_bias_at is not CoPEBias.contextual_bias_at:
+            return None
+        return self.weight, self.position_logit == "scaled"
 
     def forward(
         self,
