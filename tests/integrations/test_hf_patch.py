@@ -401,21 +401,23 @@ def test_accelerate_hooked_attention_is_patched_inside_the_hook() -> None:
 
 def test_patched_model_rotates_through_the_fused_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from posenc.rotary import kernels
-    from posenc.rotary.kernels import dispatch
+    from posenc.rotary.kernels import cpu
 
     if not kernels.cpu_fast_path_enabled():
         pytest.skip("the fused CPU path is not built here (no C compiler)")
-    chosen: list[str] = []
-    select = kernels.select_backend
+    launched: list[int] = []
+    launch = cpu.launch_cpu
 
-    def spy(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str:
-        chosen.append(select(x, cos, sin))
-        return chosen[-1]
+    def spy(xs: list[torch.Tensor], *args: object, **kwargs: object) -> None:
+        launched.append(len(xs))
+        return launch(xs, *args, **kwargs)
 
-    monkeypatch.setattr(dispatch, "select_backend", spy)  # where fused_rotary reads it
+    monkeypatch.setattr(cpu, "launch_cpu", spy)  # the fused loop, planned or not
     model = patch(_model("glm4"))  # partial rotary, interleaved pairs
-    _logits(model, _ids())
-    assert chosen == ["cpu"] * model.config.num_hidden_layers
+    for _ in range(2):  # the second pass: every layer's call shape is planned
+        launched.clear()
+        _logits(model, _ids())
+        assert launched == [2] * model.config.num_hidden_layers  # q and k in one launch
 
 
 def test_multimodal_gemma3_patches_its_text_decoder_only() -> None:

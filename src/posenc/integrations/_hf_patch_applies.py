@@ -27,6 +27,7 @@ import torch
 
 from posenc._errors import PosEncError
 from posenc.rotary.kernels import fused_rotary
+from posenc.rotary.kernels.planned import rotate_planned
 from posenc.rotary.layout import Layout
 
 __all__ = ["COMPLEX", "ONE_TENSOR", "STANDARD", "WITH_POSITION_IDS", "Pairing", "make_apply"]
@@ -48,8 +49,14 @@ def _rotate_pair(
     sin: torch.Tensor,
     layout: Layout,
     seq_dim: int,
+    plans: dict[tuple, Any],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q and k rotated in one fused pass (one each where their dtypes differ)."""
+    """q and k rotated in one fused pass (one each where their dtypes differ); a call shape
+    seen before on the CPU in one foreign call (:func:`rotate_planned`, ``plans`` this
+    apply function's shapes)."""
+    done = rotate_planned(q, k, cos, sin, layout=layout, seq_dim=seq_dim, plans=plans)
+    if done is not None:
+        return done
     if q.dtype != k.dtype:  # the fused pass takes one dtype
         q_out = fused_rotary(q, None, cos, sin, layout=layout, seq_dim=seq_dim)[0]
         k_out = fused_rotary(k, None, cos, sin, layout=layout, seq_dim=seq_dim)[0]
@@ -60,6 +67,7 @@ def _rotate_pair(
 
 def _standard(pairing: Pairing) -> Callable[..., Any]:
     layout: Layout = "half" if pairing == "deinterleave" else pairing
+    plans: dict[tuple, Any] = {}
 
     def rotate(
         q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, unsqueeze_dim: int
@@ -70,7 +78,7 @@ def _standard(pairing: Pairing) -> Callable[..., Any]:
         if pairing == "deinterleave":  # (x0, x1), (x2, x3), ... -> x0, x2, ..., x1, x3, ...
             q = q.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
             k = k.unflatten(-1, (-1, 2)).transpose(-1, -2).flatten(-2)
-        return _rotate_pair(q, k, cos, sin, layout, seq_dim)
+        return _rotate_pair(q, k, cos, sin, layout, seq_dim, plans)
 
     return rotate
 
@@ -130,6 +138,7 @@ def _one_tensor(layout: Layout) -> Callable[..., Any]:
 def _complex(layout: Layout) -> Callable[..., Any]:
     """Llama 4's ``apply_rotary_emb(xq, xk, freqs_cis)``: ``xq [b, s, hq, d]``, ``xk [b, s,
     hk, d]``, ``freqs_cis = cos + i sin`` ``[b, s, d / 2]``; the result in the dtype of each."""
+    plans: dict[tuple, Any] = {}
 
     def apply_complex(
         xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
@@ -139,6 +148,6 @@ def _complex(layout: Layout) -> Callable[..., Any]:
                 f"freqs_cis must be a complex tensor (cos + i sin), got {freqs_cis.dtype}"
             )
         cos, sin = freqs_cis.real.contiguous(), freqs_cis.imag.contiguous()
-        return _rotate_pair(xq, xk, cos, sin, layout, -3)
+        return _rotate_pair(xq, xk, cos, sin, layout, -3, plans)
 
     return apply_complex
