@@ -26,7 +26,9 @@ keeps them in the graph, and they have a backward (the inverse rotation).
 The package, bottom to top: ``plain`` (the twin and the checks every path shares) <-
 ``ops`` (the launch, its check and the custom ops; ``cpu`` and ``triton_rope``, the
 launchers, imported when first used) <- ``backends`` (the switches, which path a call
-takes) <- ``dispatch`` (:func:`dispatch_rotary`, :func:`fused_rotary`). This ``__init__``
+takes) <- ``dispatch`` (:func:`dispatch_rotary`, :func:`fused_rotary`) <- ``planned``
+(:func:`~posenc.rotary.kernels.planned.rotate_planned`: a call shape ``fused_rotary``
+has checked before, in one lookup and one launch; the patched transformers apply's). This ``__init__``
 only re-exports; no module of the package imports it. The package imports only torch,
 triton, :mod:`posenc._errors` and :mod:`posenc.rotary.layout`: the code that calls it
 (:mod:`posenc.rotary.apply`, the modules) sits above it, never the other way round.
