@@ -36,7 +36,7 @@ import torch
 
 from posenc.rotary.cache import CosSinTable
 from posenc.rotary.kernels import cpu as cpu_kernel
-from posenc.rotary.kernels.backends import cpu_fast_path_ready
+from posenc.rotary.kernels.backends import cpu_fast_path_ready, transformed
 from posenc.rotary.kernels.ops import check_launch
 
 __all__ = ["FastRotation", "fast_forward"]
@@ -87,6 +87,8 @@ def fast_forward(
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return None
+    if transformed(q, k, positions):
+        return None  # vmap / grad: the plain path, which they see through
     try:
         key = _key(q, k, positions, seq_dim)
     except (RuntimeError, NotImplementedError):  # no strides (sparse, nested tensors)

@@ -89,6 +89,19 @@ def tracing() -> bool:
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
 
 
+_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
+
+def transformed(*tensors: torch.Tensor | None) -> bool:
+    """Whether a tensor is a ``torch.func`` transform's wrapper (``vmap``'s batched tensors,
+    ``grad``'s): it has no storage a fused launch could read, so the plain path, which
+    the transforms see through, rotates it. False while tracing (a trace's tensors are
+    fake, never wrapped)."""
+    if _WRAPPED is None or tracing():
+        return False
+    return any(t is not None and _WRAPPED(t) for t in tensors)
+
+
 def _assume_constant_result(fn: Any) -> Any:
     """What ``torch.compiler.assume_constant_result`` does (it marks the function for
     dynamo), without importing ``torch._dynamo`` as it does: that import costs every
@@ -147,11 +160,14 @@ def cpu_fast_path_ready() -> bool:
 def select_backend(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str:
     """The backend ``fused_rotary(..., backend="auto")`` uses for these tensors:
     ``"triton"`` (CUDA, triton installed), ``"cpu"`` (CPU with the fast path enabled) or
-    ``"torch"`` (anything else, and whenever cos/sin need gradients)."""
+    ``"torch"`` (anything else, whenever cos/sin need gradients, and under ``torch.func``
+    transforms)."""
     if x.dtype not in KERNEL_DTYPES:
         return "torch"
     if torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad):
         return "torch"  # the kernels do not differentiate through cos/sin
+    if transformed(x, cos, sin):
+        return "torch"  # vmap / grad: no storage to launch on
     if x.device.type == "cuda" and _triton_on:
         return "triton"
     if x.device.type == "cpu" and cpu_fast_path_enabled():

@@ -15,7 +15,7 @@ from typing import overload
 import torch
 
 from posenc._errors import PosEncError, check_choice, check_tensor
-from posenc.rotary.kernels.backends import BACKENDS, select_backend, tracing
+from posenc.rotary.kernels.backends import BACKENDS, select_backend, tracing, transformed
 from posenc.rotary.kernels.ops import KERNEL_DTYPES, launch, rotary_op, rotary_op_
 from posenc.rotary.kernels.plain import (
     apply_rotary_torch,
@@ -247,6 +247,11 @@ def _check_options(
         )
     if backend not in ("triton", "cpu"):
         return
+    if transformed(q, k, cos, sin):
+        raise PosEncError(
+            f"backend={backend!r} cannot run under torch.func transforms (vmap, grad: their "
+            "tensors have no storage to launch on); use backend='auto' or 'torch'"
+        )
     if q.dtype not in KERNEL_DTYPES:
         raise PosEncError(
             f"backend={backend!r} supports float32, bfloat16, float16 and float64, got {q.dtype}"

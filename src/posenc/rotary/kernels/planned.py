@@ -24,7 +24,7 @@ import torch
 
 from posenc._errors import PosEncError
 from posenc.rotary.kernels import cpu as cpu_kernel
-from posenc.rotary.kernels.backends import cpu_fast_path_ready, select_backend
+from posenc.rotary.kernels.backends import cpu_fast_path_ready, select_backend, transformed
 from posenc.rotary.kernels.dispatch import _check_k, _check_options
 from posenc.rotary.kernels.ops import _COMPUTE, _tables, check_launch
 from posenc.rotary.kernels.plain import check_cos_sin, check_rotary_dim, check_rotary_input
@@ -57,6 +57,8 @@ def rotate_planned(
     ):
         return None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return None
+    if transformed(q, k, cos, sin):
         return None
     try:
         key = (
