@@ -139,16 +139,18 @@ static void prefix_d(double *x, int64_t n) {
             }                                                                                 \
         }                                                                                     \
         (void)extra;                                                                          \
-        double carry = 0.0;                                                                   \
+        double carry = 0.0; /* then the carries, and (dir < 0) the clamp, in one pass */   \
         for (int k = dir < 0 ? 3 : 0; dir < 0 ? k >= 0 : k < 4; k += dir) {                   \
             int64_t lo = k * q4, hi = k == 3 ? nr : lo + q4;                                  \
-            if (carry != 0.0) {                                                               \
+            if (dir < 0) {                                                                    \
+                for (int64_t j = lo; j < hi; j++) {                                           \
+                    T p = (T)((double)out[j] + carry);                                        \
+                    out[j] = p > top ? top : p; /* NaN stays NaN */                          \
+                }                                                                             \
+            } else if (carry != 0.0) {                                                        \
                 for (int64_t j = lo; j < hi; j++) out[j] = (T)((double)out[j] + carry);       \
             }                                                                                 \
             carry += acc[k];                                                                  \
-        }                                                                                     \
-        if (dir < 0) {                                                                        \
-            for (int64_t j = 0; j < nr; j++) out[j] = out[j] > top ? top : out[j];            \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
@@ -161,12 +163,10 @@ static void prefix_d(double *x, int64_t n) {
         }                                                                                     \
     }                                                                                         \
                                                                                               \
-    /* The logits with the position term, in place in s (-inf where masked), and the        \
-     * interpolation (lo, w, diff: kept for the backward pass). Returns the row's max (NaN   \
-     * sticks). */                                                                            \
+    /* The logits with the position term, in place in s (-inf where masked). Returns the    \
+     * row's max (NaN sticks). */                                                             \
     static T logits_##SUF(const cope_shape *c, T *restrict s, const T *restrict f,          \
-                          const uint8_t *m, int64_t nr, T a, const T *restrict pos,           \
-                          int32_t *restrict lo, T *restrict w, T *restrict diff) {            \
+                          const uint8_t *m, int64_t nr, T a, const T *restrict pos) {         \
         const int32_t last = (int32_t)(c->npos - 1), cap = (int32_t)(c->fcols - 1);           \
         for (int64_t j = 0; j < nr; j++) {                                                    \
             T p = pos[j];                                                                     \
@@ -175,11 +175,8 @@ static void prefix_d(double *x, int64_t n) {
             li = li < cap ? li : cap; /* never past the block's table logits */              \
             int32_t hi = li < last ? li + 1 : li;                                             \
             hi = hi < cap ? hi : cap;                                                         \
-            T flo = f[li], dj = f[hi] - flo;                                                  \
-            w[j] = p - fl;                                                                    \
-            diff[j] = dj;                                                                     \
-            lo[j] = li;                                                                       \
-            s[j] = s[j] + a * (flo + (p - fl) * dj);                                          \
+            T flo = f[li];                                                                    \
+            s[j] = s[j] + a * (flo + (p - fl) * (f[hi] - flo));                               \
         }                                                                                     \
         if (m != NULL) {                                                                      \
             for (int64_t j = 0; j < nr; j++) s[j] = m[j] ? s[j] : -(T)INFINITY;               \
@@ -203,9 +200,8 @@ static void prefix_d(double *x, int64_t n) {
     }                                                                                         \
                                                                                               \
     static void fwd_row_##SUF(const cope_shape *c, T *s, const T *f, const T *pos,         \
-                              const uint8_t *m, int64_t nr, T a, T *lse, int32_t *lo, T *w,   \
-                              T *diff) {                                                      \
-        T best = logits_##SUF(c, s, f, m, nr, a, pos, lo, w, diff);                           \
+                              const uint8_t *m, int64_t nr, T a, T *lse) {                    \
+        T best = logits_##SUF(c, s, f, m, nr, a, pos);                                        \
         if (best == -(T)INFINITY) { /* no key: output 0 */                                   \
             memset(s, 0, sizeof(T) * c->n);                                                   \
             *lse = -(T)INFINITY;                                                              \
@@ -236,9 +232,8 @@ static void prefix_d(double *x, int64_t n) {
      * gates), so each position's keys are one run: the run ends come from one scatter       \
      * (endj[lo_j] = j, the last write wins) and each run's sums are differences of float64 \
      * prefix sums; no loop carries a sum through memory. */                                 \
-    static void table_grad_##SUF(const cope_shape *c, const T *dl, const T *w,              \
-                                 const int32_t *lo, int64_t nr, T a, T *df, T *sv,            \
-                                 double *pu, double *pv, int32_t *endj) {                     \
+    static void table_grad_##SUF(const cope_shape *c, const int32_t *lo, int64_t nr, T *df, \
+                                 T *sv, double *pu, double *pv, int32_t *endj) {              \
         const int32_t last = (int32_t)(c->npos - 1);                                          \
         memset(endj, 0xff, sizeof(int32_t) * c->fcols); /* -1: no key at c */               \
         memset(df, 0, sizeof(T) * c->fcols);                                                  \
@@ -249,12 +244,7 @@ static void prefix_d(double *x, int64_t n) {
             top = lo[j] > top ? lo[j] : top;                                                  \
             bottom = lo[j] < bottom ? lo[j] : bottom;                                         \
         }                                                                                     \
-        pu[0] = pv[0] = 0.0;                                                                  \
-        for (int64_t j = 0; j < nr; j++) {                                                    \
-            double dz = (double)(a * dl[j]);                                                  \
-            pu[j + 1] = dz - dz * (double)w[j];                                               \
-            pv[j + 1] = dz * (double)w[j];                                                    \
-        }                                                                                     \
+        pu[0] = pv[0] = 0.0; /* pu[j + 1], pv[j + 1]: key j's parts, summed here */          \
         prefix_d(pu + 1, nr);                                                                 \
         prefix_d(pv + 1, nr);                                                                 \
         int32_t prev = -1;                                                                    \
@@ -271,10 +261,43 @@ static void prefix_d(double *x, int64_t n) {
         }                                                                                     \
     }                                                                                         \
                                                                                               \
+    /* One pass over the row's keys: the interpolation at p_j, the logit, its probability  \
+     * exp(L - lse), the logit's gradient dL = P (dP - delta) (in s; P in dp), the position's \
+     * gradient dz (F[hi] - F[lo]) with dz = a dL (in pos), lo (for the table's gradient) and \
+     * the two parts of dz, dz (1 - w) and dz w, in float64 for their prefix sums. */        \
+    static void grads_##SUF(const cope_shape *c, T *restrict s, T *restrict dp,             \
+                            const T *restrict f, int64_t nr, T a, T lse, T delta,             \
+                            T *restrict pos, int32_t *restrict lo, T *restrict w,             \
+                            double *restrict pu, double *restrict pv) {                       \
+        const int32_t last = (int32_t)(c->npos - 1), cap = (int32_t)(c->fcols - 1);           \
+        for (int64_t j = 0; j < nr; j++) {                                                    \
+            T p = pos[j];                                                                     \
+            T fl = FLOOR(p);                                                                  \
+            int32_t li = (p == p) ? (int32_t)fl : 0;                                          \
+            li = li < cap ? li : cap;                                                         \
+            int32_t hi = li < last ? li + 1 : li;                                             \
+            hi = hi < cap ? hi : cap;                                                         \
+            T flo = f[li], dj = f[hi] - flo, wj = p - fl;                                     \
+            T prob = EXP(s[j] + a * (flo + wj * dj) - lse);                                   \
+            T dl = prob * (dp[j] - delta);                                                    \
+            T dz = a * dl;                                                                    \
+            dp[j] = prob;                                                                     \
+            s[j] = dl;                                                                        \
+            pos[j] = dz * dj;                                                                 \
+            lo[j] = li;                                                                       \
+            w[j] = wj;                                                                        \
+        }                                                                                     \
+        for (int64_t j = 0; j < nr; j++) {                                                    \
+            double dzd = (double)(a * s[j]), part = dzd * (double)w[j];                       \
+            pu[j + 1] = dzd - part;                                                           \
+            pv[j + 1] = part;                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+                                                                                              \
     static void bwd_row_##SUF(const cope_shape *c, T *s, T *dp, const T *f, T *df,           \
                               const uint8_t *m, int64_t nr, T a, T lse, T delta, T *g,       \
-                              T *pos, int32_t *lo, T *w, T *diff, T *sv, double *pu,          \
-                              double *pv, int32_t *endj) {                                    \
+                              T *pos, int32_t *lo, T *w, T *sv, double *pu, double *pv,       \
+                              int32_t *endj) {                                                \
         if (lse == -(T)INFINITY) { /* no key: no gradient */                                 \
             memset(s, 0, sizeof(T) * c->n);                                                   \
             memset(dp, 0, sizeof(T) * c->n);                                                  \
@@ -283,18 +306,16 @@ static void prefix_d(double *x, int64_t n) {
         }                                                                                     \
         gates_##SUF(s, m, nr, g);                                                             \
         scan_##SUF(g, pos, nr, -1, (T)(c->npos - 1));                                         \
-        logits_##SUF(c, s, f, m, nr, a, pos, lo, w, diff);                                    \
-        for (int64_t j = 0; j < nr; j++) s[j] = EXP(s[j] - lse); /* exp(-inf) is not 0 */   \
-        if (m != NULL) {                                                                      \
-            for (int64_t j = 0; j < nr; j++) s[j] = m[j] ? s[j] : (T)0;                       \
+        grads_##SUF(c, s, dp, f, nr, a, lse, delta, pos, lo, w, pu, pv);                      \
+        if (m != NULL) { /* a masked key: no probability, no gradient */                     \
+            for (int64_t j = 0; j < nr; j++) {                                                \
+                if (!m[j]) {                                                                  \
+                    dp[j] = s[j] = pos[j] = (T)0;                                             \
+                    pu[j + 1] = pv[j + 1] = 0.0;                                              \
+                }                                                                             \
+            }                                                                                 \
         }                                                                                     \
-        for (int64_t j = 0; j < nr; j++) {                                                    \
-            T prob = s[j];                                                                    \
-            s[j] = prob * (dp[j] - delta); /* the logit's gradient */                        \
-            dp[j] = prob;                                                                     \
-            pos[j] = a * s[j] * diff[j]; /* the gradient of p_j */                           \
-        }                                                                                     \
-        table_grad_##SUF(c, s, w, lo, nr, a, df, sv, pu, pv, endj);                          \
+        table_grad_##SUF(c, lo, nr, df, sv, pu, pv, endj);                                    \
         scan_##SUF(pos, pos, nr, 1, (T)0); /* g_j's gradient: the sum over t <= j */        \
         for (int64_t j = 0; j < nr; j++) s[j] += pos[j] * (g[j] * ((T)1 - g[j]));             \
         if (nr < c->n) {                                                                      \
@@ -330,22 +351,13 @@ static void prefix_d(double *x, int64_t n) {
     int posenc_cope_forward_##SUF(const cope_shape *c, T *s, const T *f, const T *pos,       \
                                   const uint8_t *mask, T *lse, double a) {                    \
         int failed = 0;                                                                       \
-        _Pragma("omp parallel num_threads(c->threads) reduction(|:failed)") {                 \
+        _Pragma("omp parallel num_threads(c->threads)") {                                     \
             FTZ_ON                                                                            \
-            int64_t n1 = c->n > 0 ? c->n : 1;                                                 \
-            char *mem = (char *)malloc((2 * sizeof(T) + sizeof(int32_t)) * n1);               \
-            if (mem == NULL) {                                                                \
-                failed = 1;                                                                   \
-            } else {                                                                          \
-                T *w = (T *)mem, *diff = w + n1;                                              \
-                int32_t *lo = (int32_t *)(diff + n1);                                         \
-                _Pragma("omp for schedule(dynamic, 4)") for (int64_t row = 0; row < c->rows;  \
-                                                             row++) {                         \
-                    fwd_row_##SUF(c, s + row * c->n, f + row * c->fcols, pos + row * c->n,    \
-                                  row_mask(c, mask, row), row_keys(c, row % c->R), (T)a,       \
-                                  lse + row, lo, w, diff);                                    \
-                }                                                                             \
-                free(mem);                                                                    \
+            _Pragma("omp for schedule(dynamic, 4)") for (int64_t row = 0; row < c->rows;      \
+                                                         row++) {                             \
+                fwd_row_##SUF(c, s + row * c->n, f + row * c->fcols, pos + row * c->n,        \
+                              row_mask(c, mask, row), row_keys(c, row % c->R), (T)a,           \
+                              lse + row);                                                     \
             }                                                                                 \
             FTZ_OFF                                                                           \
         }                                                                                     \
@@ -359,22 +371,21 @@ static void prefix_d(double *x, int64_t n) {
         _Pragma("omp parallel num_threads(c->threads) reduction(|:failed)") {                 \
             FTZ_ON                                                                            \
             int64_t n1 = c->n > 0 ? c->n : 1;                                                 \
-            size_t bytes = sizeof(double) * 2 * (n1 + 1) + sizeof(T) * (4 * n1 + c->fcols)    \
+            size_t bytes = sizeof(double) * 2 * (n1 + 1) + sizeof(T) * (3 * n1 + c->fcols)    \
                            + sizeof(int32_t) * (n1 + c->fcols);                               \
             char *mem = (char *)malloc(bytes);                                                \
             if (mem == NULL) {                                                                \
                 failed = 1;                                                                   \
             } else {                                                                          \
                 double *pu = (double *)mem, *pv = pu + n1 + 1;                                \
-                T *g = (T *)(pv + n1 + 1), *pos = g + n1, *w = pos + n1, *diff = w + n1;      \
-                T *sv = diff + n1;                                                            \
+                T *g = (T *)(pv + n1 + 1), *pos = g + n1, *w = pos + n1, *sv = w + n1;        \
                 int32_t *lo = (int32_t *)(sv + c->fcols), *endj = lo + n1;                    \
                 _Pragma("omp for schedule(dynamic, 4)") for (int64_t row = 0; row < c->rows;  \
                                                              row++) {                         \
                     bwd_row_##SUF(c, s + row * c->n, dp + row * c->n, f + row * c->fcols,     \
                                   df + row * c->fcols, row_mask(c, mask, row),                 \
                                   row_keys(c, row % c->R), (T)a, lse[row], delta[row], g,     \
-                                  pos, lo, w, diff, sv, pu, pv, endj);                        \
+                                  pos, lo, w, sv, pu, pv, endj);                              \
                 }                                                                             \
                 free(mem);                                                                    \
             }                                                                                 \
