@@ -34,6 +34,7 @@ __all__ = [
     "check_tensor",
     "check_traced",
     "tracing",
+    "transformed",
 ]
 
 
@@ -52,6 +53,19 @@ def tracing() -> bool:
     """Whether this code is being traced by ``torch.compile`` or ``torch.export``: then
     sizes may be symbolic and tensor values unknown, so checks take the forms below."""
     return torch.compiler.is_compiling()
+
+
+_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+
+
+def transformed(*tensors: torch.Tensor | None) -> bool:
+    """Whether a tensor is a ``torch.func`` transform's wrapper (``vmap``'s batched tensors,
+    ``grad``'s): it has no storage a native loop could read, so the plain torch operations,
+    which the transforms see through, must compute it. False while tracing (a trace's
+    tensors are fake, never wrapped)."""
+    if _WRAPPED is None or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    return any(t is not None and _WRAPPED(t) for t in tensors)
 
 
 def check_traced(cond: torch.Tensor, message: str) -> None:

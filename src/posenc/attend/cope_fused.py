@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from posenc._base import ContextualEncoding
-from posenc._errors import PosEncError, tracing
+from posenc._errors import PosEncError, tracing, transformed
 from posenc.attend.paths import Call, _widened
 
 __all__ = ["BLOCK_SCORES", "applies", "available", "fused"]
@@ -98,13 +98,6 @@ def available() -> bool:
     return _state
 
 
-def _transformed(t: torch.Tensor) -> bool:
-    """A ``torch.func`` (vmap, grad) wrapper: it has no storage of its own to hand to C."""
-    functorch = getattr(torch._C, "_functorch", None)
-    check = getattr(functorch, "is_functorch_wrapped_tensor", None)
-    return bool(check(t)) if check is not None else False
-
-
 def applies(q: torch.Tensor, enc: Any, dropout_p: float) -> bool:
     """Whether this call of CoPE takes the fused path (see the module docs)."""
     counted = enc.counted_table() if isinstance(enc, ContextualEncoding) else None
@@ -114,7 +107,7 @@ def applies(q: torch.Tensor, enc: Any, dropout_p: float) -> bool:
         and counted[0].device.type == "cpu"
         and not dropout_p
         and not tracing()
-        and not _transformed(q)
+        and not transformed(q)
         and available()
     )
 

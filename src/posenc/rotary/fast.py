@@ -34,9 +34,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from posenc._errors import transformed
 from posenc.rotary.cache import CosSinTable
 from posenc.rotary.kernels import cpu as cpu_kernel
-from posenc.rotary.kernels.backends import cpu_fast_path_ready, transformed
+from posenc.rotary.kernels.backends import cpu_fast_path_ready
 from posenc.rotary.kernels.ops import check_launch
 
 __all__ = ["FastRotation", "fast_forward"]

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from posenc._errors import transformed
 from posenc.rotary.kernels.ops import KERNEL_DTYPES
 
 __all__ = [
@@ -87,19 +88,6 @@ def tracing() -> bool:
     """Under ``torch.compile`` / ``torch.export`` or ``torch.jit.trace``: launch through the
     torch custom ops (which the trace records), never through a direct library call."""
     return torch.compiler.is_compiling() or torch.jit.is_tracing()
-
-
-_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
-
-
-def transformed(*tensors: torch.Tensor | None) -> bool:
-    """Whether a tensor is a ``torch.func`` transform's wrapper (``vmap``'s batched tensors,
-    ``grad``'s): it has no storage a fused launch could read, so the plain path, which
-    the transforms see through, rotates it. False while tracing (a trace's tensors are
-    fake, never wrapped)."""
-    if _WRAPPED is None or tracing():
-        return False
-    return any(t is not None and _WRAPPED(t) for t in tensors)
 
 
 def _assume_constant_result(fn: Any) -> Any:

@@ -14,8 +14,8 @@ from typing import overload
 
 import torch
 
-from posenc._errors import PosEncError, check_choice, check_tensor
-from posenc.rotary.kernels.backends import BACKENDS, select_backend, tracing, transformed
+from posenc._errors import PosEncError, check_choice, check_tensor, transformed
+from posenc.rotary.kernels.backends import BACKENDS, select_backend, tracing
 from posenc.rotary.kernels.ops import KERNEL_DTYPES, launch, rotary_op, rotary_op_
 from posenc.rotary.kernels.plain import (
     apply_rotary_torch,
