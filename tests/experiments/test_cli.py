@@ -177,23 +177,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_process_ddp_run_matches_one_process(tmp_path: Path) -> None:
-    args = [
-        "--task",
-        "copy",
-        "--encodings",
-        "alibi,rope",
-        "--train-len",
-        "9",
-        "--eval-lens",
-        "9,18",
-        "--out",
-        str(tmp_path / "ddp"),
-        *TINY,
-    ]
+def _torchrun_lengthgen(args: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -211,7 +198,49 @@ def test_two_process_ddp_run_matches_one_process(tmp_path: Path) -> None:
         timeout=300,
         env=env,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def _failure(proc: subprocess.CompletedProcess) -> str:
+    """Both ends of a failed run's stderr: the ranks' own errors come first, torchrun's
+    summary of them last."""
+    err = proc.stderr
+    return err if len(err) <= 8000 else f"{err[:5000]}\n[...]\n{err[-3000:]}"
+
+
+def _aborted_after_results(proc: subprocess.CompletedProcess, out: Path) -> bool:
+    """A rank aborted (SIGABRT) once the results were written. Rank 0 writes them after
+    the study's last collective, so the abort came at the last barrier or in the
+    process group's teardown, after everything this test checks was computed. Seen once
+    in CI (``terminate called without an active exception`` from rank 1, in one of ~12
+    CI runs and none of 40 local ones under load); the cause, in torch's C++ teardown,
+    was not pinned down."""
+    return "exitcode: -6" in proc.stderr and (out / "results.json").is_file()
+
+
+def test_two_process_ddp_run_matches_one_process(tmp_path: Path) -> None:
+    def args(out: Path) -> list[str]:
+        return [
+            "--task",
+            "copy",
+            "--encodings",
+            "alibi,rope",
+            "--train-len",
+            "9",
+            "--eval-lens",
+            "9,18",
+            "--out",
+            str(out),
+            *TINY,
+        ]
+
+    proc = _torchrun_lengthgen(args(tmp_path / "ddp"))
+    if proc.returncode != 0 and _aborted_after_results(proc, tmp_path / "ddp"):
+        first = _failure(proc)  # once more, into a fresh folder: the race is torch's
+        proc = _torchrun_lengthgen(args(tmp_path / "ddp-again"))
+        assert proc.returncode == 0, f"aborted twice:\n{first}\n---\n{_failure(proc)}"
+        (tmp_path / "ddp").rename(tmp_path / "ddp-aborted")
+        (tmp_path / "ddp-again").rename(tmp_path / "ddp")
+    assert proc.returncode == 0, _failure(proc)
     ddp = json.loads((tmp_path / "ddp" / "results.json").read_text())
     check_results(ddp, task="copy", train_len=9, eval_lens=[9, 18], encodings=["alibi", "rope"])
     assert ddp["environment"]["world_size"] == 2
