@@ -62,9 +62,12 @@ def test_numpy_integers_are_counts(name):
 
 
 def _same(a, b) -> None:
-    """Equal, floats to 1e-12 (least-squares residuals of 1e-16 vary with threads)."""
+    """Equal, floats to rel 1e-9 or abs 1e-6: quantities at rounding level vary with the
+    order torch sums in (threads, vector width): least-squares residuals of 1e-16, and
+    shift_structure's dot spreads of float32 products, about 1e-8 (one failed a 1e-12
+    bound in a full run, passing alone). The test is about the arguments' types."""
     if isinstance(a, float) and isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-6)
     elif isinstance(a, dict) and isinstance(b, dict):
         assert a.keys() == b.keys()
         for k in a:
