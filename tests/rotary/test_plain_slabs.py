@@ -136,3 +136,49 @@ def test_gradients_of_cos_keep_the_recorded_operations(small_slabs, monkeypatch)
     cos_leaf, sin = torch.rand(4, 4, requires_grad=True), torch.rand(4, 4)
     apply_rotary_torch(x, cos_leaf, sin).sum().backward()
     assert cos_leaf.grad is not None
+
+
+@pytest.mark.parametrize("needs_grad", ["none", "q", "k", "both"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("slabs", [True, False], ids=["slabs", "one-pass"])
+def test_q_and_k_together_equal_each_alone(monkeypatch, slabs, dtype, needs_grad):
+    """``rotate_torch([q, k])`` (the tables shaped once, one autograd node for the tensors
+    that need a gradient) gives each tensor the bits, the gradient and the
+    ``requires_grad`` of its rotation alone."""
+    if slabs:
+        monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
+        monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
+    q, cos, sin = case(dtype, "half", -2, 3, 10, 6)
+    k = q[:, :2].flip(-1).contiguous()  # fewer heads, other values
+    wants = {"q": needs_grad in ("q", "both"), "k": needs_grad in ("k", "both")}
+    leaves = [
+        [t.detach().clone().requires_grad_(wants[n]) for n, t in (("q", q), ("k", k))]
+        for _ in range(2)
+    ]
+    together = plain.rotate_torch(leaves[0], cos, sin)
+    alone = [apply_rotary_torch(t, cos, sin) for t in leaves[1]]
+    for got, want, leaf in zip(together, alone, leaves[0]):
+        assert torch.equal(got, want)
+        assert got.requires_grad == want.requires_grad == leaf.requires_grad
+    if needs_grad == "none":
+        return
+    for outs in (together, alone):
+        sum(
+            (o * torch.linspace(-1, 2, o.shape[-1])).sum() for o in outs if o.requires_grad
+        ).backward()
+    for got, want in zip(leaves[0], leaves[1]):
+        assert (got.grad is None) == (want.grad is None)
+        if got.grad is not None:
+            assert torch.equal(got.grad, want.grad)
+
+
+def test_an_unused_output_gets_no_gradient():
+    """Only q's rotation reaches the loss: k's gradient stays None, as through the
+    operations, not a rotation of zeros."""
+    q, cos, sin = case(torch.float32, "interleaved", -3, None, 8, 8)
+    q_leaf, k_leaf = q.clone().requires_grad_(), q.clone().requires_grad_()
+    q_out, _ = plain.rotate_torch([q_leaf, k_leaf], cos, sin, layout="interleaved", seq_dim=-3)
+    q_out.sum().backward()
+    assert k_leaf.grad is None
+    want = apply_rotary_torch(torch.ones_like(q), cos, -sin, layout="interleaved", seq_dim=-3)
+    assert torch.equal(q_leaf.grad, want)

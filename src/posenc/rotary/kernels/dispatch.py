@@ -18,12 +18,12 @@ from posenc._errors import PosEncError, check_choice, check_tensor, transformed
 from posenc.rotary.kernels.backends import BACKENDS, select_backend, tracing
 from posenc.rotary.kernels.ops import KERNEL_DTYPES, launch, rotary_op, rotary_op_
 from posenc.rotary.kernels.plain import (
-    apply_rotary_torch,
     check_cos_sin,
     check_devices,
     check_inplace_memory,
     check_rotary_dim,
     check_rotary_input,
+    rotate_torch,
 )
 
 __all__ = ["dispatch_rotary", "fused_rotary"]
@@ -102,11 +102,11 @@ def dispatch_rotary(
         if inplace and not torch.compiler.is_compiling():  # the fused launches check their own
             check_inplace_memory([q] if k is None else [q, k])
 
-        def plain(x: torch.Tensor) -> torch.Tensor:
-            out = apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
-            return x.copy_(out) if inplace else out
-
-        return plain(q), None if k is None else plain(k)
+        xs = [q] if k is None else [q, k]
+        outs = rotate_torch(xs, cos, sin, layout=layout, seq_dim=seq_dim)  # tables once
+        if inplace:
+            outs = [x.copy_(out) for x, out in zip(xs, outs)]
+        return outs[0], None if k is None else outs[1]
     return _fused(q, k, cos, sin, layout == "interleaved", seq_dim, inplace, backend)
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._functorch.utils import unwrap_dead_wrappers
 
 from posenc._errors import PosEncError, check_choice, check_int, check_tensor
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS
@@ -32,6 +33,7 @@ __all__ = [
     "check_rotary_dim",
     "check_rotary_input",
     "memory_range",
+    "rotate_torch",
 ]
 
 
@@ -196,40 +198,108 @@ def apply_rotary_torch(
     Every element is ``x[a] * cos + x[b] * (-sin)`` / ``x[b] * cos + x[a] * sin`` with each
     product rounded in float32 (float64 for float64) and one rounding to x's dtype, which
     are exactly the bits of ``x[a] * cos - x[b] * sin`` / ``x[b] * cos + x[a] * sin`` the
-    fused kernels compute. As few passes as that allows:
+    fused kernels compute. :func:`rotate_torch` of ``[x]``: see there for the passes.
+    """
+    return rotate_torch([x], cos, sin, layout=layout, seq_dim=seq_dim)[0]
 
-    - outside autograd, x widened to float32 (exact), a swap of the pairs, two products
-      by the tables widened to the rotary dim, a sum in place and the rounding; large CPU
-      tensors go slab by slab through reused float32 buffers (:func:`_rotate_in_slabs`),
-      the temporaries in cache instead of tensors of x's size;
-    - with autograd (x needs a gradient, cos and sin do not), the same forward, and as
-      backward the same rotation by minus the angles (:class:`_Rotation`: a rotation's
-      Jacobian is its transpose), each gradient element rounded once as autograd through
-      the float32 operations would;
+
+def rotate_torch(
+    xs: Sequence[torch.Tensor],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    *,
+    layout: str = "half",
+    seq_dim: int = -2,
+) -> list[torch.Tensor]:
+    """:func:`apply_rotary_torch` of each of ``xs`` (q and k, of one dtype), the tables
+    shaped once for all of them. As few passes and torch calls as exactness allows:
+
+    - outside autograd (:func:`_rotate_untracked`), x widened to float32 (exact; none
+      for float32), its products by cos and by its partners' signed sin (tables of the
+      rotary dim's width, shared by q and k: contiguous rows), each product plus its
+      partner's in place (two half-width additions: no swapped copy of x) and the one
+      rounding; large CPU tensors go slab by slab through reused float32 buffers
+      (:func:`_rotate_in_slabs`), the temporaries in cache instead of tensors of x's size.
+      At a decoding step every torch call counts (6-15 µs each), so this is eight calls
+      a tensor where transformers makes seven;
+    - with autograd (x needs a gradient, cos and sin do not), the same forward for every
+      x that needs one in one :class:`_Rotation`, whose backward is the same rotation by
+      minus the angles (a rotation's Jacobian is its transpose), each gradient element
+      rounded once as autograd through the float32 operations would;
     - where cos or sin need gradients, or under ``torch.compile`` / tracing, the
-      operations themselves, x widened once so that autograd sums each gradient in
-      float32 before its one rounding.
+      operations themselves (:func:`_rotate`), x widened once so that autograd sums each
+      gradient in float32 before its one rounding.
     """
     tracing_now = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    if torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad):
-        if tracing_now or cos.requires_grad or sin.requires_grad:
-            return _rotate(x, cos, sin, layout, seq_dim, recorded=True)
-        return _Rotation.apply(x, cos, sin, layout, seq_dim)
-    return _rotate_untracked(x, cos, sin, layout, seq_dim, tracing_now)
+    grad = torch.is_grad_enabled()
+    if tracing_now or (grad and (cos.requires_grad or sin.requires_grad)):
+        return [_rotate(x, cos, sin, layout, seq_dim, recorded=True) for x in xs]
+    compute = torch.promote_types(xs[0].dtype, torch.float32)
+    tables = _pair_tables(cos, sin, layout, seq_dim, compute)
+    if not (grad and any(x.requires_grad for x in xs)):
+        return [_rotate_untracked(x, tables, layout) for x in xs]
+    tracked = [x for x in xs if x.requires_grad]
+    rotated = iter(_Rotation.apply(tables[0], tables[1], layout, *tracked))
+    return [next(rotated) if x.requires_grad else _rotate_untracked(x, tables, layout) for x in xs]
+
+
+def _pair_tables(
+    cos: torch.Tensor, sin: torch.Tensor, layout: str, seq_dim: int, compute: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and the partners' signed sin per channel of the rotary dim, in ``compute``,
+    shaped to broadcast against x (``[s, r]`` or ``[b, 1, s, r]`` for ``seq_dim=-2``,
+    ``[s, 1, r]`` or ``[b, s, 1, r]`` for ``seq_dim=-3``): the channel's cos, and the sin
+    its partner's product needs (``sin`` at the first of a pair, whose product is the
+    second's term ``+x[a] sin``; ``-sin`` at the second, the first's term ``-x[b] sin``).
+    Full rows, so that the products run over contiguous memory."""
+    c = cos if cos.dtype == compute else cos.to(compute)
+    s = sin if sin.dtype == compute else sin.to(compute)
+    if layout == "half":
+        cc, ss = torch.cat([c, c], dim=-1), torch.cat([s, -s], dim=-1)
+    else:
+        cc, ss = torch.stack([c, c], dim=-1).flatten(-2), torch.stack([s, -s], dim=-1).flatten(-2)
+    if seq_dim == -3:
+        return cc.unsqueeze(-2), ss.unsqueeze(-2)
+    if cc.ndim == 3:
+        return cc.unsqueeze(1), ss.unsqueeze(1)
+    return cc, ss
+
+
+def _add_partners(a: torch.Tensor, t: torch.Tensor, layout: str) -> None:
+    """``a += swap(t)`` over the pairs, in place: each channel's product by cos plus its
+    partner's product by the signed sin, one rounding each."""
+    if layout == "half":
+        a0, a1 = a.chunk(2, -1)
+        t0, t1 = t.chunk(2, -1)
+    else:
+        a0, a1 = a.unflatten(-1, (-1, 2)).unbind(-1)
+        t0, t1 = t.unflatten(-1, (-1, 2)).unbind(-1)
+    a0.add_(t1)
+    a1.add_(t0)
 
 
 def _rotate_untracked(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str,
-    seq_dim: int,
-    tracing_now: bool,
+    x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], layout: str
 ) -> torch.Tensor:
-    """The rotation outside autograd: in slabs for large CPU tensors (not while tracing)."""
-    if x.is_cpu and x.numel() >= _SLAB_MIN_ELEMENTS and not tracing_now:
-        return _rotate_in_slabs(x, cos, sin, layout=layout, seq_dim=seq_dim)
-    return _rotate(x, cos, sin, layout, seq_dim, recorded=tracing_now)
+    """The rotation outside autograd with the shaped tables: in slabs for large CPU
+    tensors (:func:`_rotate_in_slabs`), else in five passes: x widened (none for
+    float32), its products by cos and by the signed sin, each product plus its
+    partner's in place, the one rounding to x's dtype."""
+    if x.numel() >= _SLAB_MIN_ELEMENTS and x.is_cpu:
+        return _rotate_in_slabs(x, tables, layout)
+    c, signed_sin = tables
+    rotary_dim = c.shape[-1]
+    partial = rotary_dim < x.shape[-1]
+    x_rot = x[..., :rotary_dim] if partial else x
+    xf = x_rot if x_rot.dtype == c.dtype else x_rot.to(c.dtype)  # exact: 16 bits fit in 32
+    rotated = xf * c
+    _add_partners(rotated, xf * signed_sin, layout)
+    if not partial:
+        return rotated.to(x.dtype)  # the one rounding to x's dtype
+    out = torch.empty_like(x)
+    out[..., :rotary_dim] = rotated
+    out[..., rotary_dim:] = x[..., rotary_dim:]
+    return out
 
 
 def _widened(
@@ -279,27 +349,40 @@ def _rotate(
 
 
 class _Rotation(torch.autograd.Function):
-    """The plain rotation with autograd: forward as outside autograd, backward the
-    rotation of the gradient by minus the angles (itself a ``_Rotation``: twice
-    differentiable)."""
+    """The plain rotation of one or more tensors with autograd: forward as outside
+    autograd, backward the rotation of each gradient by minus the angles (itself a
+    ``_Rotation``: twice differentiable). Takes the shaped tables of :func:`_pair_tables`;
+    minus the angles is the signed sin negated."""
 
     generate_vmap_rule = True
 
+    @classmethod
+    def apply(cls, *args: Any) -> Any:  # type: ignore[override]
+        """``Function.apply`` less its per-call ``inspect.signature`` binding (35 of the 50
+        µs a call costs it here; every argument is positional and none has a default, so
+        the binding changes nothing); under a functorch transform (vmap, grad, jvp)
+        ``Function.apply`` itself."""
+        if torch._C._are_functorch_transforms_active():
+            return super().apply(*args)
+        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
+
     @staticmethod
-    def forward(x, cos, sin, layout, seq_dim):  # type: ignore[override]
-        return _rotate_untracked(x, cos, sin, layout, seq_dim, False)
+    def forward(c, signed_sin, layout, *xs):  # type: ignore[override]
+        return tuple(_rotate_untracked(x, (c, signed_sin), layout) for x in xs)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
-        _, cos, sin, layout, seq_dim = inputs
-        ctx.save_for_backward(cos, sin)
-        ctx.options = (layout, seq_dim)
+        c, signed_sin, layout = inputs[:3]
+        ctx.save_for_backward(c, signed_sin)
+        ctx.layout = layout
+        ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        cos, sin = ctx.saved_tensors
-        layout, seq_dim = ctx.options
-        return _Rotation.apply(grad, cos, -sin, layout, seq_dim), None, None, None, None
+    def backward(ctx, *grads):  # type: ignore[override]
+        c, signed_sin = ctx.saved_tensors
+        given = [g for g in grads if g is not None]
+        rotated = iter(_Rotation.apply(c, -signed_sin, ctx.layout, *given) if given else ())
+        return (None, None, None, *(None if g is None else next(rotated) for g in grads))
 
 
 # Elements of x per slab (its float32 temporaries: 1 MiB each), and the size from which
@@ -309,32 +392,29 @@ _SLAB_MIN_ELEMENTS = 1 << 17
 
 
 def _rotate_in_slabs(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, layout: str, seq_dim: int
+    x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor], layout: str
 ) -> torch.Tensor:
-    """:func:`apply_rotary_torch` without autograd: x is cut along its two outer dimensions
-    into slabs of about ``_SLAB_ELEMENTS``; each slab's products go into two float32 buffers
-    reused for every slab, and its results are rounded straight into the output. A 16-bit
-    slab is widened into a third buffer first: one vectorized conversion, where products
-    of a bf16 and a float32 tensor take torch's elementwise mixed-dtype loop (ten times
-    slower on the CPU)."""
-    half = cos.shape[-1]
-    rotary_dim = 2 * half
-    compute = torch.promote_types(x.dtype, torch.float32)
-    if cos.ndim == 2:
-        cos, sin = cos[None], sin[None]  # [1, s, r/2]
-    head_axis = 1 if seq_dim == -2 else 2
-    c = cos.unsqueeze(head_axis).to(compute)  # [b|1, 1, s, r/2] or [b|1, s, 1, r/2]
-    s = sin.unsqueeze(head_axis).to(compute)
+    """:func:`_rotate_untracked`'s passes cut along x's two outer dimensions into slabs of about
+    ``_SLAB_ELEMENTS``: each slab's products go into two float32 buffers reused for every
+    slab (in cache, where tensors of x's size would not be), and its sums are rounded
+    straight into the output. A 16-bit slab is widened into a third buffer first: one
+    vectorized conversion, where products of a bf16 and a float32 tensor take torch's
+    elementwise mixed-dtype loop (ten times slower on the CPU at these sizes)."""
+    c, signed_sin = tables
+    while c.ndim < 4:  # [b|1, 1, s, r] or [b|1, s, 1, r]: one row of tables per batch entry
+        c, signed_sin = c[None], signed_sin[None]
+    rotary_dim, compute = c.shape[-1], c.dtype
     out = torch.empty_like(x)
     if rotary_dim < x.shape[-1]:
         out[..., rotary_dim:] = x[..., rotary_dim:]
     b, n1, n2, _ = x.shape
-    step = max(1, min(n1, _SLAB_ELEMENTS // max(1, n2 * half)))  # of dim 1 per slab
-    buf_a = torch.empty((step, n2, half), dtype=compute)
-    buf_b = torch.empty_like(buf_a)
+    step = max(1, min(n1, _SLAB_ELEMENTS // max(1, n2 * rotary_dim)))  # of dim 1 per slab
+    buf_a = torch.empty((step, n2, rotary_dim), dtype=compute)
+    buf_t = torch.empty_like(buf_a)
     buf_x = None if x.dtype == compute else torch.empty((step, n2, rotary_dim), dtype=compute)
     for i in range(b):
-        ci, si = c[i if c.shape[0] > 1 else 0], s[i if s.shape[0] > 1 else 0]
+        ci = c[i if c.shape[0] > 1 else 0]
+        si = signed_sin[i if signed_sin.shape[0] > 1 else 0]
         for j in range(0, n1, step):
             m = min(step, n1 - j)
             xs, ys = x[i, j : j + m, :, :rotary_dim], out[i, j : j + m, :, :rotary_dim]
@@ -342,15 +422,9 @@ def _rotate_in_slabs(
                 xs = buf_x[:m].copy_(xs)  # exact: every 16-bit value is a float32 one
             cj = ci if ci.shape[0] == 1 else ci[j : j + m]  # over heads, or a run of tokens
             sj = si if si.shape[0] == 1 else si[j : j + m]
-            if layout == "half":
-                x1, x2, y1, y2 = xs[..., :half], xs[..., half:], ys[..., :half], ys[..., half:]
-            else:
-                x1, x2, y1, y2 = xs[..., 0::2], xs[..., 1::2], ys[..., 0::2], ys[..., 1::2]
-            a, t = buf_a[:m], buf_b[:m]
-            torch.mul(x1, cj, out=a)
-            torch.mul(x2, sj, out=t)
-            y1.copy_(a.sub_(t))  # x1 c - x2 s, rounded once to x's dtype
-            torch.mul(x2, cj, out=a)
-            torch.mul(x1, sj, out=t)
-            y2.copy_(a.add_(t))  # x2 c + x1 s
+            a, t = buf_a[:m], buf_t[:m]
+            torch.mul(xs, cj, out=a)
+            torch.mul(xs, sj, out=t)
+            _add_partners(a, t, layout)
+            ys.copy_(a)  # rounded once to x's dtype
     return out
