@@ -172,3 +172,21 @@ def test_cos_sin_in_16_bits_rounds_the_float64_values_once(dtype):
     cos, sin = rope.cos_sin(positions, dtype=dtype)
     want_cos, want_sin = rope.cos_sin(positions, dtype=torch.float64)
     assert torch.equal(cos, want_cos.to(dtype)) and torch.equal(sin, want_sin.to(dtype))
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [torch.tensor([3, -1, 2]), torch.tensor([[0, 5000]]), torch.tensor([7, 1])],
+    ids=["negative", "past-the-rows", "held"],
+)
+def test_a_table_already_built_serves_what_it_holds_and_nothing_else(positions):
+    """Once a table exists the gather's own bounds check decides: a negative position is
+    computed (nothing grows), one past the rows grows the table, held rows are gathered."""
+    rope = posenc.RotaryEmbedding(16)
+    rope.cos_sin(torch.arange(4))  # builds the table
+    rows = rope.cos_sin_table.rows[torch.float32]
+    cos, sin = rope.cos_sin(positions)
+    want_cos, want_sin = computed(rope, positions, torch.float32)
+    assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+    grown = rope.cos_sin_table.rows[torch.float32]
+    assert grown == (8192 if int(positions.max()) >= rows else rows)

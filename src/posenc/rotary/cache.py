@@ -102,11 +102,17 @@ class CosSinTable:
             or torch.jit.is_tracing()
         ):
             return None
+        table = self._tables.get(dtype)
+        if table is not None:  # embedding checks every index is a row: no pass of our own
+            try:
+                cos, sin = torch.nn.functional.embedding(positions, table).chunk(2, dim=-1)
+                return cos, sin
+            except IndexError:  # negative, or past the table: decided below
+                pass
         lo, hi = torch.aminmax(positions)
         low, high = int(lo), int(hi)
         if low < 0:
             return None
-        table = self._tables.get(dtype)
         if table is None or high >= table.shape[0]:
             table = self._grow(dtype, high + 1)
             if table is None:
