@@ -145,11 +145,14 @@ def test_xpos_and_position_dependent_scalings_take_the_general_path():
     assert not served(posenc.RotaryEmbedding(16, scaling=dynamic), q, k)
 
 
-def test_fused_path_off_takes_the_general_path():
+def test_fused_path_off_is_served_on_the_plain_path():
+    """With the fused path off no fused plan is made: the call shape's plan is the plain
+    route's (tests/rotary/test_fast_plain.py)."""
     rope = posenc.RotaryEmbedding(16)
     q, k = tensors(torch.float32, -2)
     kernels.enable_cpu_fast_path(False)
-    assert not served(rope, q, k)
+    assert served(rope, q, k)
+    assert rope._fast.plans == {} and list(rope._fast.plain_plans.values()) == [True]
 
 
 def test_bad_input_still_raises_the_general_message():

@@ -22,6 +22,10 @@ What a call costs is what its shape has not already paid:
   writes nothing and answers 1: the call then takes the general path, which grows the
   table (or computes past its cap).
 
+With the fused path off (``POSENC_CPU_FAST_PATH=0``, no compiler) the same call shapes
+are served on the plain path (:func:`_plain_forward`): checked once per shape, then the
+table's rows and :func:`posenc.rotary.kernels.plain.rotate_torch`, autograd included.
+
 What a module hands it is a :class:`FastRotation`, built once at construction from the
 module's public attributes (``cos_sin_table``, ``head_dim``, ``layout``); a module whose
 rotation is not the table's (xPos, M-RoPE, position-dependent scalings) has none.
@@ -37,8 +41,9 @@ import torch
 from posenc._errors import transformed
 from posenc.rotary.cache import CosSinTable
 from posenc.rotary.kernels import cpu as cpu_kernel
-from posenc.rotary.kernels.backends import cpu_fast_path_ready
+from posenc.rotary.kernels.backends import cpu_fast_path_off, cpu_fast_path_ready
 from posenc.rotary.kernels.ops import check_launch
+from posenc.rotary.kernels.plain import rotate_torch
 
 __all__ = ["FastRotation", "fast_forward"]
 
@@ -57,12 +62,15 @@ class FastRotation(NamedTuple):
         interleaved: the module's ``layout == "interleaved"``.
         plans: the call shapes seen, each with its :class:`_Plan` (or ``False``: not
             served); filled by :func:`fast_forward`.
+        plain_plans: the call shapes seen with the fused path off, each ``True`` (served
+            on the plain path) or ``False``; filled by :func:`fast_forward`.
     """
 
     table: CosSinTable
     head_dim: int
     interleaved: bool
     plans: dict
+    plain_plans: dict
 
 
 class _Plan(NamedTuple):
@@ -84,8 +92,10 @@ def fast_forward(
     module docstring)."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
         return None  # first: a trace reads no state here (no guard on the CPU switch)
-    if not cpu_fast_path_ready() or type(q) is not torch.Tensor or type(k) is not torch.Tensor:
+    if type(q) is not torch.Tensor or type(k) is not torch.Tensor:
         return None
+    if not cpu_fast_path_ready():
+        return _plain_forward(rotation, q, k, positions, seq_dim) if cpu_fast_path_off() else None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return None
     if transformed(q, k, positions):
@@ -124,6 +134,47 @@ def fast_forward(
         args[13] = positions.data_ptr()
     if cpu_kernel.table_entry()(args.buffer_info()[0]) != 0:
         return None  # a position outside the table: the general path grows it or computes
+    return q_out, k_out
+
+
+def _plain_forward(
+    rotation: FastRotation,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor | None,
+    seq_dim: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The common call with the fused path off: a call shape the fused path would serve
+    (:func:`_common`, :func:`_positions_layout`: the general path's checks all pass) is
+    remembered as such, and its later calls go straight to the table's rows and
+    :func:`~posenc.rotary.kernels.plain.rotate_torch`, as the general path would send them
+    (autograd included), without its checks, position rules and dispatch (at a decoding
+    step they cost as much as the rotation)."""
+    if transformed(q, k, positions):
+        return None  # vmap / grad: the general path, with its messages
+    try:
+        key = _key(q, k, positions, seq_dim)
+    except (RuntimeError, NotImplementedError):  # no strides (sparse, nested tensors)
+        return None
+    if key is None:
+        return None
+    plans = rotation.plain_plans
+    axis = 2 if seq_dim == -2 else 1
+    serve = plans.get(key, None)
+    if serve is None:
+        serve = _common(q, k, seq_dim, rotation.head_dim) and (
+            _positions_layout(positions, q.shape[0], q.shape[axis]) is not _NOT_SERVED
+        )
+        if len(plans) >= _PLANS_MAX:
+            plans.clear()
+        plans[key] = serve
+    if not serve:
+        return None
+    rows = _rows(rotation.table, positions, q.shape[0], q.shape[axis])
+    if rows is None:
+        return None  # negative, or past the table's cap: the general path computes them
+    layout = "interleaved" if rotation.interleaved else "half"
+    q_out, k_out = rotate_torch([q, k], rows[0], rows[1], layout=layout, seq_dim=seq_dim)
     return q_out, k_out
 
 

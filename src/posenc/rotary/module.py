@@ -211,7 +211,7 @@ class RotaryEmbedding(RotaryEncoding):
         # forward's fast path serves rotations computed here (not a subclass's own, xPos')
         own = type(self).rotation_at is RotaryEmbedding.rotation_at
         self._fast = (
-            FastRotation(self._table, self._head_dim, layout == "interleaved", {})
+            FastRotation(self._table, self._head_dim, layout == "interleaved", {}, {})
             if own and self._table is not None
             else None
         )

@@ -145,6 +145,13 @@ def cpu_fast_path_ready() -> bool:
     return _cpu_on is True
 
 
+def cpu_fast_path_off() -> bool:
+    """Whether the fused CPU path is decided and off (``POSENC_CPU_FAST_PATH=0``, no
+    compiler, or switched off), without deciding it: where
+    :func:`posenc.rotary.fast.fast_forward` serves the common call on the plain path."""
+    return _cpu_on is False
+
+
 def select_backend(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> str:
     """The backend ``fused_rotary(..., backend="auto")`` uses for these tensors:
     ``"triton"`` (CUDA, triton installed), ``"cpu"`` (CPU with the fast path enabled) or

@@ -364,7 +364,8 @@ class _Rotation(torch.autograd.Function):
         ``Function.apply`` itself."""
         if torch._C._are_functorch_transforms_active():
             return super().apply(*args)
-        return super(torch.autograd.Function, cls).apply(*unwrap_dead_wrappers(args))
+        base = super(torch.autograd.Function, cls)  # torch._C._FunctionBase: the C++ apply
+        return base.apply(*unwrap_dead_wrappers(args))  # type: ignore[attr-defined]
 
     @staticmethod
     def forward(c, signed_sin, layout, *xs):  # type: ignore[override]

@@ -1,0 +1,171 @@
+"""RotaryEmbedding.forward's common call with the fused CPU path off
+(``posenc.rotary.fast._plain_forward``): checked once per call shape, then the table's rows
+and the plain rotation. The same bits and gradients as the general path on every call it
+serves, every other call left to the general path (and its messages). Needs no compiler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.rotary import fast
+from posenc.rotary import module as rotary_module
+from posenc.rotary.kernels import backends
+
+
+@pytest.fixture(autouse=True)
+def fused_path_off():
+    previous = backends._cpu_on
+    backends._cpu_on = False
+    yield
+    backends._cpu_on = previous
+
+
+def general(rope, *args, **kwargs):
+    """The call through the general path (the fast one switched off)."""
+    saved = rotary_module.fast_forward
+    rotary_module.fast_forward = lambda *a, **kw: None
+    try:
+        return rope(*args, **kwargs)
+    finally:
+        rotary_module.fast_forward = saved
+
+
+def served(rope, q, k, positions=None, seq_dim=-2):
+    plan = rope._fast
+    return plan is not None and fast.fast_forward(plan, q, k, positions, seq_dim) is not None
+
+
+def tensors(dtype, seq_dim, b=3, hq=4, hk=2, s=5, d=16, view="contiguous"):
+    gen = torch.Generator().manual_seed(s + d)
+    shape_q = (b, hq, s, d) if seq_dim == -2 else (b, s, hq, d)
+    shape_k = (b, hk, s, d) if seq_dim == -2 else (b, s, hk, d)
+    q = torch.randn(*shape_q, generator=gen, dtype=torch.float64).to(dtype)
+    k = torch.randn(*shape_k, generator=gen, dtype=torch.float64).to(dtype)
+    if view == "transposed":  # the other memory order, same logical shape
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+        k = k.transpose(1, 2).contiguous().transpose(1, 2)
+    return q, k
+
+
+POSITIONS = {
+    "none": lambda: None,
+    "s": lambda: torch.tensor([4, 0, 9, 70000, 3]),
+    "bs": lambda: torch.randint(0, 5000, (3, 5), generator=torch.Generator().manual_seed(1)),
+    "1s": lambda: torch.tensor([[1, 2, 3, 4, 5]]),
+    "int32": lambda: torch.tensor([7, 8, 9, 10, 11], dtype=torch.int32),
+    "expanded-batch": lambda: torch.arange(5).expand(3, 5),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+@pytest.mark.parametrize("pos", list(POSITIONS))
+@pytest.mark.parametrize("rotary_dim", [16, 10], ids=["full", "partial"])
+@pytest.mark.parametrize("view", ["contiguous", "transposed"])
+def test_plain_route_equals_general(dtype, layout, seq_dim, pos, rotary_dim, view):
+    rope = posenc.RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim)
+    q, k = tensors(dtype, seq_dim, view=view)
+    positions = POSITIONS[pos]()
+    with torch.no_grad():
+        assert served(rope, q, k, positions, seq_dim)
+        out = rope(q, k, positions, seq_dim=seq_dim)
+        want = general(rope, q, k, positions, seq_dim=seq_dim)
+    for a, b in zip(out, want):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert list(rope._fast.plain_plans.values()) == [True]
+
+
+@pytest.mark.parametrize("needs_grad", ["q", "k", "both"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_plain_route_gradients_equal_general(dtype, needs_grad):
+    rope = posenc.RotaryEmbedding(16)
+    positions = torch.tensor([3, 1, 4, 1, 5])
+    leaves = []
+    for _ in range(2):
+        q, k = tensors(dtype, -2)
+        leaves.append((q.requires_grad_(needs_grad != "k"), k.requires_grad_(needs_grad != "q")))
+    weights = torch.linspace(-1, 2, 16)
+    for (q, k), call in zip(leaves, (rope, lambda *a: general(rope, *a))):
+        q_out, k_out = call(q, k, positions)
+        assert q_out.requires_grad == q.requires_grad and k_out.requires_grad == k.requires_grad
+        ((q_out.float() * weights).sum() + (k_out.float() * weights).square().sum()).backward()
+    for got, want in zip(leaves[0], leaves[1]):
+        assert (got.grad is None) == (want.grad is None)
+        if got.grad is not None:
+            assert torch.equal(got.grad, want.grad)
+
+
+NOT_SERVED = {
+    "float64": lambda: tensors(torch.float64, -2),
+    "mixed-dtypes": lambda: (tensors(torch.float32, -2)[0], tensors(torch.bfloat16, -2)[1]),
+    "q-k-lengths-differ": lambda: (
+        tensors(torch.float32, -2)[0][:, :, :2],
+        tensors(torch.float32, -2)[1],
+    ),
+    "batch-differs": lambda: (tensors(torch.float32, -2)[0][:2], tensors(torch.float32, -2)[1]),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_SERVED))
+def test_other_tensors_take_the_general_path(case):
+    rope = posenc.RotaryEmbedding(16)
+    q, k = NOT_SERVED[case]()
+    assert not served(rope, q, k)
+
+
+@pytest.mark.parametrize(
+    "positions",
+    [
+        torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0]),
+        torch.tensor([-1, 0, 1, 2, 3]),
+        torch.tensor([1 << 40, 0, 1, 2, 3]),
+        torch.arange(4),
+        torch.zeros(2, 5, dtype=torch.int64),
+        torch.tensor([1, 2, 3, 4, 5], dtype=torch.int16),
+    ],
+    ids=["float", "negative", "past-cap", "length", "batch", "int16"],
+)
+def test_other_positions_take_the_general_path_with_its_bits(positions):
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    assert not served(rope, q, k, positions)
+    if positions.shape[-1] == 5 and positions.ndim == 1:  # valid: computed, same bits
+        with torch.no_grad():
+            got, want = rope(q, k, positions), general(rope, q, k, positions)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_bad_input_still_raises_the_general_message():
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    rope(q, k, torch.arange(5))  # a plan for this shape of q and k
+    with pytest.raises(posenc.PosEncError, match="q_positions must have length 5"):
+        rope(q, k, torch.arange(4))
+
+
+def test_a_decoding_loop_crosses_the_table_end_with_the_general_bits():
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.bfloat16, -2, s=1)
+    rows = None
+    for step in (0, 1, 4095, 4096, 5000):
+        positions = torch.full((3, 1), step)
+        with torch.no_grad():
+            got, want = rope(q, k, positions), general(rope, q, k, positions)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        rows = rope.cos_sin_table.rows[torch.float32]
+    assert rows == 8192 and len(rope._fast.plain_plans) == 1
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_vmap_and_tracing_take_the_general_path():
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    qs, ks = torch.func.vmap(lambda q, k: rope(q, k))(q[None], k[None])
+    want = general(rope, q, k)
+    assert torch.equal(qs[0], want[0]) and torch.equal(ks[0], want[1])
+    traced = torch.jit.trace(lambda q, k: rope(q, k), (q, k), check_trace=False)
+    assert all(torch.equal(a, b) for a, b in zip(traced(q, k), want))
+    assert rope._fast.plain_plans == {}
