@@ -141,24 +141,27 @@ def test_gradients_of_cos_keep_the_recorded_operations(small_slabs, monkeypatch)
 @pytest.mark.parametrize("needs_grad", ["none", "q", "k", "both"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("slabs", [True, False], ids=["slabs", "one-pass"])
-def test_q_and_k_together_equal_each_alone(monkeypatch, slabs, dtype, needs_grad):
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+@pytest.mark.parametrize("d,r", [(8, 8), (10, 6)], ids=["full", "partial"])
+def test_q_and_k_together_equal_each_alone(monkeypatch, slabs, dtype, needs_grad, seq_dim, d, r):
     """``rotate_torch([q, k])`` (the tables shaped once, one autograd node for the tensors
-    that need a gradient) gives each tensor the bits, the gradient and the
+    that need a gradient) gives each tensor the bits, the layout, the gradient and the
     ``requires_grad`` of its rotation alone."""
     if slabs:
         monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
         monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
-    q, cos, sin = case(dtype, "half", -2, 3, 10, 6)
-    k = q[:, :2].flip(-1).contiguous()  # fewer heads, other values
+    q, cos, sin = case(dtype, "half", seq_dim, 3, d, r)
+    heads = (slice(None), slice(0, 2)) if seq_dim == -2 else (slice(None), slice(None), slice(0, 2))
+    k = q[heads].flip(-1).contiguous()  # fewer heads, other values
     wants = {"q": needs_grad in ("q", "both"), "k": needs_grad in ("k", "both")}
     leaves = [
         [t.detach().clone().requires_grad_(wants[n]) for n, t in (("q", q), ("k", k))]
         for _ in range(2)
     ]
-    together = plain.rotate_torch(leaves[0], cos, sin)
-    alone = [apply_rotary_torch(t, cos, sin) for t in leaves[1]]
+    together = plain.rotate_torch(leaves[0], cos, sin, seq_dim=seq_dim)
+    alone = [apply_rotary_torch(t, cos, sin, seq_dim=seq_dim) for t in leaves[1]]
     for got, want, leaf in zip(together, alone, leaves[0]):
-        assert torch.equal(got, want)
+        assert torch.equal(got, want) and got.stride() == want.stride()
         assert got.requires_grad == want.requires_grad == leaf.requires_grad
     if needs_grad == "none":
         return
