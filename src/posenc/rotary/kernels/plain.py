@@ -291,9 +291,13 @@ def _rotate_untracked(
     rotary_dim = c.shape[-1]
     partial = rotary_dim < x.shape[-1]
     x_rot = x[..., :rotary_dim] if partial else x
-    xf = x_rot if x_rot.dtype == c.dtype else x_rot.to(c.dtype)  # exact: 16 bits fit in 32
-    rotated = xf * c
-    _add_partners(rotated, xf * signed_sin, layout)
+    if x_rot.dtype == c.dtype:
+        rotated = x_rot * c
+        _add_partners(rotated, x_rot * signed_sin, layout)
+    else:  # widened (exact: 16 bits fit in 32) into a tensor of our own, used in place
+        rotated = x_rot.to(c.dtype)
+        partners = rotated * signed_sin
+        _add_partners(rotated.mul_(c), partners, layout)
     if not partial:
         return rotated.to(x.dtype)  # the one rounding to x's dtype
     out = torch.empty_like(x)
@@ -382,7 +386,11 @@ class _Rotation(torch.autograd.Function):
     def backward(ctx, *grads):  # type: ignore[override]
         c, signed_sin = ctx.saved_tensors
         given = [g for g in grads if g is not None]
-        rotated = iter(_Rotation.apply(c, -signed_sin, ctx.layout, *given) if given else ())
+        back = (c, -signed_sin)  # minus the angles
+        if not torch.is_grad_enabled():  # no double backward asked: no node to record
+            rotated = iter([_rotate_untracked(g, back, ctx.layout) for g in given])
+        else:
+            rotated = iter(_Rotation.apply(*back, ctx.layout, *given) if given else ())
         return (None, None, None, *(None if g is None else next(rotated) for g in grads))
 
 
