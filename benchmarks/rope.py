@@ -19,8 +19,10 @@ rotated at explicit positions (cos/sin computed inside the call, as a model does
   transformers' cos/sin;
 - ``copy``: ``q.clone(), k.clone()``, the floor: one read and one write of q and k.
 
-Peers are timed round-robin (one call of each, repeated), so load on the machine hits
-them alike; each cell is the median (``--repeats`` calls, ten times as many for calls
+Peers are timed round-robin (one call of each, repeated, each round starting one peer
+later, so that no peer always runs after the one whose freed memory it faults back in), so
+load on the machine hits them alike, with Python's garbage collector off while timing (as
+``timeit`` has it); each cell is the median (``--repeats`` calls, ten times as many for calls
 under 10 MB). ``GB/s`` counts the least bytes a call must move:
 q and k read once and written once (twice that for fwdbwd). ``%copy`` is that rate over
 the copy's rate in the same run (``x copy``: the time over the time to copy as many
@@ -35,8 +37,8 @@ tensors advised to transparent huge pages as posenc's CPU kernel advises its out
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
+import gc
 import importlib.util
 import json
 import os
@@ -69,18 +71,25 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # --- peers ----------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _fast_path(on: bool, device: str):
-    """posenc's fast path on or off (CPU loop or Triton, by device)."""
-    previous = (backends._cpu_on, backends._triton_on)
-    if device == "cpu":
-        backends._cpu_on = on
-    else:
-        backends._triton_on = on and importlib.util.find_spec("triton") is not None
-    try:
-        yield
-    finally:
-        backends._cpu_on, backends._triton_on = previous
+class _FastPath:
+    """posenc's fast path on or off (CPU loop or Triton, by device) inside a ``with``
+    block: made once per peer, a class rather than a generator, so that entering it costs
+    well under a microsecond beside calls of tens of microseconds at decode."""
+
+    def __init__(self, on: bool, device: str):
+        self.device = device
+        self.on = on if device == "cpu" else on and importlib.util.find_spec("triton") is not None
+        self.previous = (backends._cpu_on, backends._triton_on)
+
+    def __enter__(self) -> None:
+        self.previous = (backends._cpu_on, backends._triton_on)
+        if self.device == "cpu":
+            backends._cpu_on = self.on
+        else:
+            backends._triton_on = self.on
+
+    def __exit__(self, *exc: object) -> None:
+        backends._cpu_on, backends._triton_on = self.previous
 
 
 def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callable[..., Any]]:
@@ -89,13 +98,14 @@ def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callabl
     rope = posenc.RotaryEmbedding(d)
     positions = torch.arange(s, device=device)  # explicit positions, [s]
     peers: dict[str, Callable[..., Any]] = {}
+    fast_on, fast_off = _FastPath(True, device), _FastPath(False, device)
 
     def fused(q, k):
-        with _fast_path(True, device):
+        with fast_on:
             return rope(q, k, positions)
 
     def plain(q, k):
-        with _fast_path(False, device):
+        with fast_off:
             return rope(q, k, positions)
 
     def plain_path(q, k):  # the plain path written out, for torch.compile
@@ -105,7 +115,7 @@ def make_peers(size, dtype, device, *, compile_plain: bool) -> dict[str, Callabl
     cos, sin = rope.cos_sin(positions)
 
     def kernel(q, k):
-        with _fast_path(True, device):
+        with fast_on:
             return fused_rotary(q, k, cos, sin)
 
     peers["posenc fused"] = fused
@@ -259,11 +269,17 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
                 call(fn)
         times: dict[str, list[float]] = {peer: [] for peer in active}
         repeats = args.repeats * (10 if fwd_bytes < 10e6 else 1)  # small calls: more samples
-        for _ in range(repeats):
-            for peer, fn in active.items():
-                for t in leaves:
-                    t.grad = None
-                times[peer].append(measure(lambda fn=fn: call(fn)))
+        order = list(active.items())
+        gc.collect()  # then no collection inside a timed call: as timeit, the collector is
+        gc.disable()  # off while timing (a full one here took 0.1-0.2 s, whoever's call it hit)
+        try:
+            for i in range(repeats):  # each round starts one peer later: none always follows
+                for peer, fn in order[i % len(order) :] + order[: i % len(order)]:  # the copy
+                    for t in leaves:
+                        t.grad = None
+                    times[peer].append(measure(lambda fn=fn: call(fn)))
+        finally:
+            gc.enable()
         for peer, ts in times.items():
             nbytes = fwd_bytes * (2 if mode == "fwdbwd" and "copy" not in peer else 1)
             rows.append(
