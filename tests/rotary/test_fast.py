@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import posenc
-from posenc.rotary import fast, kernels
-from posenc.rotary import module as rotary_module
+from posenc.rotary import kernels
 from posenc.rotary.kernels import backends
+
+from ._fast_cases import SERVED_CALLS, check_served_call, general, served, tensors
 
 pytestmark = pytest.mark.skipif(
     shutil.which(os.environ.get("CC", "cc")) is None, reason="the CPU fast path needs a C compiler"
@@ -27,60 +28,9 @@ def cpu_path():
     backends._cpu_on = previous
 
 
-def general(rope, *args, **kwargs):
-    """The call through the general path (the fast one switched off)."""
-    saved = rotary_module.fast_forward
-    rotary_module.fast_forward = lambda *a, **kw: None
-    try:
-        return rope(*args, **kwargs)
-    finally:
-        rotary_module.fast_forward = saved
-
-
-def served(rope, q, k, positions=None, seq_dim=-2):
-    """Whether the fast path serves the call: the module hands it a FastRotation (none for
-    xPos, M-RoPE and position-dependent scalings), and it accepts the call."""
-    plan = rope._fast
-    return plan is not None and fast.fast_forward(plan, q, k, positions, seq_dim) is not None
-
-
-def tensors(dtype, seq_dim, b=3, hq=4, hk=2, s=5, d=16, view="contiguous"):
-    gen = torch.Generator().manual_seed(s + d)
-    shape_q = (b, hq, s, d) if seq_dim == -2 else (b, s, hq, d)
-    shape_k = (b, hk, s, d) if seq_dim == -2 else (b, s, hk, d)
-    q = torch.randn(*shape_q, generator=gen, dtype=torch.float64).to(dtype)
-    k = torch.randn(*shape_k, generator=gen, dtype=torch.float64).to(dtype)
-    if view == "transposed":  # the other memory order, same logical shape
-        q, k = q.transpose(1, 2).contiguous().transpose(1, 2), k.transpose(1, 2).contiguous()
-        k = k.transpose(1, 2)
-    return q, k
-
-
-POSITIONS = {
-    "none": None,
-    "s": torch.tensor([4, 0, 9, 70000, 3]),
-    "bs": torch.randint(0, 5000, (3, 5), generator=torch.Generator().manual_seed(1)),
-    "1s": torch.tensor([[1, 2, 3, 4, 5]]),
-    "int32": torch.tensor([7, 8, 9, 10, 11], dtype=torch.int32),
-}
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("seq_dim", [-2, -3])
-@pytest.mark.parametrize("pos", list(POSITIONS))
-@pytest.mark.parametrize("rotary_dim", [16, 10], ids=["full", "partial"])
-@pytest.mark.parametrize("view", ["contiguous", "transposed"])
+@SERVED_CALLS
 def test_fast_equals_general(dtype, layout, seq_dim, pos, rotary_dim, view):
-    rope = posenc.RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim)
-    q, k = tensors(dtype, seq_dim, view=view)
-    positions = POSITIONS[pos]
-    with torch.no_grad():
-        assert served(rope, q, k, positions, seq_dim)
-        out = rope(q, k, positions, seq_dim=seq_dim)
-        want = general(rope, q, k, positions, seq_dim=seq_dim)
-    for a, b in zip(out, want):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    check_served_call(dtype, layout, seq_dim, pos, rotary_dim, view)
 
 
 def test_scalings_with_a_table_are_served():

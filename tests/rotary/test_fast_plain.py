@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import posenc
-from posenc.rotary import fast
-from posenc.rotary import module as rotary_module
 from posenc.rotary.kernels import backends
+
+from ._fast_cases import SERVED_CALLS, check_served_call, general, served, tensors
 
 
 @pytest.fixture(autouse=True)
@@ -22,59 +22,9 @@ def fused_path_off():
     backends._cpu_on = previous
 
 
-def general(rope, *args, **kwargs):
-    """The call through the general path (the fast one switched off)."""
-    saved = rotary_module.fast_forward
-    rotary_module.fast_forward = lambda *a, **kw: None
-    try:
-        return rope(*args, **kwargs)
-    finally:
-        rotary_module.fast_forward = saved
-
-
-def served(rope, q, k, positions=None, seq_dim=-2):
-    plan = rope._fast
-    return plan is not None and fast.fast_forward(plan, q, k, positions, seq_dim) is not None
-
-
-def tensors(dtype, seq_dim, b=3, hq=4, hk=2, s=5, d=16, view="contiguous"):
-    gen = torch.Generator().manual_seed(s + d)
-    shape_q = (b, hq, s, d) if seq_dim == -2 else (b, s, hq, d)
-    shape_k = (b, hk, s, d) if seq_dim == -2 else (b, s, hk, d)
-    q = torch.randn(*shape_q, generator=gen, dtype=torch.float64).to(dtype)
-    k = torch.randn(*shape_k, generator=gen, dtype=torch.float64).to(dtype)
-    if view == "transposed":  # the other memory order, same logical shape
-        q = q.transpose(1, 2).contiguous().transpose(1, 2)
-        k = k.transpose(1, 2).contiguous().transpose(1, 2)
-    return q, k
-
-
-POSITIONS = {
-    "none": lambda: None,
-    "s": lambda: torch.tensor([4, 0, 9, 70000, 3]),
-    "bs": lambda: torch.randint(0, 5000, (3, 5), generator=torch.Generator().manual_seed(1)),
-    "1s": lambda: torch.tensor([[1, 2, 3, 4, 5]]),
-    "int32": lambda: torch.tensor([7, 8, 9, 10, 11], dtype=torch.int32),
-    "expanded-batch": lambda: torch.arange(5).expand(3, 5),
-}
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("seq_dim", [-2, -3])
-@pytest.mark.parametrize("pos", list(POSITIONS))
-@pytest.mark.parametrize("rotary_dim", [16, 10], ids=["full", "partial"])
-@pytest.mark.parametrize("view", ["contiguous", "transposed"])
+@SERVED_CALLS
 def test_plain_route_equals_general(dtype, layout, seq_dim, pos, rotary_dim, view):
-    rope = posenc.RotaryEmbedding(16, layout=layout, rotary_dim=rotary_dim)
-    q, k = tensors(dtype, seq_dim, view=view)
-    positions = POSITIONS[pos]()
-    with torch.no_grad():
-        assert served(rope, q, k, positions, seq_dim)
-        out = rope(q, k, positions, seq_dim=seq_dim)
-        want = general(rope, q, k, positions, seq_dim=seq_dim)
-    for a, b in zip(out, want):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    rope = check_served_call(dtype, layout, seq_dim, pos, rotary_dim, view)
     assert list(rope._fast.plain_plans.values()) == [True]
 
 

@@ -98,13 +98,8 @@ def fast_forward(
         return _plain_forward(rotation, q, k, positions, seq_dim) if cpu_fast_path_off() else None
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
         return None
-    if transformed(q, k, positions):
-        return None  # vmap / grad: the plain path, which they see through
-    try:
-        key = _key(q, k, positions, seq_dim)
-    except (RuntimeError, NotImplementedError):  # no strides (sparse, nested tensors)
-        return None
-    if key is None:
+    key = _served_key(q, k, positions, seq_dim)
+    if key is None:  # vmap / grad (the plain path, which they see through), no strides
         return None
     plans = rotation.plans
     plan = plans.get(key, None)
@@ -150,13 +145,8 @@ def _plain_forward(
     :func:`~posenc.rotary.kernels.plain.rotate_torch`, as the general path would send them
     (autograd included), without its checks, position rules and dispatch (at a decoding
     step they cost as much as the rotation)."""
-    if transformed(q, k, positions):
-        return None  # vmap / grad: the general path, with its messages
-    try:
-        key = _key(q, k, positions, seq_dim)
-    except (RuntimeError, NotImplementedError):  # no strides (sparse, nested tensors)
-        return None
-    if key is None:
+    key = _served_key(q, k, positions, seq_dim)
+    if key is None:  # vmap / grad (the general path, with its messages), no strides
         return None
     plans = rotation.plain_plans
     axis = 2 if seq_dim == -2 else 1
@@ -176,6 +166,18 @@ def _plain_forward(
     layout = "interleaved" if rotation.interleaved else "half"
     q_out, k_out = rotate_torch([q, k], rows[0], rows[1], layout=layout, seq_dim=seq_dim)
     return q_out, k_out
+
+
+def _served_key(q: torch.Tensor, k: torch.Tensor, positions: Any, seq_dim: int) -> tuple | None:
+    """The call shape's :func:`_key`, or ``None`` for a call no plan serves: tensors of a
+    ``torch.func`` transform, tensors without strides (sparse, nested), positions that are
+    not a plain tensor."""
+    if transformed(q, k, positions):
+        return None
+    try:
+        return _key(q, k, positions, seq_dim)
+    except (RuntimeError, NotImplementedError):  # no strides
+        return None
 
 
 def _key(q: torch.Tensor, k: torch.Tensor, positions: Any, seq_dim: int) -> tuple | None:
