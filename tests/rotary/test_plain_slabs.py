@@ -185,3 +185,20 @@ def test_an_unused_output_gets_no_gradient():
     assert k_leaf.grad is None
     want = apply_rotary_torch(torch.ones_like(q), cos, -sin, layout="interleaved", seq_dim=-3)
     assert torch.equal(q_leaf.grad, want)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-apply", "function-apply"])
+def test_the_autograd_node_with_and_without_its_direct_apply(monkeypatch, direct):
+    """``_Rotation.apply`` skips ``Function.apply``'s argument binding where torch has the
+    hooks for it; without them (another torch) it is ``Function.apply``: the same bits."""
+    monkeypatch.setattr(plain, "_DIRECT_APPLY", direct)
+    x, cos, sin = case(torch.bfloat16, "half", -2, None, 8, 8)
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(x.dtype)
+    results = []
+    for fn in (apply_rotary_torch, textbook):
+        leaf = x.detach().requires_grad_()
+        out = fn(leaf, cos, sin)
+        out.backward(grad)
+        results.append((out.detach(), leaf.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])

@@ -20,10 +20,16 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch._functorch.utils import unwrap_dead_wrappers
 
 from posenc._errors import PosEncError, check_choice, check_int, check_tensor
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS
+
+try:  # torch's own, behind Function.apply (torch.autograd.function); absent: Function.apply
+    from torch._functorch.utils import unwrap_dead_wrappers
+
+    _DIRECT_APPLY = hasattr(torch._C, "_are_functorch_transforms_active")
+except ImportError:  # pragma: no cover - an older or newer torch without them
+    _DIRECT_APPLY = False
 
 __all__ = [
     "apply_rotary_torch",
@@ -366,7 +372,7 @@ class _Rotation(torch.autograd.Function):
         µs a call costs it here; every argument is positional and none has a default, so
         the binding changes nothing); under a functorch transform (vmap, grad, jvp)
         ``Function.apply`` itself."""
-        if torch._C._are_functorch_transforms_active():
+        if not _DIRECT_APPLY or torch._C._are_functorch_transforms_active():
             return super().apply(*args)
         base = super(torch.autograd.Function, cls)  # torch._C._FunctionBase: the C++ apply
         return base.apply(*unwrap_dead_wrappers(args))  # type: ignore[attr-defined]
