@@ -239,7 +239,7 @@ def rotate_torch(
     tracing_now = torch.compiler.is_compiling() or torch.jit.is_tracing()
     grad = torch.is_grad_enabled()
     if tracing_now or (grad and (cos.requires_grad or sin.requires_grad)):
-        return [_rotate(x, cos, sin, layout, seq_dim, recorded=True) for x in xs]
+        return [_rotate(x, cos, sin, layout, seq_dim) for x in xs]
     compute = torch.promote_types(xs[0].dtype, torch.float32)
     tables = _pair_tables(cos, sin, layout, seq_dim, compute)
     if not (grad and any(x.requires_grad for x in xs)):
@@ -312,47 +312,24 @@ def _rotate_untracked(
     return out
 
 
-def _widened(
-    cos: torch.Tensor, sin: torch.Tensor, layout: str, seq_dim: int, compute: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin per channel of the rotary dim, ``[b|1, 1, s, r]`` (``seq_dim=-2``) or
-    ``[b|1, s, 1, r]``, in ``compute``: the cos each channel is multiplied by and the
-    signed sin its partner is (``-sin`` for the first of a pair, ``sin`` for the second)."""
-    if cos.ndim == 2:
-        cos, sin = cos[None], sin[None]  # [1, s, r/2]
-    c, s = cos.to(compute), sin.to(compute)
-    if layout == "half":
-        cc, ss = torch.cat([c, c], dim=-1), torch.cat([-s, s], dim=-1)
-    else:
-        cc, ss = torch.stack([c, c], dim=-1).flatten(-2), torch.stack([-s, s], dim=-1).flatten(-2)
-    head_axis = 1 if seq_dim == -2 else 2
-    return cc.unsqueeze(head_axis), ss.unsqueeze(head_axis)
-
-
 def _rotate(
-    x: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    layout: str,
-    seq_dim: int,
-    *,
-    recorded: bool,
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str, seq_dim: int
 ) -> torch.Tensor:
-    """``x * cos + swap(x) * signed sin`` over the rotary channels, rounded once to x's
-    dtype, the channels past them copied. ``recorded``: autograd or a trace sees the
-    operations (x widened first, out-of-place sums)."""
+    """The rotation as out-of-place operations that autograd or a trace records: x widened
+    once (so that autograd sums each gradient in float32), ``x * cos + swap(x * signed
+    sin)`` over the rotary channels with :func:`_pair_tables`' tables, rounded once to x's
+    dtype, the channels past them copied."""
     compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
-    cc, ss = _widened(cos, sin, layout, seq_dim, compute)
+    cc, ss = _pair_tables(cos, sin, layout, seq_dim, compute)
     rotary_dim, half = cc.shape[-1], cc.shape[-1] // 2
     x_rot = x[..., :rotary_dim] if rotary_dim < x.shape[-1] else x
     x_rot = x_rot.to(compute)  # exact; one vectorized pass (mixed-dtype products are not)
+    partners = x_rot * ss
     if layout == "half":
-        swapped = torch.cat([x_rot[..., half:], x_rot[..., :half]], dim=-1)
+        swapped = torch.cat([partners[..., half:], partners[..., :half]], dim=-1)
     else:
-        swapped = x_rot.unflatten(-1, (half, 2)).flip(-1).flatten(-2)
-    out = x_rot * cc
-    out = out + swapped * ss if recorded else out.add_(swapped * ss)
-    out = out.to(x.dtype)  # the one rounding to x's dtype
+        swapped = partners.unflatten(-1, (half, 2)).flip(-1).flatten(-2)
+    out = (x_rot * cc + swapped).to(x.dtype)  # the one rounding to x's dtype
     if rotary_dim < x.shape[-1]:
         out = torch.cat([out, x[..., rotary_dim:]], dim=-1)
     return out
