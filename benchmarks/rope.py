@@ -43,6 +43,7 @@ import importlib.util
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -270,11 +271,12 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
         times: dict[str, list[float]] = {peer: [] for peer in active}
         repeats = args.repeats * (10 if fwd_bytes < 10e6 else 1)  # small calls: more samples
         order = list(active.items())
+        shuffle = random.Random(0)  # seeded: the same orders every run
         gc.collect()  # then no collection inside a timed call: as timeit, the collector is
         gc.disable()  # off while timing (a full one here took 0.1-0.2 s, whoever's call it hit)
         try:
-            for i in range(repeats):  # each round starts one peer later: none always follows
-                for peer, fn in order[i % len(order) :] + order[: i % len(order)]:  # the copy
+            for _ in range(repeats):  # each round in an order of its own: no peer always
+                for peer, fn in shuffle.sample(order, len(order)):  # follows the same one
                     for t in leaves:
                         t.grad = None
                     times[peer].append(measure(lambda fn=fn: call(fn)))

@@ -12,6 +12,7 @@ import torch
 import posenc
 from posenc.rotary.apply import rotary_cos_sin
 from posenc.rotary.cache import CosSinTable
+from posenc.rotary.kernels.plain import paired
 
 
 def computed(rope: posenc.RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype):
@@ -190,3 +191,42 @@ def test_a_table_already_built_serves_what_it_holds_and_nothing_else(positions):
     assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
     grown = rope.cos_sin_table.rows[torch.float32]
     assert grown == (8192 if int(positions.max()) >= rows else rows)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("scaling", ["none", "yarn"], ids=str)
+@pytest.mark.parametrize(
+    "positions",
+    [torch.arange(7), torch.tensor([[3, 9000, 0], [131071, 17, 5]])],
+    ids=["arange", "batched-far"],
+)
+def test_the_paired_table_holds_the_pairs_of_the_table(layout, scaling, positions):
+    """``lookup_paired`` / ``leading_paired``: the bits of :func:`plain.paired` of the
+    float32 rows, from a table of their own (no float32 table is built for them)."""
+    rope = posenc.RotaryEmbedding(16, scaling=SCALINGS[scaling])
+    table = rope.cos_sin_table
+    got = table.lookup_paired(positions, layout)
+    assert table.rows == {} and table.paired_rows[layout] > positions.max()
+    want = paired(*computed(rope, positions, torch.float32), layout)
+    for a, b in zip(got, want):
+        assert a.shape == (*positions.shape, 16) and torch.equal(a, b)
+    leading = table.leading_paired(7, layout)
+    for a, b in zip(leading, paired(*computed(rope, torch.arange(7), torch.float32), layout)):
+        assert torch.equal(a, b)
+
+
+def test_the_paired_table_is_capped_dropped_and_not_carried():
+    """Twice as wide, the paired table holds half the positions in ``max_bytes``; past
+    them it answers None while the float32 table still serves; lowering the cap drops
+    it; a pickled module carries none."""
+    rope = posenc.RotaryEmbedding(16)  # paired rows: 32 float32 numbers (128 bytes)
+    table = rope.cos_sin_table
+    table.max_bytes = 128 * 5000
+    assert table.lookup_paired(torch.tensor([4999]), "half") is not None
+    assert table.lookup_paired(torch.tensor([5000]), "half") is None
+    assert table.paired_rows == {"half": 5000}
+    assert table.lookup(torch.tensor([9999]), torch.float32) is not None
+    assert table.rows == {torch.float32: 10000}
+    assert pickle.loads(pickle.dumps(rope)).cos_sin_table.paired_rows == {}
+    table.max_bytes = 64 * 5000
+    assert table.paired_rows == {} and table.rows == {}

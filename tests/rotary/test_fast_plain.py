@@ -1,6 +1,6 @@
 """RotaryEmbedding.forward's common call with the fused CPU path off
-(``posenc.rotary.fast._plain_forward``): checked once per call shape, then the table's rows
-and the plain rotation. The same bits and gradients as the general path on every call it
+(``posenc.rotary.fast._plain_forward``): checked once per call shape, then the paired
+table's rows and the plain rotation. The same bits and gradients as the general path on every call it
 serves, every other call left to the general path (and its messages). Needs no compiler."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import posenc
+from posenc.rotary import fast
 from posenc.rotary.kernels import backends
 
 from ._fast_cases import SERVED_CALLS, check_served_call, general, served, tensors
@@ -105,8 +106,32 @@ def test_a_decoding_loop_crosses_the_table_end_with_the_general_bits():
         with torch.no_grad():
             got, want = rope(q, k, positions), general(rope, q, k, positions)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
-        rows = rope.cos_sin_table.rows[torch.float32]
+        rows = rope.cos_sin_table.paired_rows["half"]
     assert rows == 8192 and len(rope._fast.plain_plans) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_past_the_paired_tables_cap_the_tables_rows_serve(monkeypatch, dtype):
+    """The paired table holds half the positions of the table in ``max_bytes``; the
+    positions between are served from the table's rows (paired per call), those past
+    both take the general path: the general bits throughout."""
+    routes: list[str] = []
+    for name in ("rotate_paired", "rotate_torch"):
+        real = getattr(fast, name)
+        monkeypatch.setattr(
+            fast, name, lambda *a, real=real, name=name, **kw: routes.append(name) or real(*a, **kw)
+        )
+    rope = posenc.RotaryEmbedding(16)
+    table = rope.cos_sin_table
+    table.max_bytes = 64 * 6000  # the table: 6000 positions; the paired one: 3000
+    q, k = tensors(dtype, -2, s=1)
+    for step in (2999, 3000, 5999, 6000):
+        positions = torch.full((3, 1), step)
+        with torch.no_grad():
+            got, want = rope(q, k, positions), general(rope, q, k, positions)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert table.paired_rows == {"half": 3000} and table.rows == {torch.float32: 6000}
+    assert routes == ["rotate_paired", "rotate_torch", "rotate_torch"]  # 6000: general
 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")

@@ -202,3 +202,85 @@ def test_the_autograd_node_with_and_without_its_direct_apply(monkeypatch, direct
         results.append((out.detach(), leaf.grad))
     assert torch.equal(results[0][0], results[1][0])
     assert torch.equal(results[0][1], results[1][1])
+
+
+def _same(t, heads):
+    return t
+
+
+def _permuted(t):
+    """t in memory of another order (dense, not contiguous)."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+JOINS = {  # (rotations joined: forward, backward; k's source from q; k from its source)
+    "fewer-heads": ((1, 1), lambda q, heads: q[heads].flip(-1).contiguous(), _same),
+    "same-shape": ((1, 1), lambda q, heads: q.flip(-1).contiguous(), _same),
+    "k-permuted": ((0, 1), lambda q, heads: q.flip(-1).contiguous(), lambda t, heads: _permuted(t)),
+    "other-batch": ((0, 0), lambda q, heads: torch.cat([q, q]).flip(-1), _same),
+    "other-dtype": ((0, 0), lambda q, heads: q.flip(-1).to(torch.float16), _same),
+}
+
+
+@pytest.mark.parametrize("join", list(JOINS))
+@pytest.mark.parametrize("needs_grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("seq_dim", [-2, -3])
+@pytest.mark.parametrize("cos_batch", [None, 3], ids=["cos-s", "cos-bs"])
+@pytest.mark.parametrize("batch", [3, 1], ids=["b3", "b1"])
+def test_q_and_k_joined_only_where_they_can_be(
+    monkeypatch, join, needs_grad, layout, seq_dim, cos_batch, batch
+):
+    """A small 16-bit q and k of one dtype, contiguous, alike but for their heads, are
+    rotated as one tensor (so are their gradients in the backward), anything else each
+    alone: the textbook's bits and gradients either way, each output in memory of its own
+    with the strides of its rotation alone."""
+    joined: list[int] = []
+    real = plain._rotate_joined
+    monkeypatch.setattr(plain, "_rotate_joined", lambda *a: joined.append(1) or real(*a))
+    q, cos, sin = case(torch.bfloat16, layout, seq_dim, cos_batch, 8, 8)
+    q = q[:batch].contiguous()
+    if cos_batch is not None:
+        cos, sin = cos[:batch], sin[:batch]
+    heads = (slice(None), slice(0, 2)) if seq_dim == -2 else (slice(None), slice(None), slice(0, 2))
+    (forward_joined, backward_joined), make_source, make_k = JOINS[join]
+    if join == "other-batch" and cos_batch is not None:
+        cos, sin = cos[:1], sin[:1]  # a table both batch sizes broadcast against
+    sources = (q, make_source(q, heads))
+    grads = None
+    results = []
+    for fn in (plain.rotate_torch, None):  # posenc's, then the textbook's, each alone
+        leaves = [t.detach().clone().requires_grad_(needs_grad) for t in sources]
+        xs = [leaves[0], make_k(leaves[1], heads)]
+        if fn is None:
+            outs = [textbook(x, cos, sin, layout, seq_dim) for x in xs]
+        else:
+            outs = fn(xs, cos, sin, layout=layout, seq_dim=seq_dim)
+            assert len(joined) == forward_joined
+            assert outs[0].untyped_storage().data_ptr() != outs[1].untyped_storage().data_ptr()
+        if needs_grad:
+            gen = torch.Generator().manual_seed(3)
+            grads = grads or [torch.randn(o.shape, generator=gen).to(o.dtype) for o in outs]
+            torch.autograd.backward(outs, grads)
+        results.append(([o.detach() for o in outs], [leaf.grad for leaf in leaves]))
+    assert len(joined) == forward_joined + (backward_joined if needs_grad else 0)
+    (got, got_grads), (want, want_grads) = results
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    alone = [apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim) for x in xs]
+    assert [a.stride() for a in got] == [b.stride() for b in alone]
+    for a, b in zip(got_grads, want_grads):
+        assert (a is None) == (b is None) == (not needs_grad)
+        assert a is None or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", plain._MOVED)
+def test_the_checks_moved_and_keep_their_old_place_one_release(name):
+    from posenc.rotary.kernels import checks
+
+    with pytest.warns(
+        DeprecationWarning, match=rf"moved to posenc\.rotary\.kernels\.checks\.{name}"
+    ):
+        assert getattr(plain, name) is getattr(checks, name)
+    assert name in checks.__all__ and name not in plain.__all__
+    with pytest.raises(AttributeError, match="no attribute 'check_nothing'"):
+        plain.check_nothing  # noqa: B018

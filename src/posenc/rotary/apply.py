@@ -48,8 +48,8 @@ from posenc._errors import (
     check_tensor,
     tracing,
 )
+from posenc.rotary.kernels.checks import check_cos_sin, check_rotary_dim, check_rotary_input
 from posenc.rotary.kernels.dispatch import dispatch_rotary
-from posenc.rotary.kernels.plain import check_cos_sin, check_rotary_dim, check_rotary_input
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout
 
 __all__ = [

@@ -18,6 +18,10 @@ When it serves a call (:meth:`CosSinTable.lookup`), and when the call computes i
   (default :data:`DEFAULT_MAX_BYTES`, 64 MiB: 131 072 positions of a 128-wide float32
   head); a call past that computes, and nothing grows.
 
+With the fused CPU path off, the plain path's common call gathers cos and the partners'
+signed sin per channel instead (:meth:`CosSinTable.lookup_paired`), from a float32 table of
+their own per layout, built from the same values and held to the same ``max_bytes``.
+
 The table is a plain attribute of its module, never a buffer: ``state_dict()`` stays
 empty and ``module.to(torch.bfloat16)`` cannot round it.
 """
@@ -30,6 +34,7 @@ import torch
 
 from posenc._angles import reduced_angles
 from posenc._errors import check_int
+from posenc.rotary.kernels.plain import paired
 
 __all__ = ["DEFAULT_MAX_BYTES", "CosSinTable"]
 
@@ -55,7 +60,7 @@ class CosSinTable:
         self._inv_freq = inv_freq.detach().to("cpu", torch.float64)
         self._scale = float(scale)
         self.max_bytes = max_bytes
-        self._tables: dict[torch.dtype, torch.Tensor] = {}
+        self._tables: dict[torch.dtype | str, torch.Tensor] = {}  # a dtype's; a layout's paired
         self._grow_lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -73,27 +78,49 @@ class CosSinTable:
 
     @property
     def max_bytes(self) -> int:
-        """The most one dtype's table may hold, in bytes (0: the table is off). Lowering it
-        drops tables that no longer fit."""
+        """The most one dtype's (or one layout's paired) table may hold, in bytes (0: the
+        table is off). Lowering it drops tables that no longer fit."""
         return self._max_bytes
 
     @max_bytes.setter
     def max_bytes(self, value: int) -> None:
         self._max_bytes = check_int("max_bytes", value, min=0)
         tables = getattr(self, "_tables", {})
-        for dtype in [d for d, t in tables.items() if t.numel() * t.element_size() > value]:
-            del tables[dtype]
+        for key in [d for d, t in tables.items() if t.numel() * t.element_size() > value]:
+            del tables[key]
 
     @property
     def rows(self) -> dict[torch.dtype, int]:
-        """Positions held per dtype (for tests and curious users)."""
-        return {dtype: t.shape[0] for dtype, t in self._tables.items()}
+        """Positions held per dtype (for tests and curious users); the plain path's paired
+        tables are in :attr:`paired_rows`."""
+        return {key: t.shape[0] for key, t in self._tables.items() if isinstance(key, torch.dtype)}
+
+    @property
+    def paired_rows(self) -> dict[str, int]:
+        """Positions held per layout by the paired tables of :meth:`lookup_paired`."""
+        return {key: t.shape[0] for key, t in self._tables.items() if isinstance(key, str)}
 
     def lookup(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(cos, sin)`` ``[*P, r / 2]`` in ``dtype`` gathered for integer ``positions``
         ``[*P]``, or ``None`` where the call must compute them (see the module docstring)."""
+        return self._gather(positions, dtype)
+
+    def lookup_paired(
+        self, positions: torch.Tensor, layout: str
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``lookup(positions, torch.float32)`` as
+        :func:`posenc.rotary.kernels.plain.paired` makes it for ``layout``: cos and the
+        partners' signed sin per channel, ``[*P, r]`` each, from one gather of a table of
+        its own (twice as wide: it holds half the positions in ``max_bytes``); what the
+        plain path's common call (:func:`posenc.rotary.fast`) rotates with."""
+        return self._gather(positions, layout)
+
+    def _gather(
+        self, positions: torch.Tensor, key: torch.dtype | str
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Both halves of the rows of ``key``'s table at ``positions`` (see :meth:`lookup`)."""
         if (
             not positions.is_cpu
             or positions.dtype not in _INDEX_DTYPES
@@ -102,11 +129,11 @@ class CosSinTable:
             or torch.jit.is_tracing()
         ):
             return None
-        table = self._tables.get(dtype)
+        table = self._tables.get(key)
         if table is not None:  # embedding checks every index is a row: no pass of our own
             try:
-                cos, sin = torch.nn.functional.embedding(positions, table).chunk(2, dim=-1)
-                return cos, sin
+                first, second = torch.nn.functional.embedding(positions, table).chunk(2, dim=-1)
+                return first, second
             except IndexError:  # negative, or past the table: decided below
                 pass
         lo, hi = torch.aminmax(positions)
@@ -114,24 +141,32 @@ class CosSinTable:
         if low < 0:
             return None
         if table is None or high >= table.shape[0]:
-            table = self._grow(dtype, high + 1)
+            table = self._grow(key, high + 1)
             if table is None:
                 return None
-        cos, sin = torch.nn.functional.embedding(positions, table).chunk(2, dim=-1)  # [*P, r/2]
-        return cos, sin
+        first, second = torch.nn.functional.embedding(positions, table).chunk(2, dim=-1)
+        return first, second
 
     def leading(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(cos, sin)`` ``[n, r / 2]`` of positions ``0 .. n - 1`` (views of the table, no
         gather), or ``None`` past ``max_bytes`` or while tracing."""
+        return self._first(n, dtype)
+
+    def leading_paired(self, n: int, layout: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`leading` as :meth:`lookup_paired` gives it: ``[n, r]`` each."""
+        return self._first(n, layout)
+
+    def _first(self, n: int, key: torch.dtype | str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Both halves of the first ``n`` rows of ``key``'s table (see :meth:`leading`)."""
         if n < 1 or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return None
-        table = self._tables.get(dtype)
+        table = self._tables.get(key)
         if table is None or n > table.shape[0]:
-            table = self._grow(dtype, n)
+            table = self._grow(key, n)
             if table is None:
                 return None
-        cos, sin = table[:n].chunk(2, dim=-1)
-        return cos, sin
+        first, second = table[:n].chunk(2, dim=-1)
+        return first, second
 
     def current(self, dtype: torch.dtype) -> torch.Tensor | None:
         """The table ``[rows, r]`` of ``dtype`` as it stands (contiguous; cos the first
@@ -139,10 +174,12 @@ class CosSinTable:
         reads its rows itself (:mod:`posenc.rotary.fast`) holds on to during the read."""
         return self._tables.get(dtype)
 
-    def _grow(self, dtype: torch.dtype, needed: int) -> torch.Tensor | None:
-        """The table for ``dtype`` with at least ``needed`` rows, or ``None`` past
-        ``max_bytes``."""
-        width = 2 * self._inv_freq.numel()
+    def _grow(self, key: torch.dtype | str, needed: int) -> torch.Tensor | None:
+        """The table for ``key`` (a dtype: ``[cos | sin]`` in it; a layout: the paired
+        float32 ``[cos per channel | signed sin]``) with at least ``needed`` rows, or
+        ``None`` past ``max_bytes``."""
+        dtype = key if isinstance(key, torch.dtype) else torch.float32
+        width = 2 * self._inv_freq.numel() * (1 if isinstance(key, torch.dtype) else 2)
         row_bytes = width * torch.empty((), dtype=dtype).element_size()
         rows = max(_MIN_ROWS, 1 << (needed - 1).bit_length())
         if rows * row_bytes > self._max_bytes:
@@ -150,7 +187,7 @@ class CosSinTable:
             if rows < needed:
                 return None
         with self._grow_lock:
-            table = self._tables.get(dtype)
+            table = self._tables.get(key)
             if table is not None and table.shape[0] >= needed:
                 return table  # another thread grew it
             with torch.device("cpu"), torch.no_grad():
@@ -158,6 +195,8 @@ class CosSinTable:
                 cos, sin = torch.cos(theta), torch.sin(theta)
                 if self._scale != 1.0:
                     cos, sin = cos * self._scale, sin * self._scale
-                table = torch.cat([cos.to(dtype), sin.to(dtype)], dim=-1)  # [rows, r]
-            self._tables[dtype] = table
+                if isinstance(key, str):  # the same float32 values, paired for the layout
+                    cos, sin = paired(cos.to(dtype), sin.to(dtype), key)
+                table = torch.cat([cos.to(dtype), sin.to(dtype)], dim=-1)  # [rows, width]
+            self._tables[key] = table
             return table

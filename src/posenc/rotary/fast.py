@@ -24,7 +24,9 @@ What a call costs is what its shape has not already paid:
 
 With the fused path off (``POSENC_CPU_FAST_PATH=0``, no compiler) the same call shapes
 are served on the plain path (:func:`_plain_forward`): checked once per shape, then the
-table's rows and :func:`posenc.rotary.kernels.plain.rotate_torch`, autograd included.
+paired table's rows (cos and the partners' signed sin per channel,
+:meth:`~posenc.rotary.cache.CosSinTable.lookup_paired`) and
+:func:`posenc.rotary.kernels.plain.rotate_paired`, autograd included.
 
 What a module hands it is a :class:`FastRotation`, built once at construction from the
 module's public attributes (``cos_sin_table``, ``head_dim``, ``layout``); a module whose
@@ -43,7 +45,7 @@ from posenc.rotary.cache import CosSinTable
 from posenc.rotary.kernels import cpu as cpu_kernel
 from posenc.rotary.kernels.backends import cpu_fast_path_off, cpu_fast_path_ready
 from posenc.rotary.kernels.ops import check_launch
-from posenc.rotary.kernels.plain import rotate_torch
+from posenc.rotary.kernels.plain import rotate_paired, rotate_torch
 
 __all__ = ["FastRotation", "fast_forward"]
 
@@ -141,10 +143,11 @@ def _plain_forward(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The common call with the fused path off: a call shape the fused path would serve
     (:func:`_common`, :func:`_positions_layout`: the general path's checks all pass) is
-    remembered as such, and its later calls go straight to the table's rows and
-    :func:`~posenc.rotary.kernels.plain.rotate_torch`, as the general path would send them
-    (autograd included), without its checks, position rules and dispatch (at a decoding
-    step they cost as much as the rotation)."""
+    remembered as such, and its later calls go straight to the paired table's rows and
+    :func:`~posenc.rotary.kernels.plain.rotate_paired`: the general path's rotation
+    (autograd included) with the same bits, without its checks, position rules, dispatch
+    and pairing of the tables (at a decoding step they cost as much as the rotation).
+    Positions past the paired table's cap (half the table's) take the table's rows."""
     key = _served_key(q, k, positions, seq_dim)
     if key is None:  # vmap / grad (the general path, with its messages), no strides
         return None
@@ -160,10 +163,19 @@ def _plain_forward(
         plans[key] = serve
     if not serve:
         return None
-    rows = _rows(rotation.table, positions, q.shape[0], q.shape[axis])
+    layout = "interleaved" if rotation.interleaved else "half"
+    table, seq = rotation.table, q.shape[axis]
+    pairs = (
+        table.leading_paired(seq, layout)
+        if positions is None
+        else table.lookup_paired(positions, layout)
+    )
+    if pairs is not None:
+        q_out, k_out = rotate_paired([q, k], *pairs, layout=layout, seq_dim=seq_dim)
+        return q_out, k_out
+    rows = _rows(table, positions, q.shape[0], seq)  # past the paired table's cap
     if rows is None:
         return None  # negative, or past the table's cap: the general path computes them
-    layout = "interleaved" if rotation.interleaved else "half"
     q_out, k_out = rotate_torch([q, k], rows[0], rows[1], layout=layout, seq_dim=seq_dim)
     return q_out, k_out
 

@@ -16,8 +16,8 @@ from typing import Any, NamedTuple
 import torch
 
 from posenc._errors import PosEncError, check_last_dim, check_tensor
+from posenc.rotary.kernels.checks import check_cos_sin
 from posenc.rotary.kernels.dispatch import dispatch_rotary
-from posenc.rotary.kernels.plain import check_cos_sin
 
 __all__ = ["Rotation", "check_cos_sin_dtype", "check_qk", "check_rotation", "rotate_qk"]
 

@@ -16,15 +16,15 @@ import torch
 
 from posenc._errors import PosEncError, check_choice, check_tensor, transformed
 from posenc.rotary.kernels.backends import BACKENDS, select_backend, tracing
-from posenc.rotary.kernels.ops import KERNEL_DTYPES, launch, rotary_op, rotary_op_
-from posenc.rotary.kernels.plain import (
+from posenc.rotary.kernels.checks import (
     check_cos_sin,
     check_devices,
     check_inplace_memory,
     check_rotary_dim,
     check_rotary_input,
-    rotate_torch,
 )
+from posenc.rotary.kernels.ops import KERNEL_DTYPES, launch, rotary_op, rotary_op_
+from posenc.rotary.kernels.plain import rotate_torch
 
 __all__ = ["dispatch_rotary", "fused_rotary"]
 
@@ -75,7 +75,7 @@ def dispatch_rotary(
 
     Checked on every path, from metadata only (no device sync): q, k, cos and sin on one
     device (here), and in place, q and k each in memory of its own
-    (:func:`posenc.rotary.kernels.plain.check_inplace_memory`: here for the plain path,
+    (:func:`posenc.rotary.kernels.checks.check_inplace_memory`: here for the plain path,
     by :func:`posenc.rotary.kernels.ops.check_launch` for the fused ones, which checks
     everything a launcher reads before it touches a pointer). With ``backend="auto"``,
     meta tensors take the plain path.

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from posenc._errors import PosEncError
-from posenc.rotary.kernels.plain import (
+from posenc.rotary.kernels.checks import (
     check_cos_sin,
     check_devices,
     check_inplace_memory,

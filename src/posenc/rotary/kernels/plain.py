@@ -8,10 +8,8 @@ picks a fused path or :func:`apply_rotary_torch`.
 Shapes: ``x`` is ``[b, h, s, d]`` (``seq_dim=-2``) or ``[b, s, h, d]`` (``seq_dim=-3``);
 ``cos``/``sin`` are ``[s, r/2]`` or ``[b, s, r/2]``, broadcast over heads through views.
 
-The checks every path shares live here too, all from metadata (no device sync):
-:func:`check_cos_sin` (shapes and device of cos/sin), :func:`check_devices` (q, k,
-cos and sin on one device) and :func:`check_inplace_memory` (in place needs q and k
-in memory of their own: no expanded or overlapping views, ``k`` not sharing ``q``'s).
+The checks every path shares moved to :mod:`posenc.rotary.kernels.checks`; their old names
+here work, with a ``DeprecationWarning``, for one release.
 """
 
 from __future__ import annotations
@@ -21,8 +19,8 @@ from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_choice, check_int, check_tensor
-from posenc.rotary.layout import LAYOUTS, SEQ_DIMS
+from posenc._deprecated import moved
+from posenc._errors import transformed
 
 try:  # torch's own, behind Function.apply (torch.autograd.function); absent: Function.apply
     from torch._functorch.utils import unwrap_dead_wrappers
@@ -33,160 +31,23 @@ except ImportError:  # pragma: no cover - an older or newer torch without them
 
 __all__ = [
     "apply_rotary_torch",
+    "paired",
+    "rotate_paired",
+    "rotate_torch",
+]
+
+_MOVED = (
     "check_cos_sin",
     "check_devices",
     "check_inplace_memory",
     "check_rotary_dim",
     "check_rotary_input",
     "memory_range",
-    "rotate_torch",
-]
+)
 
 
-def check_rotary_input(name: str, x: Any, layout: Any, seq_dim: Any) -> None:
-    """The tensor a public rotation takes (``x`` of :func:`posenc.apply_rotary`, ``q`` of
-    :func:`posenc.rotary.kernels.fused_rotary`) and its options: floating, 4-D, a known
-    ``layout`` and ``seq_dim``."""
-    check_tensor(name, x, floating=True)
-    check_choice("layout", layout, LAYOUTS)
-    check_choice("seq_dim", seq_dim, SEQ_DIMS)
-    if x.ndim != 4:
-        raise PosEncError(
-            f"{name} must be [b, h, s, d] (seq_dim=-2) or [b, s, h, d] (seq_dim=-3), "
-            f"got shape {tuple(x.shape)}"
-        )
-
-
-def check_rotary_dim(name: str, x: torch.Tensor, cos: torch.Tensor, rotary_dim: Any) -> None:
-    """``rotary_dim`` (``None``: not given) equals ``2 * cos.shape[-1]``, which is at most
-    the last dimension of ``x`` (called ``name`` in messages)."""
-    half = cos.shape[-1]
-    if rotary_dim is not None:
-        rotary_dim = check_int("rotary_dim", rotary_dim, min=2)
-        if rotary_dim != 2 * half:
-            raise PosEncError(
-                f"rotary_dim must equal 2 * cos.shape[-1] = {2 * half}, got {rotary_dim}"
-            )
-    if 2 * half > x.shape[-1]:
-        raise PosEncError(
-            f"rotary_dim must be <= {name}'s last dimension {x.shape[-1]}, got {2 * half}"
-        )
-
-
-def check_cos_sin(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, seq_dim: int, *, name: str = "x"
-) -> None:
-    """Validate ``cos``/``sin`` for ``x`` (called ``name`` in messages): floating, the same
-    shape, ``[s, r/2]`` or ``[b, s, r/2]`` with ``s`` x's sequence length and ``b`` its
-    batch size (or 1), on x's device."""
-    check_tensor("cos", cos, floating=True)
-    check_tensor("sin", sin, floating=True)
-    if cos.shape != sin.shape:
-        raise PosEncError(
-            f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}"
-        )
-    seq_len, batch = x.shape[seq_dim], x.shape[0]
-    if cos.ndim not in (2, 3) or cos.shape[-2] != seq_len:
-        raise PosEncError(
-            f"cos must be [s, r/2] or [b, s, r/2] with s == {seq_len} ({name}'s sequence length), "
-            f"got shape {tuple(cos.shape)}"
-        )
-    if cos.ndim == 3 and cos.shape[0] not in (1, batch):
-        raise PosEncError(
-            f"cos of shape [b, s, r/2] must have b == {batch} ({name}'s batch size) or 1, "
-            f"got shape {tuple(cos.shape)}"
-        )
-    device = x.device
-    if cos.device != device or sin.device != device:
-        other = cos.device if cos.device != device else sin.device
-        raise PosEncError(f"cos and sin must be on {name}'s device {device}, got {other}")
-
-
-def check_devices(
-    q: torch.Tensor, k: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
-) -> None:
-    """q, k (when given), cos and sin on one device (metadata only: no device sync)."""
-    device = q.device
-    if k is not None and k.device != device:
-        raise PosEncError(f"k must be on q's device {device}, got {k.device}")
-    if cos.device != device or sin.device != device:
-        other = cos.device if cos.device != device else sin.device
-        raise PosEncError(f"cos and sin must be on q's device {device}, got {other}")
-
-
-def memory_range(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes ``[start, end)`` from a tensor's first element to past its last (empty
-    for an empty tensor); metadata only."""
-    start = t.data_ptr()
-    if t.is_contiguous():
-        count = t.numel()
-    else:
-        count = 0 if 0 in t.shape else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-    return start, start + count * t.element_size()
-
-
-def _injective(sizes: Sequence[int], strides: Sequence[int]) -> bool:
-    """Whether no two elements of a strided view share memory (a sufficient test: sorted
-    by stride, each dimension steps past everything the smaller ones reach)."""
-    if 0 in sizes:
-        return True
-    reach = 0
-    for n, st in sorted(((n, st) for n, st in zip(sizes, strides) if n > 1), key=lambda d: d[1]):
-        if st <= reach:
-            return False
-        reach += (n - 1) * st
-    return True
-
-
-def _disjoint(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether ``a`` and ``b`` share no element of memory: their address ranges are
-    apart, or (slices of one fused buffer, e.g. q and k of a qkv tensor) ``b`` is ``a``'s
-    layout moved along one dimension past ``a``'s end, in a layout with no overlap.
-    Anything else that shares a range counts as overlapping."""
-    (a0, a_end), (b0, b_end) = memory_range(a), memory_range(b)
-    if a_end <= b0 or b_end <= a0 or a0 == a_end or b0 == b_end:
-        return True
-    size = a.element_size()
-    if a.stride() != b.stride() or b.element_size() != size or a0 == b0:
-        return False
-    if b0 < a0:
-        a, b, a0, b0 = b, a, b0, a0
-    delta, rest = divmod(b0 - a0, size)
-    if rest:
-        return False
-    strides = a.stride()
-    for i, st in enumerate(strides):
-        if st <= 0 or delta % st or delta // st < a.shape[i]:
-            continue
-        # b is a's box shifted by delta // st along i: both sit in one larger view.
-        sizes = [max(m, n) for m, n in zip(a.shape, b.shape)]
-        sizes[i] = delta // st + b.shape[i]
-        if _injective(sizes, strides):
-            return True
-    return False
-
-
-def check_inplace_memory(xs: Sequence[torch.Tensor]) -> None:
-    """In place, each of q (and k) must own its memory: no two elements of one tensor in
-    the same place (``expand()`` and other stride-0 or overlapping views), and k sharing
-    none of q's (``k is q`` would be rotated twice). Metadata only."""
-    if len(xs) == 2 and xs[1] is xs[0]:  # first: the one check that reads no strides
-        raise PosEncError(
-            "inplace=True needs k and q in separate memory (each would be rotated twice), "
-            "got k is q; use inplace=False or pass k=None"
-        )
-    for name, x in zip(("q", "k"), xs):
-        if not x.is_contiguous() and not _injective(x.shape, x.stride()):
-            raise PosEncError(
-                f"inplace=True needs {name} with every element in memory of its own (not an "
-                f"expand()ed or overlapping view), got {name} of shape {tuple(x.shape)} with "
-                f"strides {x.stride()}; use inplace=False or {name}.contiguous()"
-            )
-    if len(xs) == 2 and not _disjoint(xs[0], xs[1]):
-        raise PosEncError(
-            "inplace=True needs k and q in separate memory (shared elements would be "
-            "rotated twice), got k overlapping q's memory; use inplace=False"
-        )
+def __getattr__(name: str) -> Any:
+    return moved(__name__, name, "posenc.rotary.kernels.checks", _MOVED)
 
 
 def apply_rotary_torch(
@@ -226,8 +87,9 @@ def rotate_torch(
       partner's in place (two half-width additions: no swapped copy of x) and the one
       rounding; large CPU tensors go slab by slab through reused float32 buffers
       (:func:`_rotate_in_slabs`), the temporaries in cache instead of tensors of x's size.
-      At a decoding step every torch call counts (6-15 µs each), so this is eight calls
-      a tensor where transformers makes seven;
+      At a decoding step every torch call counts (6-15 µs each): a small 16-bit q and k
+      go through these passes once, joined (:func:`_rotate_joined`), fourteen calls for
+      both where transformers makes sixteen;
     - with autograd (x needs a gradient, cos and sin do not), the same forward for every
       x that needs one in one :class:`_Rotation`, whose backward is the same rotation by
       minus the angles (a rotation's Jacobian is its transpose), each gradient element
@@ -236,39 +98,61 @@ def rotate_torch(
       operations themselves (:func:`_rotate`), x widened once so that autograd sums each
       gradient in float32 before its one rounding.
     """
-    tracing_now = torch.compiler.is_compiling() or torch.jit.is_tracing()
-    grad = torch.is_grad_enabled()
-    if tracing_now or (grad and (cos.requires_grad or sin.requires_grad)):
+    if (
+        torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
+        or (torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad))
+    ):
         return [_rotate(x, cos, sin, layout, seq_dim) for x in xs]
     compute = torch.promote_types(xs[0].dtype, torch.float32)
-    tables = _pair_tables(cos, sin, layout, seq_dim, compute)
-    if not (grad and any(x.requires_grad for x in xs)):
-        return [_rotate_untracked(x, tables, layout) for x in xs]
+    c = cos if cos.dtype == compute else cos.to(compute)
+    s = sin if sin.dtype == compute else sin.to(compute)
+    return rotate_paired(xs, *paired(c, s, layout), layout=layout, seq_dim=seq_dim)
+
+
+def paired(cos: torch.Tensor, sin: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and the partners' signed sin per channel of the rotary dim (``[..., r]`` of
+    ``[..., r / 2]``): the channel's cos, and the sin its partner's product needs (``sin``
+    at the first of a pair, whose product is the second's term ``+x[a] sin``; ``-sin`` at
+    the second, the first's term ``-x[b] sin``). Full rows, so that the products run over
+    contiguous memory; what :func:`rotate_paired` takes."""
+    if layout == "half":
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, -sin], dim=-1)
+    return torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([sin, -sin], dim=-1).flatten(-2)
+
+
+def rotate_paired(
+    xs: Sequence[torch.Tensor],
+    cc: torch.Tensor,
+    signed_sin: torch.Tensor,
+    *,
+    layout: str = "half",
+    seq_dim: int = -2,
+) -> list[torch.Tensor]:
+    """:func:`rotate_torch` with the tables already :func:`paired` (``[s, r]`` or ``[b, s,
+    r]``, in float32, float64 for float64 ``xs``; no gradient of their own), as
+    :meth:`posenc.rotary.cache.CosSinTable.lookup_paired` gathers them: outside autograd
+    (:func:`_rotate_all`) or through one :class:`_Rotation`. No validation, and not for
+    tracing (:func:`rotate_torch` decides)."""
+    tables = _shaped(cc, signed_sin, seq_dim)
+    heads = 1 if seq_dim == -2 else 2
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in xs)):
+        return _rotate_all(xs, tables, layout, heads)
     tracked = [x for x in xs if x.requires_grad]
-    rotated = iter(_Rotation.apply(tables[0], tables[1], layout, *tracked))
+    rotated = iter(_Rotation.apply(tables[0], tables[1], layout, heads, *tracked))
     return [next(rotated) if x.requires_grad else _rotate_untracked(x, tables, layout) for x in xs]
 
 
-def _pair_tables(
-    cos: torch.Tensor, sin: torch.Tensor, layout: str, seq_dim: int, compute: torch.dtype
+def _shaped(
+    cc: torch.Tensor, signed_sin: torch.Tensor, seq_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and the partners' signed sin per channel of the rotary dim, in ``compute``,
-    shaped to broadcast against x (``[s, r]`` or ``[b, 1, s, r]`` for ``seq_dim=-2``,
-    ``[s, 1, r]`` or ``[b, s, 1, r]`` for ``seq_dim=-3``): the channel's cos, and the sin
-    its partner's product needs (``sin`` at the first of a pair, whose product is the
-    second's term ``+x[a] sin``; ``-sin`` at the second, the first's term ``-x[b] sin``).
-    Full rows, so that the products run over contiguous memory."""
-    c = cos if cos.dtype == compute else cos.to(compute)
-    s = sin if sin.dtype == compute else sin.to(compute)
-    if layout == "half":
-        cc, ss = torch.cat([c, c], dim=-1), torch.cat([s, -s], dim=-1)
-    else:
-        cc, ss = torch.stack([c, c], dim=-1).flatten(-2), torch.stack([s, -s], dim=-1).flatten(-2)
+    """:func:`paired`'s tables shaped to broadcast against x: ``[s, r]`` or ``[b, 1, s,
+    r]`` for ``seq_dim=-2``, ``[s, 1, r]`` or ``[b, s, 1, r]`` for ``seq_dim=-3``."""
     if seq_dim == -3:
-        return cc.unsqueeze(-2), ss.unsqueeze(-2)
+        return cc.unsqueeze(-2), signed_sin.unsqueeze(-2)
     if cc.ndim == 3:
-        return cc.unsqueeze(1), ss.unsqueeze(1)
-    return cc, ss
+        return cc.unsqueeze(1), signed_sin.unsqueeze(1)
+    return cc, signed_sin
 
 
 def _add_partners(a: torch.Tensor, t: torch.Tensor, layout: str) -> None:
@@ -282,6 +166,64 @@ def _add_partners(a: torch.Tensor, t: torch.Tensor, layout: str) -> None:
         t0, t1 = t.unflatten(-1, (-1, 2)).unbind(-1)
     a0.add_(t1)
     a1.add_(t0)
+
+
+def _rotate_all(
+    xs: Sequence[torch.Tensor],
+    tables: tuple[torch.Tensor, torch.Tensor],
+    layout: str,
+    heads: int,
+) -> list[torch.Tensor]:
+    """:func:`_rotate_untracked` of each of ``xs``; a small 16-bit q and k whose shapes differ
+    in their head dimension ``heads`` at most go through its passes once, joined
+    (:func:`_rotate_joined`)."""
+    if len(xs) == 2 and _joinable(xs[0], xs[1], tables[0], heads):
+        return _rotate_joined(xs[0], xs[1], tables, layout, heads)
+    return [_rotate_untracked(x, tables, layout) for x in xs]
+
+
+def _joinable(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, heads: int) -> bool:
+    """Whether q and k can be rotated joined along ``heads``: contiguous, of one 16-bit dtype
+    (widened for the products), rotated over every channel, together below the slabs' size,
+    of the same shape but for the head dimension (over which the tables broadcast), and
+    not a ``torch.func`` transform's."""
+    return (
+        q.dtype != c.dtype
+        and k.dtype == q.dtype
+        and q.numel() + k.numel() < _SLAB_MIN_ELEMENTS
+        and q.shape[-1] == c.shape[-1]
+        and q.ndim == k.ndim
+        and all(m == n or i == heads for i, (m, n) in enumerate(zip(q.shape, k.shape)))
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and not transformed(q, k)  # vmap's tensors: no copy into a buffer of our own
+    )
+
+
+def _rotate_joined(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    tables: tuple[torch.Tensor, torch.Tensor],
+    layout: str,
+    heads: int,
+) -> list[torch.Tensor]:
+    """:func:`_rotate_untracked` of q and of k (the same bits, each output contiguous in
+    memory of its own) as one tensor: both widened into one float32 tensor along
+    ``heads``, the products and sums once, each part rounded into its output. At a
+    decoding step in bf16 that is fourteen torch calls in place of sixteen (:func:`_joinable`
+    says when)."""
+    c, signed_sin = tables
+    shape = list(q.shape)
+    shape[heads] += k.shape[heads]
+    x = torch.empty(shape, dtype=c.dtype, device=q.device)  # (a cat and a widening: slower)
+    q_part, k_part = x.split([q.shape[heads], k.shape[heads]], dim=heads)
+    q_part.copy_(q)  # widened: exact
+    k_part.copy_(k)
+    partners = x * signed_sin
+    _add_partners(x.mul_(c), partners, layout)
+    # the one rounding to their dtype, into tensors with the strides of q and k (as each
+    # alone: `q_part.to` would keep the joined tensor's strides where a part is dense)
+    return [torch.empty_like(q).copy_(q_part), torch.empty_like(k).copy_(k_part)]
 
 
 def _rotate_untracked(
@@ -317,10 +259,10 @@ def _rotate(
 ) -> torch.Tensor:
     """The rotation as out-of-place operations that autograd or a trace records: x widened
     once (so that autograd sums each gradient in float32), ``x * cos + swap(x * signed
-    sin)`` over the rotary channels with :func:`_pair_tables`' tables, rounded once to x's
+    sin)`` over the rotary channels with :func:`paired` tables, rounded once to x's
     dtype, the channels past them copied."""
     compute = torch.promote_types(x.dtype, torch.float32)  # float32 math for bf16/fp16
-    cc, ss = _pair_tables(cos, sin, layout, seq_dim, compute)
+    cc, ss = _shaped(*paired(cos.to(compute), sin.to(compute), layout), seq_dim)
     rotary_dim, half = cc.shape[-1], cc.shape[-1] // 2
     x_rot = x[..., :rotary_dim] if rotary_dim < x.shape[-1] else x
     x_rot = x_rot.to(compute)  # exact; one vectorized pass (mixed-dtype products are not)
@@ -338,7 +280,7 @@ def _rotate(
 class _Rotation(torch.autograd.Function):
     """The plain rotation of one or more tensors with autograd: forward as outside
     autograd, backward the rotation of each gradient by minus the angles (itself a
-    ``_Rotation``: twice differentiable). Takes the shaped tables of :func:`_pair_tables`;
+    ``_Rotation``: twice differentiable). Takes the shaped tables of :func:`_shaped`;
     minus the angles is the signed sin negated."""
 
     generate_vmap_rule = True
@@ -355,14 +297,14 @@ class _Rotation(torch.autograd.Function):
         return base.apply(*unwrap_dead_wrappers(args))  # type: ignore[attr-defined]
 
     @staticmethod
-    def forward(c, signed_sin, layout, *xs):  # type: ignore[override]
-        return tuple(_rotate_untracked(x, (c, signed_sin), layout) for x in xs)
+    def forward(c, signed_sin, layout, heads, *xs):  # type: ignore[override]
+        return tuple(_rotate_all(xs, (c, signed_sin), layout, heads))
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
-        c, signed_sin, layout = inputs[:3]
+        c, signed_sin, layout, heads = inputs[:4]
         ctx.save_for_backward(c, signed_sin)
-        ctx.layout = layout
+        ctx.layout, ctx.heads = layout, heads
         ctx.set_materialize_grads(False)
 
     @staticmethod
@@ -371,10 +313,10 @@ class _Rotation(torch.autograd.Function):
         given = [g for g in grads if g is not None]
         back = (c, -signed_sin)  # minus the angles
         if not torch.is_grad_enabled():  # no double backward asked: no node to record
-            rotated = iter([_rotate_untracked(g, back, ctx.layout) for g in given])
+            rotated = iter(_rotate_all(given, back, ctx.layout, ctx.heads))
         else:
-            rotated = iter(_Rotation.apply(*back, ctx.layout, *given) if given else ())
-        return (None, None, None, *(None if g is None else next(rotated) for g in grads))
+            rotated = iter(_Rotation.apply(*back, ctx.layout, ctx.heads, *given) if given else ())
+        return (None, None, None, None, *(None if g is None else next(rotated) for g in grads))
 
 
 # Elements of x per slab (its float32 temporaries: 1 MiB each), and the size from which

@@ -25,9 +25,9 @@ import torch
 from posenc._errors import PosEncError, transformed
 from posenc.rotary.kernels import cpu as cpu_kernel
 from posenc.rotary.kernels.backends import cpu_fast_path_ready, select_backend
+from posenc.rotary.kernels.checks import check_cos_sin, check_rotary_dim, check_rotary_input
 from posenc.rotary.kernels.dispatch import _check_k, _check_options
 from posenc.rotary.kernels.ops import _COMPUTE, _tables, check_launch
-from posenc.rotary.kernels.plain import check_cos_sin, check_rotary_dim, check_rotary_input
 
 __all__ = ["PLANS_MAX", "rotate_planned"]
 
