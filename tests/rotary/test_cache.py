@@ -216,17 +216,17 @@ def test_the_paired_table_holds_the_pairs_of_the_table(layout, scaling, position
 
 
 def test_the_paired_table_is_capped_dropped_and_not_carried():
-    """Twice as wide, the paired table holds half the positions in ``max_bytes``; past
-    them it answers None while the float32 table still serves; lowering the cap drops
-    it; a pickled module carries none."""
-    rope = posenc.RotaryEmbedding(16)  # paired rows: 32 float32 numbers (128 bytes)
+    """The paired table holds the positions the float32 table holds under ``max_bytes``
+    (in twice its bytes): past them both answer None; lowering the cap drops both; a
+    pickled module carries none."""
+    rope = posenc.RotaryEmbedding(16)  # float32 rows: 16 numbers (64 bytes); paired: 32
     table = rope.cos_sin_table
-    table.max_bytes = 128 * 5000
-    assert table.lookup_paired(torch.tensor([4999]), "half") is not None
-    assert table.lookup_paired(torch.tensor([5000]), "half") is None
-    assert table.paired_rows == {"half": 5000}
-    assert table.lookup(torch.tensor([9999]), torch.float32) is not None
-    assert table.rows == {torch.float32: 10000}
-    assert pickle.loads(pickle.dumps(rope)).cos_sin_table.paired_rows == {}
     table.max_bytes = 64 * 5000
+    assert table.lookup_paired(torch.tensor([4999]), "half") is not None
+    assert table.lookup_paired(torch.tensor([5000]), "interleaved") is None
+    assert table.lookup(torch.tensor([4999]), torch.float32) is not None
+    assert table.lookup(torch.tensor([5000]), torch.float32) is None
+    assert table.paired_rows == {"half": 5000} and table.rows == {torch.float32: 5000}
+    assert pickle.loads(pickle.dumps(rope)).cos_sin_table.paired_rows == {}
+    table.max_bytes = 64 * 4999
     assert table.paired_rows == {} and table.rows == {}

@@ -20,7 +20,9 @@ When it serves a call (:meth:`CosSinTable.lookup`), and when the call computes i
 
 With the fused CPU path off, the plain path's common call gathers cos and the partners'
 signed sin per channel instead (:meth:`CosSinTable.lookup_paired`), from a float32 table of
-their own per layout, built from the same values and held to the same ``max_bytes``.
+their own per layout, built from the same values. It holds the positions the float32 table
+holds under ``max_bytes``, in twice the bytes (each row is twice as wide), so that the two
+serve and step aside at the same positions.
 
 The table is a plain attribute of its module, never a buffer: ``state_dict()`` stays
 empty and ``module.to(torch.bfloat16)`` cannot round it.
@@ -78,15 +80,16 @@ class CosSinTable:
 
     @property
     def max_bytes(self) -> int:
-        """The most one dtype's (or one layout's paired) table may hold, in bytes (0: the
-        table is off). Lowering it drops tables that no longer fit."""
+        """The most one dtype's table may hold, in bytes (0: the table is off; a paired
+        table holds as many positions as the float32 one, in twice the bytes). Lowering it
+        drops tables that no longer fit."""
         return self._max_bytes
 
     @max_bytes.setter
     def max_bytes(self, value: int) -> None:
         self._max_bytes = check_int("max_bytes", value, min=0)
         tables = getattr(self, "_tables", {})
-        for key in [d for d, t in tables.items() if t.numel() * t.element_size() > value]:
+        for key in [d for d, t in tables.items() if t.shape[0] * self._row_bytes(d) > value]:
             del tables[key]
 
     @property
@@ -113,8 +116,8 @@ class CosSinTable:
         """``lookup(positions, torch.float32)`` as
         :func:`posenc.rotary.kernels.plain.paired` makes it for ``layout``: cos and the
         partners' signed sin per channel, ``[*P, r]`` each, from one gather of a table of
-        its own (twice as wide: it holds half the positions in ``max_bytes``); what the
-        plain path's common call (:func:`posenc.rotary.fast`) rotates with."""
+        its own (twice as wide, as many positions); what the plain path's common call
+        (:func:`posenc.rotary.fast`) rotates with."""
         return self._gather(positions, layout)
 
     def _gather(
@@ -174,13 +177,19 @@ class CosSinTable:
         reads its rows itself (:mod:`posenc.rotary.fast`) holds on to during the read."""
         return self._tables.get(dtype)
 
+    def _row_bytes(self, key: torch.dtype | str) -> int:
+        """The bytes a position of ``key``'s table counts against ``max_bytes``: its cos and
+        sin in the dtype (float32 for a paired table, which so holds the float32 table's
+        positions in twice its bytes)."""
+        dtype = key if isinstance(key, torch.dtype) else torch.float32
+        return 2 * self._inv_freq.numel() * torch.empty((), dtype=dtype).element_size()
+
     def _grow(self, key: torch.dtype | str, needed: int) -> torch.Tensor | None:
         """The table for ``key`` (a dtype: ``[cos | sin]`` in it; a layout: the paired
         float32 ``[cos per channel | signed sin]``) with at least ``needed`` rows, or
         ``None`` past ``max_bytes``."""
         dtype = key if isinstance(key, torch.dtype) else torch.float32
-        width = 2 * self._inv_freq.numel() * (1 if isinstance(key, torch.dtype) else 2)
-        row_bytes = width * torch.empty((), dtype=dtype).element_size()
+        row_bytes = self._row_bytes(key)
         rows = max(_MIN_ROWS, 1 << (needed - 1).bit_length())
         if rows * row_bytes > self._max_bytes:
             rows = self._max_bytes // row_bytes

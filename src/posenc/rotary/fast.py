@@ -45,7 +45,7 @@ from posenc.rotary.cache import CosSinTable
 from posenc.rotary.kernels import cpu as cpu_kernel
 from posenc.rotary.kernels.backends import cpu_fast_path_off, cpu_fast_path_ready
 from posenc.rotary.kernels.ops import check_launch
-from posenc.rotary.kernels.plain import rotate_paired, rotate_torch
+from posenc.rotary.kernels.plain import rotate_paired
 
 __all__ = ["FastRotation", "fast_forward"]
 
@@ -146,8 +146,7 @@ def _plain_forward(
     remembered as such, and its later calls go straight to the paired table's rows and
     :func:`~posenc.rotary.kernels.plain.rotate_paired`: the general path's rotation
     (autograd included) with the same bits, without its checks, position rules, dispatch
-    and pairing of the tables (at a decoding step they cost as much as the rotation).
-    Positions past the paired table's cap (half the table's) take the table's rows."""
+    and pairing of the tables (at a decoding step they cost as much as the rotation)."""
     key = _served_key(q, k, positions, seq_dim)
     if key is None:  # vmap / grad (the general path, with its messages), no strides
         return None
@@ -170,13 +169,9 @@ def _plain_forward(
         if positions is None
         else table.lookup_paired(positions, layout)
     )
-    if pairs is not None:
-        q_out, k_out = rotate_paired([q, k], *pairs, layout=layout, seq_dim=seq_dim)
-        return q_out, k_out
-    rows = _rows(table, positions, q.shape[0], seq)  # past the paired table's cap
-    if rows is None:
+    if pairs is None:
         return None  # negative, or past the table's cap: the general path computes them
-    q_out, k_out = rotate_torch([q, k], rows[0], rows[1], layout=layout, seq_dim=seq_dim)
+    q_out, k_out = rotate_paired([q, k], *pairs, layout=layout, seq_dim=seq_dim)
     return q_out, k_out
 
 
