@@ -1,6 +1,6 @@
 """CoPE and forgetting attention on their paths: time and memory of one training step.
 
-    python benchmarks/contextual.py            # b=1, h=4, d=32, s in 256, 1024, 2048
+    python benchmarks/contextual.py            # b=1, h=4, d=32, s in 128, 256, 1024, 2048
     python benchmarks/contextual.py --quick    # s=256 only
 
 For each sequence length, one forward and backward of ``posenc.attention`` (causal, float32,
@@ -15,7 +15,8 @@ gradients of q, k, v and the encoding's parameters or gates) on each path:
   ``Attend`` with its ``CoPE`` (the same table), when x-transformers is installed (the dev
   extra);
 - forgetting attention through ``sdpa`` (the term folded into the keys,
-  :mod:`posenc.attend.folded`; its eager and chunked twins are in
+  :mod:`posenc.attend.folded`), ``auto`` (the same, but the eager path for a short call the
+  fold would cut into blocks) and ``eager`` (its chunked twin is in
   ``results/contextual-2026-12-02.md``), with gates that remember (``fox``: log f =
   logsigmoid(N(0, 1) + 3), about -0.07 a token), forget (``fox-forget``: + -3 instead,
   about -3 a token) and one head of each of +5, +3, 0, -3 (``fox-mixed``).
@@ -147,9 +148,9 @@ PATHS = {
     "none": ["sdpa"],
     "cope": ["eager", "chunked", "auto"],
     "cope-unscaled": ["auto", "chunked", "x-transformers"],
-    "fox": ["sdpa"],
-    "fox-forget": ["sdpa"],
-    "fox-mixed": ["sdpa"],
+    "fox": ["sdpa", "auto", "eager"],
+    "fox-forget": ["sdpa", "auto", "eager"],
+    "fox-mixed": ["sdpa", "auto", "eager"],
 }
 
 
@@ -193,7 +194,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    lengths = [256] if args.quick else [256, 1024, 2048]
+    lengths = [256] if args.quick else [128, 256, 1024, 2048]
     print(f"b={args.batch}, h={args.heads}, d={args.head_dim}, float32, 1 thread, causal")
     print("| encoding | s | path | saved MiB | ms | range | / none, paired (min-max) |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")

@@ -222,3 +222,28 @@ def test_batch_one_still_resolves():
     torch.testing.assert_close(k, torch.arange(4), rtol=0, atol=0)
     got = positions.resolve(torch.zeros(1, 3, dtype=torch.long), 3, batch=1)
     torch.testing.assert_close(got, torch.zeros(1, 3, dtype=torch.long), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "q_len, k_len, rows, keys",
+    [
+        (6, 6, None, None),  # self-attention, the whole square
+        (6, 6, (2, 5), (0, 5)),  # a block of rows over the keys up to its last query
+        (6, 6, (2, 5), (2, 5)),  # square from the block's first key: the diagonal
+        (3, 9, None, None),  # decoding with a cache: the queries are the last keys
+        (3, 9, (1, 3), (4, 9)),  # a cache, rows and keys cut
+        (1, 5, None, (2, 5)),  # one query
+        (4, 4, (0, 4), (1, 3)),  # keys that end before the last query's
+    ],
+)
+def test_additive_causal_mask_is_the_rule(q_len, k_len, rows, keys, dtype):
+    """The additive form of the causal rule is 0 exactly where the bool rule is True and
+    -inf where it is False, over the rows and key columns asked for, in the dtype."""
+    start, stop = rows or (0, q_len)
+    lo, hi = keys or (0, k_len)
+    seen = positions.causal_pairs(q_len, k_len, rows=rows)[:, lo:hi]
+    got = positions.causal_pairs(q_len, k_len, rows=rows, keys=keys, additive=dtype)
+    assert got.shape == (stop - start, hi - lo) and got.dtype == dtype
+    want = torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, float("-inf"))
+    assert torch.equal(got, want)

@@ -443,17 +443,29 @@ def causal_pairs(
     rows: tuple[int, int] | None = None,
     device: Any = None,
     at: tuple[torch.Tensor, torch.Tensor] | None = None,
+    keys: tuple[int, int] | None = None,
+    additive: torch.dtype | None = None,
 ) -> torch.Tensor:
     """The causal rule, the one place it is written: bool ``[rows, k]``, True where query
     ``i`` may attend key ``j``, i.e. ``j <= i + (k_len - q_len)`` (the queries are the last
     ``q_len`` of the ``k_len`` keys: decoding with a KV cache). ``rows = (start, stop)``
     restricts the answer to those query rows; ``at = (i, j)``, index tensors that
     broadcast, gives it at those pairs only (``rows`` and ``device`` then unused).
+    ``additive``, a floating dtype, gives the rule as the mask SDPA adds to its logits
+    instead (0 where the key is seen, ``-inf`` where not), over the key columns ``keys =
+    (lo, hi)`` (all by default): one fill and one ``triu_`` (the bool answer and its
+    ``masked_fill`` took four passes over the pairs, the largest cost of a folded call).
     Internal (no validation): attention's :func:`posenc.attend.paths.allowed_pairs` and
     the families' pure functions call it."""
     if at is not None:
         return at[1] <= at[0] + (k_len - q_len)
     start, stop = (0, q_len) if rows is None else rows
+    if additive is not None:
+        lo, hi = (0, k_len) if keys is None else keys
+        # row r (query start + r) sees column c (key lo + c) iff c <= r + seen
+        seen = start - lo + (k_len - q_len)
+        hidden = torch.full((stop - start, hi - lo), float("-inf"), dtype=additive, device=device)
+        return hidden.triu_(seen + 1)
     i = torch.arange(start, stop, device=device)[:, None]
     j = torch.arange(k_len, device=device)[None, :]
     return j <= i + (k_len - q_len)  # [rows, k]

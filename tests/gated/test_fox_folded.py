@@ -98,11 +98,11 @@ def cuts(monkeypatch):
     seen: dict[str, list] = {"one": [], "block": [], "batched": [], "lo": []}
     real_block, real_batched = FO._block, FO._batched
 
-    def block(qp, kp, vp, c, call, d, span):
-        whole = span[0] == 0 and span[1] == qp.shape[2]
+    def block(qw, kw, vw, c, call, d, span, lengths):
+        whole = span[0] == 0 and span[1] == lengths[0]
         seen["one" if whole else "block"].append(span)
         seen["lo"].append(span[2])
-        return real_block(qp, kp, vp, c, call, d, span)
+        return real_block(qw, kw, vw, c, call, d, span, lengths)
 
     def batched(qp, kp, vp, c, call, d, spans, size):
         seen["batched"].append(len(spans))
@@ -227,3 +227,78 @@ def test_horizon_keeps_float32_weights_normal(norm, k_len):
     assert u == pytest.approx(least) or 2 * bound + u <= 87 + 1e-9
     assert u == pytest.approx(min(110, max(least, 87 - 2 * bound)))
     assert FO._horizon(q.double(), k.double(), scale) == pytest.approx(bound + 760)
+
+
+@pytest.mark.parametrize("name", ["blocks", "mixed-heads", "decode-blocks", "padding"])
+def test_square_blocks_take_sdpas_causal_rule(name, monkeypatch):
+    """A block whose first query sees no key before its own is square, and its causal rule
+    is SDPA's own ``is_causal``: no mask is built for it. Every other causal block gets the
+    mask; the answers are the oracle's
+    (:func:`test_fold_matches_reference`)."""
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def sdpa(q, k, v, attn_mask=None, is_causal=False, **kw):
+        calls.append((q.shape[-2], k.shape[-2], is_causal, attn_mask))
+        return real(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **kw)
+
+    monkeypatch.setattr(FO.F, "scaled_dot_product_attention", sdpa)
+    case = CASES[name]
+    attend(case, *inputs(case))
+    assert len(calls) > 1
+    for rows, keys, causal, mask in calls:
+        assert (mask is None) == causal, (rows, keys, causal)
+        if causal:
+            assert rows == keys
+        else:  # additive, in the queries' dtype; bool for padding and a batch of blocks
+            assert mask.dtype in (torch.float64, torch.bool)
+    if case.q_len == case.k_len and not case.padding:
+        assert any(causal for _, _, causal, _ in calls)  # the first block, at least
+
+
+@pytest.mark.parametrize("used", [(0, 1, 2), (0, 2), (1,)], ids=["all", "some", "one"])
+def test_windows_sum_their_gradients_as_slices_do(used):
+    """The blocks' overlapping windows of one tensor give it the gradient its slices would
+    (windows whose outputs are unused count nothing), once and twice differentiated."""
+    spans = ((0, 5), (3, 9), (2, 4))
+    t = torch.randn(2, 3, 9, 4, dtype=torch.float64, requires_grad=True)
+    weights = [torch.randn(2, 3, hi - lo, 4, dtype=torch.float64) for lo, hi in spans]
+
+    def loss(windows):
+        return sum(((windows[i] ** 2) * weights[i]).sum() for i in used)
+
+    got = torch.autograd.grad(loss(FO._Windows.apply(spans, t)), t)[0]
+    want = torch.autograd.grad(loss([t[:, :, lo:hi] for lo, hi in spans]), t)[0]
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=0)  # summed in another order
+    assert torch.autograd.gradgradcheck(lambda x: FO._Windows.apply(spans, x)[used[0]] ** 2, (t,))
+
+
+@pytest.mark.parametrize(
+    "length, shift, backend, folds",
+    [
+        (128, -3.0, "auto", False),  # short and cut into blocks: the eager path, cheaper
+        (128, 6.0, "auto", True),  # short, one block: folded
+        (256, -3.0, "auto", False),  # 65 536 pairs a head: still eager
+        (257, -3.0, "auto", True),  # one more token: folded
+        (128, -3.0, "sdpa", True),  # asked for: folded
+    ],
+)
+def test_auto_takes_eager_for_a_short_call_cut_into_blocks(
+    length, shift, backend, folds, monkeypatch
+):
+    """``backend="auto"`` folds a gated term unless the call is short (at most
+    ``EAGER_PAIRS`` pairs a head) and its gates would cut it into blocks; then it is the
+    eager path's call, with the eager path's bits."""
+    case = Case(length, length, (shift, shift))
+    q, k, v, gates = inputs(case, torch.float32)
+    calls = []
+    real = FO.folded
+    monkeypatch.setattr(FO, "folded", lambda *a: calls.append(1) or real(*a))
+    got = attend(case, q, k, v, gates, backend=backend)
+    assert bool(calls) == folds
+    assert FO.eager_is_cheaper(FoXBias(2).gate_cumulative(gates), length, length) == (
+        length * length <= FO.EAGER_PAIRS and shift < 0
+    )
+    if not folds:
+        assert torch.equal(got, attend(case, q, k, v, gates, backend="eager"))
+    torch.testing.assert_close(got.double(), oracle(case, q, k, v, gates), atol=1e-5, rtol=0)

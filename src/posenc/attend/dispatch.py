@@ -28,8 +28,9 @@ pass with :func:`prepare_encoding` and passes it as ``encoding=`` to every layer
 and Flex can run here (CUDA, or CPU without gradients, no dropout), and SDPA otherwise.
 Contextual encodings take eager, or ``"chunked"`` (the eager path per block of query rows)
 once the scores reach that size; gated ones SDPA (a separable term such as forgetting
-attention's folded into the keys at any size, :mod:`posenc.attend.folded`; otherwise the
-term as its mask, or Flex, or chunked where Flex cannot run, once large).
+attention's folded into the keys, :mod:`posenc.attend.folded`, but eager for a short call
+whose gates would cut the fold into blocks, :func:`~posenc.attend.folded.eager_is_cheaper`;
+otherwise the term as its mask, or Flex, or chunked where Flex cannot run, once large).
 """
 
 from __future__ import annotations
@@ -373,8 +374,12 @@ def attention(
     if path == "flex":
         return _flex(q, k, v, call)
     if path == "sdpa" and isinstance(enc, GatedEncoding) and folded.applies(q, enc):
-        # a separable term (c_i - c_j): two more channels of q and k, no [b, h, q, k] bias
-        return folded.folded(q, k, v, call, enc.gate_cumulative(call.checked_gates()))
+        # a separable term (c_i - c_j): two more channels of q and k, no [b, h, q, k] bias;
+        # under "auto" a short call that would be cut into blocks is cheaper eager
+        c = enc.gate_cumulative(call.checked_gates())
+        if backend != "auto" or not folded.eager_is_cheaper(c, q_len, k_len):
+            return folded.folded(q, k, v, call, c)
+        path = "eager"
     if path == "sdpa":
         return sdpa(q, k, v, call)
     if path == "fused":

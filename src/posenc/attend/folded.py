@@ -22,7 +22,10 @@ rounded once. A block of one row serves any gate, so every call is served:
   group cut on its own, so a head that remembers is not cut as finely as one that forgets;
 - a group whose decay never exceeds ``FOLD_RANGE`` is one SDPA call (``is_causal`` for
   self-attention); the others one call per block, with the causal rule as an additive mask
-  (the caller's ``attn_mask`` merged in as a bool one);
+  (:func:`~posenc.positions.causal_pairs`' one fill and ``triu_``; the caller's
+  ``attn_mask`` merged in as a bool one), but for a block whose first query sees no key
+  before its own (self-attention's first block): that block is square and its rule is
+  SDPA's ``is_causal``, so no mask is built (a ``[1498, 1498]`` one took 22 ms);
 - a block skips the keys whose weight is below ``e^-u`` of the row's largest in each of
   its rows: a term below ``-(2 scale max|q| max|k| + u)``, as the row's own key (term 0)
   sits at most ``2 scale max|q| max|k|`` below the largest logit (``u`` in
@@ -51,7 +54,16 @@ from posenc._errors import tracing
 from posenc.attend.paths import allowed_pairs
 from posenc.positions import causal_pairs
 
-__all__ = ["CALL_PAIRS", "CHUNK_SCORES", "FOLD_RANGE", "applies", "blocks", "folded"]
+__all__ = [
+    "CALL_PAIRS",
+    "CHUNK_SCORES",
+    "EAGER_PAIRS",
+    "FOLD_RANGE",
+    "applies",
+    "blocks",
+    "eager_is_cheaper",
+    "folded",
+]
 
 #: Within a block of queries every head's cumulative gate sum falls by at most this much:
 #: the folded channel's values near each query lie in ``[0, FOLD_RANGE]``.
@@ -67,6 +79,14 @@ CHUNK_SCORES = 1 << 22
 #: than the calls it saves (a head that forgets fast: many short blocks).
 CALL_PAIRS = 30_000
 
+#: Up to this many (query, key) pairs a head (``q_len * k_len``: 256 tokens), a call whose
+#: gates fall by more than :data:`FOLD_RANGE` over its queries (so it is cut into blocks)
+#: costs more folded than on the eager path: the blocks' calls and gathers outweigh a
+#: ``[b, h, q, k]`` bias that small (at 64-128 tokens, gates that forget fast: 5.0-9.0x
+#: SDPA's step folded, 1.6-3.2x eager; ``benchmarks/RESULTS.md``), so ``backend="auto"``
+#: takes the eager path for it (:func:`eager_is_cheaper`).
+EAGER_PAIRS = 1 << 16
+
 
 def applies(q: torch.Tensor, enc: Any) -> bool:
     """Whether the call can fold its gated term: a separable encoding, not traced, float32
@@ -74,6 +94,16 @@ def applies(q: torch.Tensor, enc: Any) -> bool:
     if not getattr(enc, "separable", False) or tracing():
         return False
     return q.dtype in (torch.float32, torch.float64) or q.device.type == "cpu"
+
+
+def eager_is_cheaper(c: torch.Tensor, q_len: int, k_len: int) -> bool:
+    """Whether a call with cumulative gate sums ``c`` (float64 ``[b, h, k]``) is cheaper on
+    the eager path than folded: at most :data:`EAGER_PAIRS` pairs a head, and cut into
+    blocks (see :data:`EAGER_PAIRS`). One synchronisation, as :func:`folded` has."""
+    if q_len * k_len > EAGER_PAIRS:
+        return False
+    rows = c[..., k_len - q_len :].detach().reshape(-1, q_len)
+    return float((rows[:, 0] - rows[:, -1]).max()) > FOLD_RANGE
 
 
 def blocks(c: torch.Tensor, first: int, q_len: int, limit: float | None = None) -> list[int]:
@@ -182,47 +212,97 @@ def _attend(qp, kp, vp, c, call: Any, d: int, horizon: float | None) -> torch.Te
     heads = qp.shape[0] * qp.shape[1]
     if call.keep is None and heads * (1.5 * padded - pairs) < CALL_PAIRS * (len(spans) - 1):
         return _batched(qp, kp, vp, c, call, d, spans, (rows, keys))
+    lengths = (q_len, k_len)
+    windows = _windows(qp, kp, vp, spans, first)
     if pairs > CHUNK_SCORES and torch.is_grad_enabled():
         # many long blocks: their masks would be kept for the backward pass (O(q k)
         # bytes), so each block is recomputed there instead (O(rows k) at a time)
         outs = [
             torch.utils.checkpoint.checkpoint(
-                lambda qp, kp, vp, c, span=span: _block(qp, kp, vp, c, call, d, span),
-                qp,
-                kp,
-                vp,
+                lambda qw, kw, vw, c, span=span: _block(qw, kw, vw, c, call, d, span, lengths),
+                *window,
                 c,
                 use_reentrant=False,
             )
-            for span in spans
+            for window, span in zip(windows, spans, strict=True)
         ]
     else:
-        outs = [_block(qp, kp, vp, c, call, d, span) for span in spans]
+        outs = [
+            _block(qw, kw, vw, c, call, d, span, lengths)
+            for (qw, kw, vw), span in zip(windows, spans, strict=True)
+        ]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
-def _block(qp, kp, vp, c, call: Any, d: int, span: tuple[int, int, int]) -> torch.Tensor:
-    """Query rows ``start:stop`` over keys ``lo:`` to their last query: one SDPA call."""
+class _Windows(torch.autograd.Function):
+    """Windows ``t[:, :, lo:hi]`` of one tensor (views), whose gradients are summed into
+    one tensor of ``t``'s shape: a slice's own backward fills a tensor of ``t``'s whole
+    shape for each window (the largest cost of a folded backward pass: 36 fills of ``[1,
+    4, 2048, 34]`` for twelve blocks)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(spans, t):  # type: ignore[override]
+        return tuple(t.narrow(2, lo, hi - lo) for lo, hi in spans)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # type: ignore[override]
+        ctx.spans, ctx.shape = inputs[0], inputs[1].shape
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        given = [(span, g) for span, g in zip(ctx.spans, grads, strict=True) if g is not None]
+        if not given:
+            return None, None
+        total = given[0][1].new_zeros(ctx.shape)
+        for (lo, hi), g in given:
+            total.narrow(2, lo, hi - lo).add_(g)
+        return None, total
+
+
+def _windows(
+    qp, kp, vp, spans, first: int
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Per block (``spans``: query rows ``start:stop``, first key ``lo``) its rows of ``qp``
+    and its keys ``lo:first + stop`` of ``kp`` and ``vp`` (:class:`_Windows`; the tensors
+    themselves for one block over every row and key)."""
+    if len(spans) == 1 and spans[0] == (0, qp.shape[2], 0) and first + qp.shape[2] == kp.shape[2]:
+        return [(qp, kp, vp)]
+    rows = tuple((start, stop) for start, stop, _ in spans)
+    keys = tuple((lo, first + stop) for _, stop, lo in spans)
+    qs, ks, vs = _Windows.apply(rows, qp), _Windows.apply(keys, kp), _Windows.apply(keys, vp)
+    return list(zip(qs, ks, vs, strict=True))
+
+
+def _block(qw, kw, vw, c, call: Any, d: int, span, lengths: tuple[int, int]) -> torch.Tensor:
+    """Query rows ``start:stop`` (``qw``: those rows of the folded queries) over keys ``lo:``
+    to their last query (``kw``, ``vw``: those keys), of a call of ``lengths = (q_len,
+    k_len)``: one SDPA call."""
     start, stop, lo = span
-    q_len, k_len = qp.shape[2], kp.shape[2]
+    q_len, k_len = lengths
     first = k_len - q_len
     keys = first + stop  # the block's queries see keys [0, keys)
     ref = c[..., first + start].detach()[..., None]
-    kb = _write(kp[:, :, lo:keys], d, (ref - c[..., lo:keys])[..., None])  # [b, h, keys - lo, w]
+    kb = _write(kw, d, (ref - c[..., lo:keys])[..., None])  # [b, h, keys - lo, w]
     qc = c[..., first + start : first + stop]
-    qb = _write(qp[:, :, start:stop], d + 1, (qc - ref)[..., None])  # [b, h, rows, w]
-    plain = call.keep is None and first == 0 and (start, stop) == (0, q_len)
+    qb = _write(qw, d + 1, (qc - ref)[..., None])  # [b, h, rows, w]
+    # causal only, and the block's first query sees its first key and no earlier one: the
+    # block is square and its rule SDPA's own (top-left) causal one, no mask built
+    plain = call.keep is None and lo == first + start
     mask = None
     if call.keep is None and not plain:  # causal only: an additive mask SDPA reads as is
-        tri = causal_pairs(q_len, k_len, rows=(start, stop), device=qp.device)[:, lo:keys]
-        mask = torch.zeros((), dtype=qp.dtype, device=qp.device).masked_fill(~tri, float("-inf"))
+        mask = causal_pairs(
+            q_len, k_len, rows=(start, stop), keys=(lo, keys), device=qw.device, additive=qw.dtype
+        )
     elif not plain:
-        mask, _ = allowed_pairs(call.keep, True, q_len, k_len, qp.device, rows=(start, stop))
+        mask, _ = allowed_pairs(call.keep, True, q_len, k_len, qw.device, rows=(start, stop))
         mask = None if mask is None else mask[..., lo:keys]
     return F.scaled_dot_product_attention(
         qb,
         kb,
-        vp[:, :, lo:keys],
+        vw,
         attn_mask=mask,
         dropout_p=call.dropout_p,
         is_causal=plain,
