@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from posenc.integrations._hf_patch import _hub_unwrapped
+
 _SKIP_WORDS = ("Vision", "Audio", "DiT")
 
 
@@ -60,8 +62,9 @@ class Family:
         if interleave is not None:
             conditional = "if self.config.rope_interleave" in _source(mod)
             if not conditional or getattr(config, "rope_interleave", False):
-                return interleave
-        return getattr(mod, "apply_rotary_pos_emb", None) or mod.apply_rotary_emb
+                return _hub_unwrapped(interleave)
+        # transformers >= 5.25 with `kernels`: a hub wrapper around the function
+        return _hub_unwrapped(getattr(mod, "apply_rotary_pos_emb", None) or mod.apply_rotary_emb)
 
 
 @functools.cache

@@ -271,6 +271,23 @@ def _ropes(config: Any, model_type: str, scaling: Any) -> dict[str | None, Rotar
         raise PosEncError(f"model_type {model_type!r}: {error}") from None
 
 
+def _hub_unwrapped(apply: Any) -> Any:
+    """The function a kernels-hub wrapper calls, or ``apply`` itself. With the ``kernels``
+    package installed (a requirement of transformers from 5.25), a modeling module's
+    ``@use_kernel_forward_from_hub`` apply function is an ``nn.Module`` whose ``forward(*args,
+    **kwargs)`` calls the original, held in its closure as ``func``: its parameters are the
+    original's. patch rebuilds the attention forwards with posenc's functions in their
+    place, so the wrapper is never called."""
+    if not (isinstance(apply, nn.Module) and hasattr(type(apply), "kernel_layer_name")):
+        return apply
+    forward = type(apply).forward
+    code, cells = getattr(forward, "__code__", None), getattr(forward, "__closure__", None)
+    if code is None or cells is None or "func" not in code.co_freevars:
+        return apply
+    inner = cells[code.co_freevars.index("func")].cell_contents
+    return inner if inspect.isfunction(inner) else apply
+
+
 @dataclasses.dataclass
 class _Target:
     """One model's family and modeling module, and the forwards rebuilt for its classes."""
@@ -286,7 +303,7 @@ class _Target:
             original = vars(self.modeling).get(name)
             if original is None:
                 continue
-            got = tuple(inspect.signature(original).parameters)
+            got = tuple(inspect.signature(_hub_unwrapped(original)).parameters)
             if got != params:
                 raise PosEncError(
                     f"model_type {self.model_type!r}: {self.modeling.__name__}.{name} takes "
