@@ -19,11 +19,14 @@ rotated at explicit positions (cos/sin computed inside the call, as a model does
   transformers' cos/sin;
 - ``copy``: ``q.clone(), k.clone()``, the floor: one read and one write of q and k.
 
-Peers are timed round-robin (one call of each, repeated, each round starting one peer
-later, so that no peer always runs after the one whose freed memory it faults back in), so
-load on the machine hits them alike, with Python's garbage collector off while timing (as
-``timeit`` has it); each cell is the median (``--repeats`` calls, ten times as many for calls
-under 10 MB). ``GB/s`` counts the least bytes a call must move:
+Peers are timed round-robin (one call of each, repeated, each round in an order of its own,
+a seeded shuffle, so that no peer always runs after the one whose freed memory it faults
+back in), so load on the machine hits them alike, with Python's garbage collector off while
+timing (as ``timeit`` has it); each cell is the median (``--repeats`` calls, ten times as
+many for calls under 10 MB). The summary's last lines pair the rounds: each round's time of
+the plain path (and of the fused one) over transformers' in the same round, as the median,
+the quartiles and the share of rounds it was the faster (the JSON rows' ``paired``).
+``GB/s`` counts the least bytes a call must move:
 q and k read once and written once (twice that for fwdbwd). ``%copy`` is that rate over
 the copy's rate in the same run (``x copy``: the time over the time to copy as many
 bytes); ``x fused`` is the peer's time over posenc fused's.
@@ -282,6 +285,7 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
                     times[peer].append(measure(lambda fn=fn: call(fn)))
         finally:
             gc.enable()
+        paired = _paired_ratios(times)
         for peer, ts in times.items():
             nbytes = fwd_bytes * (2 if mode == "fwdbwd" and "copy" not in peer else 1)
             rows.append(
@@ -298,6 +302,7 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
                     "first_call_s": first[peer],
                     "bytes": nbytes,
                     "gbps": nbytes / statistics.median(ts) / 1e9,
+                    "paired": paired.get(peer, {}),
                 }
             )
     for mode in args.modes:
@@ -309,6 +314,34 @@ def run_size(name, dtype, device, args) -> list[dict[str, Any]]:
             r["x_copy"] = copy["gbps"] / r["gbps"]  # time over the time to copy as many bytes
             r["x_fused"] = r["median_ms"] / fused["median_ms"]
     return rows
+
+
+# the paired ratios kept per row: (peer, over) -> each round's time of peer over over's
+PAIRED = (
+    ("posenc fused", "transformers"),
+    ("posenc fused", "copy"),
+    ("posenc plain", "transformers"),
+)
+
+
+def _paired_ratios(times: dict[str, list[float]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each round's time of a peer over another's in that round (both timed in it, one
+    after the other in its order), for the pairs of ``PAIRED``: the median, the quartiles
+    and the share of rounds in which the peer was the faster, so that a claim reads the
+    spread of the comparison and not the two medians alone."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for peer, over in PAIRED:
+        if peer not in times or over not in times:
+            continue
+        ratios = sorted(a / b for a, b in zip(times[peer], times[over]))
+        q1, _, q3 = statistics.quantiles(ratios, n=4)
+        out.setdefault(peer, {})[over] = {
+            "median": statistics.median(ratios),
+            "q1": q1,
+            "q3": q3,
+            "faster_share": sum(r < 1 for r in ratios) / len(ratios),
+        }
+    return out
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -340,6 +373,15 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
             if peer in peers:
                 line += f", {peers[peer]['x_fused']:.2f}x faster than {peer}"
         print(line)
+    for r in rows:
+        for over, p in r.get("paired", {}).items():
+            if r["peer"] == "posenc fused" and over == "copy":
+                continue  # the line above has it
+            print(
+                f"{r['size']} {r['dtype']} {r['mode']}: {r['peer']} / {over}, paired by round: "
+                f"{p['median']:.2f} (quartiles {p['q1']:.2f}-{p['q3']:.2f}), "
+                f"faster in {100 * p['faster_share']:.0f}% of {r['repeats']} rounds"
+            )
 
 
 def machine(device: str) -> dict[str, Any]:

@@ -158,12 +158,7 @@ def _shaped(
 def _add_partners(a: torch.Tensor, t: torch.Tensor, layout: str) -> None:
     """``a += swap(t)`` over the pairs, in place: each channel's product by cos plus its
     partner's product by the signed sin, one rounding each."""
-    if layout == "half":
-        a0, a1 = a.chunk(2, -1)
-        t0, t1 = t.chunk(2, -1)
-    else:
-        a0, a1 = a.unflatten(-1, (-1, 2)).unbind(-1)
-        t0, t1 = t.unflatten(-1, (-1, 2)).unbind(-1)
+    a0, a1, t0, t1 = _halves(a, t, layout)
     a0.add_(t1)
     a1.add_(t0)
 
@@ -333,32 +328,61 @@ def _rotate_in_slabs(
     slab (in cache, where tensors of x's size would not be), and its sums are rounded
     straight into the output. A 16-bit slab is widened into a third buffer first: one
     vectorized conversion, where products of a bf16 and a float32 tensor take torch's
-    elementwise mixed-dtype loop (ten times slower on the CPU at these sizes)."""
+    elementwise mixed-dtype loop (ten times slower on the CPU at these sizes). The slabs'
+    views come from one ``split`` per batch entry and the buffers' halves are cut once
+    (:class:`_Buffers`): six torch calls a slab, the loop's views a tenth of its time
+    before."""
     c, signed_sin = tables
     while c.ndim < 4:  # [b|1, 1, s, r] or [b|1, s, 1, r]: one row of tables per batch entry
         c, signed_sin = c[None], signed_sin[None]
-    rotary_dim, compute = c.shape[-1], c.dtype
+    rotary_dim = c.shape[-1]
     out = torch.empty_like(x)
+    x_rot, y_rot = x, out
     if rotary_dim < x.shape[-1]:
         out[..., rotary_dim:] = x[..., rotary_dim:]
-    b, n1, n2, _ = x.shape
+        x_rot, y_rot = x[..., :rotary_dim], out[..., :rotary_dim]
+    _, n1, n2, _ = x.shape
     step = max(1, min(n1, _SLAB_ELEMENTS // max(1, n2 * rotary_dim)))  # of dim 1 per slab
-    buf_a = torch.empty((step, n2, rotary_dim), dtype=compute)
-    buf_t = torch.empty_like(buf_a)
-    buf_x = None if x.dtype == compute else torch.empty((step, n2, rotary_dim), dtype=compute)
-    for i in range(b):
-        ci = c[i if c.shape[0] > 1 else 0]
+    buffers = _Buffers((step, n2, rotary_dim), c.dtype, x.dtype != c.dtype, layout)
+    for i in range(x.shape[0]):
+        ci = c[i if c.shape[0] > 1 else 0]  # [1 | n1, n2 | 1, r]: over heads or tokens
         si = signed_sin[i if signed_sin.shape[0] > 1 else 0]
-        for j in range(0, n1, step):
-            m = min(step, n1 - j)
-            xs, ys = x[i, j : j + m, :, :rotary_dim], out[i, j : j + m, :, :rotary_dim]
-            if buf_x is not None:
-                xs = buf_x[:m].copy_(xs)  # exact: every 16-bit value is a float32 one
-            cj = ci if ci.shape[0] == 1 else ci[j : j + m]  # over heads, or a run of tokens
-            sj = si if si.shape[0] == 1 else si[j : j + m]
-            a, t = buf_a[:m], buf_t[:m]
-            torch.mul(xs, cj, out=a)
-            torch.mul(xs, sj, out=t)
-            _add_partners(a, t, layout)
+        c_rows = ci.split(step) if ci.shape[0] > 1 else None
+        s_rows = si.split(step) if si.shape[0] > 1 else None
+        for n, (xs, ys) in enumerate(zip(x_rot[i].split(step), y_rot[i].split(step))):
+            a, t, wide, (a0, a1, t0, t1) = buffers.rows(xs.shape[0])
+            if wide is not None:
+                xs = wide.copy_(xs)  # exact: every 16-bit value is a float32 one
+            torch.mul(xs, ci if c_rows is None else c_rows[n], out=a)
+            torch.mul(xs, si if s_rows is None else s_rows[n], out=t)
+            a0.add_(t1)  # each product plus its partner's (_add_partners)
+            a1.add_(t0)
             ys.copy_(a)  # rounded once to x's dtype
     return out
+
+
+class _Buffers:
+    """:func:`_rotate_in_slabs`' float32 buffers (the two products and, for 16-bit x, the
+    widened slab) and the products' halves that :func:`_add_partners` sums, cut once for
+    the full slab's rows and again only for a last, shorter slab."""
+
+    def __init__(self, shape: tuple[int, int, int], dtype: torch.dtype, widen: bool, layout: str):
+        self.a = torch.empty(shape, dtype=dtype)
+        self.t = torch.empty_like(self.a)
+        self.wide = torch.empty_like(self.a) if widen else None
+        self.layout = layout
+        self.full = (self.a, self.t, self.wide, _halves(self.a, self.t, layout))
+
+    def rows(self, m: int) -> tuple:
+        """The buffers' first ``m`` rows and their halves ``(a0, a1, t0, t1)``."""
+        if m == self.a.shape[0]:
+            return self.full
+        a, t = self.a[:m], self.t[:m]
+        return a, t, None if self.wide is None else self.wide[:m], _halves(a, t, self.layout)
+
+
+def _halves(a: torch.Tensor, t: torch.Tensor, layout: str) -> tuple[torch.Tensor, ...]:
+    """The first and second channels of every pair of ``a`` and of ``t``."""
+    if layout == "half":
+        return (*a.chunk(2, -1), *t.chunk(2, -1))
+    return (*a.unflatten(-1, (-1, 2)).unbind(-1), *t.unflatten(-1, (-1, 2)).unbind(-1))
