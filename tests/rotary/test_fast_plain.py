@@ -25,8 +25,34 @@ def fused_path_off():
 
 @SERVED_CALLS
 def test_plain_route_equals_general(dtype, layout, seq_dim, pos, rotary_dim, view):
+    """Every served call, its second call on the route its first decided: a small 16-bit q
+    and k, contiguous, rotated over every channel, joined (``plain.rotate_joined``)."""
     rope = check_served_call(dtype, layout, seq_dim, pos, rotary_dim, view)
-    assert list(rope._fast.plain_plans.values()) == [True]
+    joined = dtype != torch.float32 and rotary_dim == 16 and view == "contiguous"
+    assert list(rope._fast.plain_plans.values()) == [fast._JOINED if joined else True]
+
+
+@pytest.mark.parametrize("needs_grad", ["q", "k", "both"])
+def test_joined_plan_with_gradients_takes_autograd(needs_grad):
+    """A call shape decided joined outside autograd, called again with q or k needing a
+    gradient: the autograd rotation, with the general path's gradients."""
+    rope = posenc.RotaryEmbedding(16)
+    positions = torch.tensor([3, 1, 4, 1, 5])
+    with torch.no_grad():
+        rope(*tensors(torch.bfloat16, -2), positions)
+    assert list(rope._fast.plain_plans.values()) == [fast._JOINED]
+    grads = []
+    for call in (rope, lambda *a: general(rope, *a)):
+        q, k = tensors(torch.bfloat16, -2)
+        q.requires_grad_(needs_grad != "k")
+        k.requires_grad_(needs_grad != "q")
+        q_out, k_out = call(q, k, positions)
+        assert q_out.requires_grad == q.requires_grad and k_out.requires_grad == k.requires_grad
+        (q_out.float().square().sum() + (k_out.float() * 3).sum()).backward()
+        grads.append((q.grad, k.grad))
+    for got, want in zip(*grads):
+        assert (got is None) == (want is None)
+        assert got is None or torch.equal(got, want)
 
 
 @pytest.mark.parametrize("needs_grad", ["q", "k", "both"])
@@ -116,8 +142,11 @@ def test_at_the_tables_cap_the_general_path_takes_over(monkeypatch, dtype):
     them the plain route serves, past them the general path computes, the general bits
     throughout."""
     served: list[int] = []
-    real = fast.rotate_paired
-    monkeypatch.setattr(fast, "rotate_paired", lambda *a, **kw: served.append(1) or real(*a, **kw))
+    for name in ("rotate_paired", "rotate_joined"):  # the plain route's two rotations
+        real = getattr(fast, name)
+        monkeypatch.setattr(
+            fast, name, lambda *a, real=real, **kw: served.append(1) or real(*a, **kw)
+        )
     rope = posenc.RotaryEmbedding(16)
     table = rope.cos_sin_table
     table.max_bytes = 64 * 6000  # 6000 positions of 16 float32 numbers

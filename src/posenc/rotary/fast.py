@@ -26,7 +26,9 @@ With the fused path off (``POSENC_CPU_FAST_PATH=0``, no compiler) the same call 
 are served on the plain path (:func:`_plain_forward`): checked once per shape, then the
 paired table's rows (cos and the partners' signed sin per channel,
 :meth:`~posenc.rotary.cache.CosSinTable.lookup_paired`) and
-:func:`posenc.rotary.kernels.plain.rotate_paired`, autograd included.
+:func:`posenc.rotary.kernels.plain.rotate_paired`, autograd included (a small 16-bit q and
+k outside autograd: :func:`~posenc.rotary.kernels.plain.rotate_joined`, decided once per
+call shape).
 
 What a module hands it is a :class:`FastRotation`, built once at construction from the
 module's public attributes (``cos_sin_table``, ``head_dim``, ``layout``); a module whose
@@ -45,7 +47,7 @@ from posenc.rotary.cache import CosSinTable
 from posenc.rotary.kernels import cpu as cpu_kernel
 from posenc.rotary.kernels.backends import cpu_fast_path_off, cpu_fast_path_ready
 from posenc.rotary.kernels.ops import check_launch
-from posenc.rotary.kernels.plain import rotate_paired
+from posenc.rotary.kernels.plain import joinable, rotate_joined, rotate_paired
 
 __all__ = ["FastRotation", "fast_forward"]
 
@@ -53,6 +55,7 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INDEX = (torch.int64, torch.int32)
 _PLANS_MAX = 64  # call shapes remembered per module (then forgotten all at once)
 _NOT_SERVED = False  # a call shape the fast path leaves to the general one
+_JOINED = "joined"  # a plain call shape whose q and k are rotated joined (plain.joinable)
 
 
 class FastRotation(NamedTuple):
@@ -65,7 +68,8 @@ class FastRotation(NamedTuple):
         plans: the call shapes seen, each with its :class:`_Plan` (or ``False``: not
             served); filled by :func:`fast_forward`.
         plain_plans: the call shapes seen with the fused path off, each ``True`` (served
-            on the plain path) or ``False``; filled by :func:`fast_forward`.
+            on the plain path), ``"joined"`` (served, q and k rotated joined) or ``False``;
+            filled by :func:`fast_forward`.
     """
 
     table: CosSinTable
@@ -146,21 +150,23 @@ def _plain_forward(
     remembered as such, and its later calls go straight to the paired table's rows and
     :func:`~posenc.rotary.kernels.plain.rotate_paired`: the general path's rotation
     (autograd included) with the same bits, without its checks, position rules, dispatch
-    and pairing of the tables (at a decoding step they cost as much as the rotation)."""
+    and pairing of the tables (at a decoding step they cost as much as the rotation). A
+    call shape whose q and k the plain path joins (a small 16-bit q and k:
+    :func:`~posenc.rotary.kernels.plain.joinable`, asked on its first call) goes outside
+    autograd to :func:`~posenc.rotary.kernels.plain.rotate_joined` without deciding again."""
     key = _served_key(q, k, positions, seq_dim)
     if key is None:  # vmap / grad (the general path, with its messages), no strides
         return None
     plans = rotation.plain_plans
     axis = 2 if seq_dim == -2 else 1
     serve = plans.get(key, None)
-    if serve is None:
+    seen = serve is not None
+    if not seen:
         serve = _common(q, k, seq_dim, rotation.head_dim) and (
             _positions_layout(positions, q.shape[0], q.shape[axis]) is not _NOT_SERVED
         )
-        if len(plans) >= _PLANS_MAX:
-            plans.clear()
-        plans[key] = serve
     if not serve:
+        _remember(plans, key, serve, seen)
         return None
     layout = "interleaved" if rotation.interleaved else "half"
     table, seq = rotation.table, q.shape[axis]
@@ -170,9 +176,25 @@ def _plain_forward(
         else table.lookup_paired(positions, layout)
     )
     if pairs is None:
+        _remember(plans, key, serve, seen)
         return None  # negative, or past the table's cap: the general path computes them
-    q_out, k_out = rotate_paired([q, k], *pairs, layout=layout, seq_dim=seq_dim)
+    if not seen:  # whether q and k join is a function of the call shape: asked once
+        serve = _JOINED if joinable(q, k, pairs[0], seq_dim=seq_dim) else True
+        _remember(plans, key, serve, seen)
+    if serve is _JOINED and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad)):
+        q_out, k_out = rotate_joined(q, k, *pairs, layout=layout, seq_dim=seq_dim)
+    else:
+        q_out, k_out = rotate_paired([q, k], *pairs, layout=layout, seq_dim=seq_dim)
     return q_out, k_out
+
+
+def _remember(plans: dict, key: tuple, serve: Any, seen: bool) -> None:
+    """Keep a new call shape's decision (at most ``_PLANS_MAX``, then forgotten all at once)."""
+    if seen:
+        return
+    if len(plans) >= _PLANS_MAX:
+        plans.clear()
+    plans[key] = serve
 
 
 def _served_key(q: torch.Tensor, k: torch.Tensor, positions: Any, seq_dim: int) -> tuple | None:

@@ -31,7 +31,9 @@ except ImportError:  # pragma: no cover - an older or newer torch without them
 
 __all__ = [
     "apply_rotary_torch",
+    "joinable",
     "paired",
+    "rotate_joined",
     "rotate_paired",
     "rotate_torch",
 ]
@@ -143,6 +145,30 @@ def rotate_paired(
     return [next(rotated) if x.requires_grad else _rotate_untracked(x, tables, layout) for x in xs]
 
 
+def joinable(q: torch.Tensor, k: torch.Tensor, cc: torch.Tensor, *, seq_dim: int = -2) -> bool:
+    """Whether :func:`rotate_paired` rotates q and k joined outside autograd with tables
+    like ``cc`` (:func:`_joinable`): a function of q's and k's sizes, strides and dtype and
+    of the tables' dtype and width, which a caller that sees one call shape again may
+    remember (:mod:`posenc.rotary.fast` does), then calling :func:`rotate_joined`."""
+    return _joinable(q, k, cc.dtype, cc.shape[-1], 1 if seq_dim == -2 else 2)
+
+
+def rotate_joined(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cc: torch.Tensor,
+    signed_sin: torch.Tensor,
+    *,
+    layout: str = "half",
+    seq_dim: int = -2,
+) -> list[torch.Tensor]:
+    """:func:`rotate_paired` of ``[q, k]`` outside autograd, for q and k that
+    :func:`joinable` accepts, without deciding again: the same bits (at a decoding step
+    its checks and dispatch were a tenth of the call). No validation."""
+    heads = 1 if seq_dim == -2 else 2
+    return _rotate_joined(q, k, _shaped(cc, signed_sin, seq_dim), layout, heads)
+
+
 def _shaped(
     cc: torch.Tensor, signed_sin: torch.Tensor, seq_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,21 +198,25 @@ def _rotate_all(
     """:func:`_rotate_untracked` of each of ``xs``; a small 16-bit q and k whose shapes differ
     in their head dimension ``heads`` at most go through its passes once, joined
     (:func:`_rotate_joined`)."""
-    if len(xs) == 2 and _joinable(xs[0], xs[1], tables[0], heads):
+    c = tables[0]
+    if len(xs) == 2 and _joinable(xs[0], xs[1], c.dtype, c.shape[-1], heads):
         return _rotate_joined(xs[0], xs[1], tables, layout, heads)
     return [_rotate_untracked(x, tables, layout) for x in xs]
 
 
-def _joinable(q: torch.Tensor, k: torch.Tensor, c: torch.Tensor, heads: int) -> bool:
-    """Whether q and k can be rotated joined along ``heads``: contiguous, of one 16-bit dtype
-    (widened for the products), rotated over every channel, together below the slabs' size,
-    of the same shape but for the head dimension (over which the tables broadcast), and
-    not a ``torch.func`` transform's."""
+def _joinable(
+    q: torch.Tensor, k: torch.Tensor, compute: torch.dtype, width: int, heads: int
+) -> bool:
+    """Whether q and k can be rotated joined along ``heads`` with tables of dtype
+    ``compute`` and ``width`` channels: contiguous, of one 16-bit dtype (widened for the
+    products), rotated over every channel, together below the slabs' size, of the same
+    shape but for the head dimension (over which the tables broadcast), and not a
+    ``torch.func`` transform's."""
     return (
-        q.dtype != c.dtype
+        q.dtype != compute
         and k.dtype == q.dtype
         and q.numel() + k.numel() < _SLAB_MIN_ELEMENTS
-        and q.shape[-1] == c.shape[-1]
+        and q.shape[-1] == width
         and q.ndim == k.ndim
         and all(m == n or i == heads for i, (m, n) in enumerate(zip(q.shape, k.shape)))
         and q.is_contiguous()
