@@ -135,6 +135,8 @@ def discover() -> tuple[Family, ...]:
                 continue
             if not (isinstance(config_cls, type) and issubclass(config_cls, PretrainedConfig)):
                 continue
+            if config_cls is PretrainedConfig:  # a model annotated with the base class (PI0.5's
+                continue  # action expert, built from a component's config): no family's own
             if (
                 any(w in config_cls.__name__ for w in ("Vision", "ViT"))
                 or (cls, config_cls) in seen

@@ -59,6 +59,13 @@ REFUSED: dict[str, str] = {
 }
 
 FAMILIES = {f.case: f for f in hf.discover()}
+# Refusals of families only newer transformers have, kept where the installed one has them
+_NEWER_REFUSED = {
+    # PI0.5 (5.25): its PaliGemma VLM's text model and its action expert (a Gemma config)
+    # each build a rotary; its own config has none (test_pi05_components_read_as_gemma)
+    "pi05": "pass config.vlm_config or config.dit_config",
+}
+REFUSED.update({case: why for case, why in _NEWER_REFUSED.items() if case in FAMILIES})
 BF16_ROUNDING = 3 * 2.0**-8
 
 
@@ -340,3 +347,39 @@ def test_glm_vision_text_families(case: str) -> None:
     ours = rotary_from_config(config)
     assert ours.sections == (8, 12, 12) and ours.rotary_dim == 64
     _compare(family, config)
+
+
+def test_pi05_components_read_as_gemma() -> None:
+    """PI0.5 (transformers >= 5.25) builds its action expert's rotary from
+    ``config.dit_config`` (a Gemma config): posenc reads that config and matches PI0.5's
+    own rotary module and apply function; the VLM's config reads as its Gemma text model."""
+    modeling = pytest.importorskip("transformers.models.pi05.modeling_pi05")
+    config = _built(FAMILIES["pi05"])
+    expert = config.dit_config
+    family = hf.Family(
+        "pi05-dit", expert.model_type, modeling, modeling.PI05RotaryEmbedding, type(expert)
+    )
+    _compare(family, expert)
+    vlm, text = (
+        rotary_from_config(config.vlm_config),
+        rotary_from_config(config.vlm_config.text_config),
+    )
+    assert repr(vlm) == repr(text)
+    assert vlm.inv_freq.equal(text.inv_freq)
+
+
+@pytest.mark.parametrize(
+    "release,layout",
+    [((5, 24), "half"), ((5, 25), "interleaved"), ((6, 0), "interleaved"), (None, "interleaved")],
+    ids=["5.24", "5.25", "6.0", "no-transformers"],
+)
+def test_hy_v4_pairs_as_the_installed_release(monkeypatch, release, layout) -> None:
+    """HY-V4's attention paired halves in transformers 5.24 and DeepSeek's interleaved pairs
+    from 5.25 on (``_hf_families.LAYOUT_BEFORE``): posenc pairs as the installed release,
+    and as the newest without one. ``test_family_matches_transformers[hy_v4]`` holds it to
+    the installed transformers' own numbers."""
+    from posenc.integrations import _hf_families
+
+    monkeypatch.setattr(_hf_families, "installed_release", lambda: release)
+    config = {"model_type": "hy_v4", "head_dim": 64, "rope_theta": 10000.0}
+    assert rotary_from_config(config).layout == layout

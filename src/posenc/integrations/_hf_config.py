@@ -154,7 +154,7 @@ def rotary_from_config(
     so its output depends on earlier calls; posenc computes them from each call's largest
     position. The two agree on a fresh module and whenever lengths only grow.
 
-    A dict's ``model_type`` must be a transformers family's (transformers 5.24's, or the
+    A dict's ``model_type`` must be a transformers family's (transformers 5.25's, or the
     installed transformers'); an error about a value names the key as the config spells it
     (GPT-J's ``n_embd``, ``rope_scaling.original_max_position_embeddings``, ...).
 

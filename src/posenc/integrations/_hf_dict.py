@@ -68,7 +68,7 @@ def class_defaults(model_type: Any, parent_model_type: Any = None) -> ClassDefau
 
 def known_model_types() -> tuple[frozenset[str], str]:
     """The ``model_type`` names a config dict may give, and where they come from (for a
-    message): transformers 5.24's (:data:`._hf_model_types.MODEL_TYPES`) and, where
+    message): transformers 5.25's (:data:`._hf_model_types.MODEL_TYPES`) and, where
     transformers is installed, its own ``CONFIG_MAPPING``'s."""
     mapping = _config_mapping()
     source = f"transformers {MODEL_TYPES_VERSION}"

@@ -3,14 +3,17 @@
 transformers keeps some RoPE facts in each family's modeling code rather than in its
 config: the channel pairing its ``rotate_half`` / apply function uses, the default M-RoPE
 sections its rotary module falls back to, and class defaults a ``config.json`` dict omits.
-These tables hold them, read from transformers 5.24's modeling files; ``tests/integrations/
-test_hf_families.py`` checks every entry (and every family not listed) against the installed
-transformers, so a family whose code changes fails there rather than here. The vision
+These tables hold them, read from transformers 5.24's and 5.25's modeling files;
+``tests/integrations/test_hf_families.py`` checks every entry (and every family not listed)
+against the installed transformers, so a family whose code changes fails there rather than
+here. The vision
 towers' axial rotaries have theirs in :mod:`posenc.integrations._hf_vision`.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from typing import Any
 
 from posenc._errors import PosEncError
@@ -39,6 +42,7 @@ INTERLEAVED = frozenset(
         "deepseek_v32",
         "deepseek_v4",
         "dots3_note_text",
+        "ergo",  # its rotate_half pairs (2i, 2i + 1), its cos/sin repeat_interleave'd
         "ernie4_5",
         "ernie4_5_moe",
         "ernie4_5_vl_moe_text",
@@ -49,6 +53,7 @@ INTERLEAVED = frozenset(
         "glm_moe_dsa",
         "gptj",
         "helium",
+        "hy_v4",  # from transformers 5.25 (LAYOUT_BEFORE)
         "hy_v4_vl_text",
         "llama4",
         "llama4_text",
@@ -63,6 +68,12 @@ INTERLEAVED = frozenset(
         "pe_video_encoder",
     }
 )
+
+# Families whose pairing changed in a transformers release: model_type -> (the release, the
+# pairing of the releases before it). HY-V4's attention called ``apply_rotary_pos_emb``
+# (half pairs) in 5.24 and DeepSeek's interleaved apply from 5.25 on: posenc pairs as the
+# installed transformers does, and as the newest release without one (a dict read alone).
+LAYOUT_BEFORE: dict[str, tuple[tuple[int, int], Layout]] = {"hy_v4": ((5, 25), "half")}
 
 # Families that interleave only when ``config.rope_interleave`` is true (DeepSeek-V3 and its
 # MLA descendants); the value is the config class's default, for dicts that omit the key.
@@ -174,6 +185,8 @@ NEGATIVE_DIRECTION = frozenset({"nanochat"})
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "blt": ("encoder_config", "decoder_config", "global_config", "patcher_config"),
     "nemotron3_diarization": ("audio_config",),
+    # PI0.5: the PaliGemma VLM's text model and the action expert (a Gemma config) each
+    "pi05": ("vlm_config", "dit_config"),
 }
 
 # Families whose attention multiplies the queries by 1 + beta * ln(1 + floor(p / L)), with
@@ -352,10 +365,31 @@ def components(model_type: str) -> str | None:
 
 
 def layout_of(model_type: str, rope_interleave: Any) -> Layout:
-    """The pairing layout of a family's main attention."""
+    """The pairing layout of a family's main attention (in the installed transformers, for
+    the families of :data:`LAYOUT_BEFORE`)."""
+    before = LAYOUT_BEFORE.get(model_type)
+    if before is not None:
+        release = installed_release()
+        if release is not None and release < before[0]:
+            return before[1]
     if model_type in INTERLEAVED:
         return "interleaved"
     if model_type in ROPE_INTERLEAVE_DEFAULT:
         flag = ROPE_INTERLEAVE_DEFAULT[model_type] if rope_interleave is None else rope_interleave
         return "interleaved" if flag else "half"
     return "interleaved" if rope_interleave is True else "half"
+
+
+@functools.cache
+def installed_release() -> tuple[int, int] | None:
+    """The installed transformers' ``(major, minor)`` (``None``: not installed, or a version
+    string that does not start with two numbers), read from its package metadata without
+    importing it."""
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    parts = version.split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])

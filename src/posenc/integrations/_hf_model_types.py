@@ -1,4 +1,4 @@
-"""The ``model_type`` names transformers 5.24 knows (its ``CONFIG_MAPPING``), for reading a
+"""The ``model_type`` names transformers 5.25 knows (its ``CONFIG_MAPPING``), for reading a
 config dict where transformers is not installed.
 
 A config dict's ``model_type`` says which family's code reads it (the pairing layout, the
@@ -14,7 +14,7 @@ from __future__ import annotations
 __all__ = ["MODEL_TYPES", "MODEL_TYPES_VERSION"]
 
 #: The transformers release the list was read from.
-MODEL_TYPES_VERSION = "5.24"
+MODEL_TYPES_VERSION = "5.25"
 
 #: ``sorted(transformers.CONFIG_MAPPING)`` of that release.
 MODEL_TYPES = frozenset(
@@ -45,7 +45,7 @@ MODEL_TYPES = frozenset(
     edgetam_mask_decoder edgetam_prompt_encoder edgetam_video edgetam_video_mask_decoder
     edgetam_video_prompt_encoder edgetam_vision_model efficientloftr efficientnet electra
     embedding_gemma2 embedding_gemma2_text emu3 emu3_text_model emu3_vqgan encodec
-    encoder-decoder eomt eomt_dinov3 ernie ernie4_5 ernie4_5_moe ernie4_5_vl_moe
+    encoder-decoder eomt eomt_dinov3 ergo ernie ernie4_5 ernie4_5_moe ernie4_5_vl_moe
     ernie4_5_vl_moe_text ernie4_5_vl_moe_vision esm esmc esmfold2 eurobert evolla exaone exaone4
     exaone4_5 exaone4_5_vision exaone_moe falcon falcon_h1 falcon_mamba fast_vlm
     fastspeech2_conformer fastspeech2_conformer_hifigan fastspeech2_conformer_with_hifigan
@@ -73,82 +73,84 @@ MODEL_TYPES = frozenset(
     instructblip instructblip_qformer instructblip_vision_model instructblipvideo
     instructblipvideo_qformer instructblipvideo_vision_model internlm3 internvl internvl_vision
     iquestcoder jais2 jamba janus janus_vision_model janus_vqgan jetmoe jev jina_embeddings_v3
-    kimi_k25 kimi_k25_vision kimi_linear kolibri1 kosmos-2 kosmos-2.5 kosmos_2_5_text_model
-    kosmos_2_5_vision_model kosmos_2_text_model kosmos_2_vision_model kyutai_speech_to_text
-    laguna lara_mini lasr_ctc lasr_encoder layoutlm layoutlmv2 layoutlmv3 layoutxlm led levit
-    lfm2 lfm2_moe lfm2_vl lfm3 lfm3_vl lfm3_vl_vision lightglue lighton_ocr lilt llama llama4
-    llama4_text llama4_vision_model llava llava_next llava_next_video llava_onevision
-    longcat_flash longformer longt5 luke lw_detr lw_detr_vit lxmert m2m_100 mamba mamba2 marian
-    markuplm mask2former maskformer maskformer-swin mbart megatron-bert mellum metaclip_2
-    metaclip_2_text_model metaclip_2_vision_model mgp-str mimi mimi_decoder mimi_encoder
-    mimo_v2_flash minicpm3 minicpm_ocr minicpm_ocr_vision minicpmv4_6 minicpmv4_6_vision
-    minicpmv4_7 minicpmv4_7_vision minimax minimax_m2 minimax_m3_vl minimax_m3_vl_text
-    minimax_m3_vl_vision ministral ministral3 mistral mistral3 mistral4 mistral_large4
-    mistral_large4_text mixtral mlcd mlcd_vision_model mllama mllama_text_model
-    mllama_vision_model mm-grounding-dino mobilebert mobilenet_v1 mobilenet_v2 mobilevit
-    mobilevitv2 modernbert modernbert-decoder modernvbert molmo2 molmo2_adapter molmo2_text
-    molmo2_vision moonshine moonshine_streaming moonshine_streaming_encoder moshi moshi_depth
-    moss_transcribe_diarize moss_transcribe_diarize_audio mpnet mpt mra mt5 muse_glimmer
-    muse_glimmer_assistant muse_glimmer_text muse_glimmer_vision muse_spark muse_spark_audio
-    muse_spark_text muse_spark_vision musicflamingo musicgen musicgen_decoder musicgen_melody
+    kimi_k25 kimi_k25_vision kimi_linear kolibri1 kolibri1_1 kosmos-2 kosmos-2.5
+    kosmos_2_5_text_model kosmos_2_5_vision_model kosmos_2_text_model kosmos_2_vision_model
+    kyutai_speech_to_text laguna lara_mini lasr_ctc lasr_encoder layoutlm layoutlmv2 layoutlmv3
+    layoutxlm led levit lfm2 lfm2_moe lfm2_vl lfm3 lfm3_vl lfm3_vl_vision lightglue lighton_ocr
+    lilt llama llama4 llama4_text llama4_vision_model llava llava_next llava_next_video
+    llava_onevision llava_onevision1_5 llava_onevision1_5_vision longcat_flash longformer longt5
+    luke lw_detr lw_detr_vit lxmert m2m_100 mamba mamba2 marian markuplm mask2former maskformer
+    maskformer-swin mbart megatron-bert mellum metaclip_2 metaclip_2_text_model
+    metaclip_2_vision_model mgp-str mimi mimi_decoder mimi_encoder mimo_v2_flash minicpm3
+    minicpm5_moe minicpm_ocr minicpm_ocr_vision minicpmv4_6 minicpmv4_6_vision minicpmv4_7
+    minicpmv4_7_vision minimax minimax_m2 minimax_m3_vl minimax_m3_vl_text minimax_m3_vl_vision
+    ministral ministral3 mistral mistral3 mistral4 mistral_large4 mistral_large4_text mixtral
+    mlcd mlcd_vision_model mllama mllama_text_model mllama_vision_model mm-grounding-dino
+    mobilebert mobilenet_v1 mobilenet_v2 mobilevit mobilevitv2 modernbert modernbert-decoder
+    modernvbert molmo2 molmo2_adapter molmo2_text molmo2_vision moonshine moonshine_streaming
+    moonshine_streaming_encoder moshi moshi_depth moss_transcribe_diarize
+    moss_transcribe_diarize_audio mpnet mpt mra mt5 muse_glimmer muse_glimmer_assistant
+    muse_glimmer_text muse_glimmer_vision muse_spark muse_spark_audio muse_spark_text
+    muse_spark_vision musicflamingo musicgen musicgen_decoder musicgen_melody
     musicgen_melody_decoder mvp nanochat nemo_speechlm nemotron nemotron3_5_asr
     nemotron3_5_transcribe_asr_audio nemotron3_5_transcribe_audio
     nemotron3_5_transcribe_word_timestamp nemotron3_diarization nemotron3_diarization_audio
     nemotron_asr_streaming nemotron_asr_streaming_encoder nemotron_h nemotron_h_omni neomme
     neucodec nllb-moe nomic_bert nougat nystromformer olmo olmo2 olmo3 olmo_hybrid olmoe
     omdet-turbo omniasr omniasr_audio omniasr_ctc oneformer openai-gpt openai_privacy_filter opt
-    ovis2 ovis2_vision owlv2 owlv2_text_model owlv2_vision_model owlvit owlvit_text_model
-    owlvit_vision_model paddleocr_vl paddleocr_vl_text paddleocr_vl_vision paligemma
-    parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt patchtsmixer patchtst pe_audio
-    pe_audio_encoder pe_audio_video pe_audio_video_encoder pe_video pe_video_encoder pegasus
-    pegasus_x perceiver perception_lm persimmon phi phi3 phi4_multimodal phi4_multimodal_audio
-    phi4_multimodal_vision phimoe pi0 pix2struct pix2struct_text_model pix2struct_vision_model
-    pixio pixtral plbart pocket_tts pocket_tts_audio_tokenizer
-    pocket_tts_audio_tokenizer_decoder pocket_tts_audio_tokenizer_encoder poolformer pop2piano
-    pp_chart2table pp_chart2table_vision pp_doclayout_v2 pp_doclayout_v3 pp_doclayout_v4
-    pp_formulanet pp_formulanet_text pp_formulanet_vision pp_lcnet pp_lcnet_v3 pp_lcnet_v4
-    pp_ocrv5_mobile_det pp_ocrv5_mobile_rec pp_ocrv5_server_det pp_ocrv5_server_rec
-    pp_ocrv6_medium_det pp_ocrv6_small_det pp_ocrv6_small_rec pp_ocrv6_tiny_rec
-    prompt_depth_anything prophetnet pvt pvt_v2 qianfan_ocr qianfan_ocr_vision qwen2
-    qwen2_5_omni qwen2_5_omni_audio_encoder qwen2_5_omni_bigvgan qwen2_5_omni_dit
-    qwen2_5_omni_talker qwen2_5_omni_text qwen2_5_omni_thinker qwen2_5_omni_token2wav
-    qwen2_5_omni_vision_encoder qwen2_5_vl qwen2_5_vl_text qwen2_5_vl_vision qwen2_audio
-    qwen2_audio_encoder qwen2_moe qwen2_vl qwen2_vl_text qwen2_vl_vision qwen3 qwen3_5
-    qwen3_5_moe qwen3_5_moe_text qwen3_5_moe_vision qwen3_5_text qwen3_5_vision qwen3_asr
-    qwen3_asr_encoder qwen3_moe qwen3_next qwen3_omni_moe qwen3_omni_moe_audio_encoder
-    qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text qwen3_omni_moe_text
-    qwen3_omni_moe_thinker qwen3_omni_moe_vision_encoder qwen3_vl qwen3_vl_moe qwen3_vl_moe_text
-    qwen3_vl_moe_vision qwen3_vl_text qwen3_vl_vision qwen4_exp qwen4_exp_text qwen4_exp_vision
-    radio rag recurrent_gemma reformer regnet rembert resnet rf_detr rf_detr_dinov2 roberta
-    roberta-prelayernorm roc_bert roformer rt_detr rt_detr_resnet rt_detr_v2 rwkv sam sam2
-    sam2_hiera_det_model sam2_mask_decoder sam2_prompt_encoder sam2_video
-    sam2_video_mask_decoder sam2_video_prompt_encoder sam2_vision_model sam3 sam3_detr_decoder
-    sam3_detr_encoder sam3_geometry_encoder sam3_lite_text sam3_lite_text_detr_decoder
-    sam3_lite_text_detr_encoder sam3_lite_text_geometry_encoder sam3_lite_text_mask_decoder
-    sam3_lite_text_text_model sam3_mask_decoder sam3_tracker sam3_tracker_mask_decoder
-    sam3_tracker_prompt_encoder sam3_tracker_video sam3_tracker_video_mask_decoder
-    sam3_tracker_video_prompt_encoder sam3_video sam3_vision_model sam3_vit_model sam_hq
-    sam_hq_mask_decoder sam_hq_prompt_encoder sam_hq_vision_model sam_mask_decoder
-    sam_prompt_encoder sam_vision_model sapiens2 sapiens2_head sarvam_mla sarvam_moe
-    seamless_m4t seamless_m4t_v2 seed_oss segformer seggpt sew sew-d shieldgemma2 siglip siglip2
-    siglip2_text_model siglip2_vision_model siglip_text_model siglip_vision_model slanet slanext
-    slanext_vision smollm3 smolvlm smolvlm_vision solar_open speech-encoder-decoder
-    speech_to_text speecht5 speecht5_hifigan splinter squeezebert stablelm starcoder2 step3p5
-    step3p5_vision step3p7 superglue superpoint swiftformer swin swin2sr swinv2
-    switch_transformers t5 t5_gemma_module t5gemma t5gemma2 t5gemma2_decoder t5gemma2_encoder
-    t5gemma2_text table-transformer tapas textnet time_series_transformer timesfm timesfm2_5
-    timesformer timm_backbone timm_wrapper tipsv2 tipsv2_dpt tipsv2_text_model
-    tipsv2_vision_model trocr tvp udop ultrabert ultravbert umt5 unispeech unispeech-sat univnet
-    unlimited_ocr unlimited_ocr_sam_vision_model unlimited_ocr_text unlimited_ocr_vision
-    unlimited_ocr_vision_encoder upernet uvdoc uvdoc_backbone vaultgemma vibevoice
-    vibevoice_acoustic_tokenizer vibevoice_acoustic_tokenizer_decoder
-    vibevoice_acoustic_tokenizer_encoder vibevoice_asr vibevoice_diffusion video_llama_3
-    video_llama_3_vision video_llava videomae videomt videoprism videoprism_text_model
-    videoprism_vision_model vilt vipllava vision-encoder-decoder vision-text-dual-encoder
-    visual_bert vit vit_mae vit_msn vitdet vitmatte vitpose vitpose_backbone vits vivit vjepa2
-    voxtral voxtral_encoder voxtral_realtime voxtral_realtime_encoder voxtral_realtime_text
-    wav2vec2 wav2vec2-bert wav2vec2-conformer wavlm wavtokenizer wavtokenizer_encoder whisper
-    xclip xclip_text_model xclip_vision_model xcodec xcodec2 xglm xlm xlm-roberta xlm-roberta-xl
-    xlnet xlstm xmod yolos yoso youtu zamba zamba2 zaya zoedepth
+    ovis2 ovis2_5 ovis2_5_vision ovis2_vision owlv2 owlv2_text_model owlv2_vision_model owlvit
+    owlvit_text_model owlvit_vision_model paddleocr_vl paddleocr_vl_text paddleocr_vl_vision
+    paligemma parakeet_ctc parakeet_encoder parakeet_rnnt parakeet_tdt param2moe patchtsmixer
+    patchtst pe_audio pe_audio_encoder pe_audio_video pe_audio_video_encoder pe_video
+    pe_video_encoder pegasus pegasus_x perceiver perception_lm persimmon phi phi3
+    phi4_multimodal phi4_multimodal_audio phi4_multimodal_vision phimoe pi0 pi05 pix2struct
+    pix2struct_text_model pix2struct_vision_model pixio pixtral plbart pocket_tts
+    pocket_tts_audio_tokenizer pocket_tts_audio_tokenizer_decoder
+    pocket_tts_audio_tokenizer_encoder poolformer pop2piano pp_chart2table pp_chart2table_vision
+    pp_doclayout_v2 pp_doclayout_v3 pp_doclayout_v4 pp_formulanet pp_formulanet_text
+    pp_formulanet_vision pp_lcnet pp_lcnet_v3 pp_lcnet_v4 pp_ocrv5_mobile_det
+    pp_ocrv5_mobile_rec pp_ocrv5_server_det pp_ocrv5_server_rec pp_ocrv6_medium_det
+    pp_ocrv6_small_det pp_ocrv6_small_rec pp_ocrv6_tiny_rec prompt_depth_anything prophetnet pvt
+    pvt_v2 qianfan_ocr qianfan_ocr_vision qwen2 qwen2_5_omni qwen2_5_omni_audio_encoder
+    qwen2_5_omni_bigvgan qwen2_5_omni_dit qwen2_5_omni_talker qwen2_5_omni_text
+    qwen2_5_omni_thinker qwen2_5_omni_token2wav qwen2_5_omni_vision_encoder qwen2_5_vl
+    qwen2_5_vl_text qwen2_5_vl_vision qwen2_audio qwen2_audio_encoder qwen2_moe qwen2_vl
+    qwen2_vl_text qwen2_vl_vision qwen3 qwen3_5 qwen3_5_moe qwen3_5_moe_text qwen3_5_moe_vision
+    qwen3_5_text qwen3_5_vision qwen3_asr qwen3_asr_encoder qwen3_moe qwen3_next qwen3_omni_moe
+    qwen3_omni_moe_audio_encoder qwen3_omni_moe_talker_code_predictor qwen3_omni_moe_talker_text
+    qwen3_omni_moe_text qwen3_omni_moe_thinker qwen3_omni_moe_vision_encoder qwen3_vl
+    qwen3_vl_moe qwen3_vl_moe_text qwen3_vl_moe_vision qwen3_vl_text qwen3_vl_vision qwen4_exp
+    qwen4_exp_text qwen4_exp_vision radio rag recurrent_gemma reformer regnet rembert resnet
+    rf_detr rf_detr_dinov2 roberta roberta-prelayernorm roc_bert roformer rt_detr rt_detr_resnet
+    rt_detr_v2 rwkv sam sam2 sam2_hiera_det_model sam2_mask_decoder sam2_prompt_encoder
+    sam2_video sam2_video_mask_decoder sam2_video_prompt_encoder sam2_vision_model sam3
+    sam3_detr_decoder sam3_detr_encoder sam3_geometry_encoder sam3_lite_text
+    sam3_lite_text_detr_decoder sam3_lite_text_detr_encoder sam3_lite_text_geometry_encoder
+    sam3_lite_text_mask_decoder sam3_lite_text_text_model sam3_mask_decoder sam3_tracker
+    sam3_tracker_mask_decoder sam3_tracker_prompt_encoder sam3_tracker_video
+    sam3_tracker_video_mask_decoder sam3_tracker_video_prompt_encoder sam3_video
+    sam3_vision_model sam3_vit_model sam_hq sam_hq_mask_decoder sam_hq_prompt_encoder
+    sam_hq_vision_model sam_mask_decoder sam_prompt_encoder sam_vision_model sapiens2
+    sapiens2_head sarvam_mla sarvam_moe seamless_m4t seamless_m4t_v2 seed_oss segformer seggpt
+    sew sew-d shieldgemma2 siglip siglip2 siglip2_text_model siglip2_vision_model
+    siglip_text_model siglip_vision_model slanet slanext slanext_vision smollm3 smolvlm
+    smolvlm_vision solar_open speech-encoder-decoder speech_to_text speecht5 speecht5_hifigan
+    splinter squeezebert stablelm starcoder2 step3p5 step3p5_vision step3p7 superglue superpoint
+    swiftformer swin swin2sr swinv2 switch_transformers t5 t5_gemma_module t5gemma t5gemma2
+    t5gemma2_decoder t5gemma2_encoder t5gemma2_text table-transformer tapas textnet
+    time_series_transformer timesfm timesfm2_5 timesformer timm_backbone timm_wrapper tipsv2
+    tipsv2_dpt tipsv2_text_model tipsv2_vision_model trocr tvp udop ultrabert ultravbert umt5
+    unispeech unispeech-sat univnet unlimited_ocr unlimited_ocr_sam_vision_model
+    unlimited_ocr_text unlimited_ocr_vision unlimited_ocr_vision_encoder upernet uvdoc
+    uvdoc_backbone vaultgemma vibevoice vibevoice_acoustic_tokenizer
+    vibevoice_acoustic_tokenizer_decoder vibevoice_acoustic_tokenizer_encoder vibevoice_asr
+    vibevoice_diffusion video_llama_3 video_llama_3_vision video_llava videomae videomt
+    videoprism videoprism_text_model videoprism_vision_model vilt vipllava
+    vision-encoder-decoder vision-text-dual-encoder visual_bert vit vit_mae vit_msn vitdet
+    vitmatte vitpose vitpose_backbone vits vivit vjepa2 voxtral voxtral_encoder voxtral_realtime
+    voxtral_realtime_encoder voxtral_realtime_text wav2vec2 wav2vec2-bert wav2vec2-conformer
+    wavlm wavtokenizer wavtokenizer_encoder whisper xclip xclip_text_model xclip_vision_model
+    xcodec xcodec2 xglm xlm xlm-roberta xlm-roberta-xl xlnet xlstm xmod yolos yoso youtu zamba
+    zamba2 zaya zoedepth
     """.split()
 )

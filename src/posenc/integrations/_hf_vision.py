@@ -5,9 +5,10 @@ channels, ``1 / theta ** (arange(0, spatial_dim, 2) / spatial_dim)``, applied to
 patch coordinates; the angles are concatenated axis after axis and doubled for
 ``rotate_half`` (``cat([a, a])``: half pairing) or repeated per pair
 (``repeat_interleave(2)``: interleaved, SAM's ``rotate_pairwise``). The tables below hold
-what differs per ``model_type`` (read from transformers 5.24's modeling files, checked by
-``tests/integrations/test_hf_vision_rotary.py``); :func:`axial_from_config` builds the equal
-:class:`~posenc.AxialRotaryEmbedding` for :func:`~._hf_config.rotary_from_config`.
+what differs per ``model_type`` (read from transformers 5.24's and 5.25's modeling files,
+checked by ``tests/integrations/test_hf_vision_rotary.py``); :func:`axial_from_config`
+builds the equal :class:`~posenc.AxialRotaryEmbedding` for
+:func:`~._hf_config.rotary_from_config`.
 """
 
 from __future__ import annotations
@@ -81,10 +82,12 @@ AXIAL_DEFAULT = frozenset(
         "inkling2_vision",
         "kimi_k25_vision",
         "lfm3_vl_vision",
+        "llava_onevision1_5_vision",
         "minimax_m3_vl_vision",
         "mlcd_vision_model",
         "muse_glimmer_vision",
         "muse_spark_vision",
+        "ovis2_5_vision",
         "paddleocr_vl_vision",
         "pixtral",
         "qwen2_5_omni_vision_encoder",
