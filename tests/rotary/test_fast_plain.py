@@ -159,6 +159,21 @@ def test_at_the_tables_cap_the_general_path_takes_over(monkeypatch, dtype):
     assert table.paired_rows == {"half": 6000} and len(served) == 2  # 6000: computed
 
 
+def test_a_shape_first_called_past_the_cap_is_decided_when_the_table_holds_it():
+    """A call shape whose first call lies past the paired table's cap (the general path
+    computes it) is not remembered; its first call the table holds decides it (joined, for
+    a small bf16 q and k), with the general bits throughout."""
+    rope = posenc.RotaryEmbedding(16)
+    rope.cos_sin_table.max_bytes = 64 * 6000  # 6000 positions of 16 float32 numbers
+    q, k = tensors(torch.bfloat16, -2, s=1)
+    for step, plans in ((7000, []), (10, [fast._JOINED]), (7000, [fast._JOINED])):
+        positions = torch.full((3, 1), step)
+        with torch.no_grad():
+            got, want = rope(q, k, positions), general(rope, q, k, positions)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert list(rope._fast.plain_plans.values()) == plans
+
+
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_vmap_and_tracing_take_the_general_path():
     rope = posenc.RotaryEmbedding(16)

@@ -6,8 +6,7 @@ sections its rotary module falls back to, and class defaults a ``config.json`` d
 These tables hold them, read from transformers 5.24's and 5.25's modeling files;
 ``tests/integrations/test_hf_families.py`` checks every entry (and every family not listed)
 against the installed transformers, so a family whose code changes fails there rather than
-here. The vision
-towers' axial rotaries have theirs in :mod:`posenc.integrations._hf_vision`.
+here. The vision towers' axial rotaries have theirs in :mod:`posenc.integrations._hf_vision`.
 """
 
 from __future__ import annotations

@@ -175,9 +175,8 @@ def _plain_forward(
         if positions is None
         else table.lookup_paired(positions, layout)
     )
-    if pairs is None:
-        _remember(plans, key, serve, seen)
-        return None  # negative, or past the table's cap: the general path computes them
+    if pairs is None:  # negative, or past the table's cap: the general path computes them
+        return None  # (the shape is decided on a call the table holds)
     if not seen:  # whether q and k join is a function of the call shape: asked once
         serve = _JOINED if joinable(q, k, pairs[0], seq_dim=seq_dim) else True
         _remember(plans, key, serve, seen)
