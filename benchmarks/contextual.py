@@ -9,7 +9,7 @@ gradients of q, k, v and the encoding's parameters or gates) on each path:
 - ``none``: SDPA with no encoding (``is_causal``), the floor every ratio ``/ none`` is to;
 - CoPE: ``eager`` (every ``[b, h, q, k]`` tensor of the formula kept for the backward pass),
   ``chunked`` (blocks of query rows, each recomputed in the backward pass), ``auto`` (the
-  fused CPU path, :mod:`posenc.attend.cope_fused`: torch's products per block, one C loop
+  fused CPU path, :mod:`posenc.contextual.cope_fused`: torch's products per block, one C loop
   a row between them); and with the position logits added unscaled (``cope-unscaled``, as
   x-transformers adds them) posenc's fused and chunked paths beside x-transformers'
   ``Attend`` with its ``CoPE`` (the same table), when x-transformers is installed (the dev

@@ -28,6 +28,7 @@ from posenc.contextual import (
     cope_position_logits,
     cope_positions,
 )
+from posenc.contextual import cope_fused as CF
 from posenc.models import TinyTransformer
 
 B, H, D = 2, 4, 8
@@ -374,7 +375,7 @@ def test_auto_chooses_fused_on_cpu():
 
 def test_auto_chooses_chunked_for_large_scores(monkeypatch):
     """Where the fused path cannot run (here: switched off), eager, or chunked once large."""
-    monkeypatch.setattr(A.cope_fused, "applies", lambda *args: False)
+    monkeypatch.setattr(CF, "applies", lambda *args: False)
     case = CASES["gqa-causal"]
     q, k, v, table = make_inputs(case, torch.float32)
     cope = make_cope(case, table)

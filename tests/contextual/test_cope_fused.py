@@ -1,4 +1,4 @@
-"""CoPE's fused CPU path (posenc.attend.cope_fused) against the float64 oracle and eager.
+"""CoPE's fused CPU path (posenc.contextual.cope_fused) against the float64 oracle and eager.
 
 Every case runs with blocks of a few query rows (several blocks, the last one short), and
 asserts that the fused path ran; gradients of q, k, v and the table equal eager's."""
@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import posenc
 from posenc import reference as ref
-from posenc.attend import cope_fused as CF
 from posenc.attend import dispatch as A
 from posenc.contextual import CoPEBias
+from posenc.contextual import cope_fused as CF
 
 pytestmark = pytest.mark.skipif(not CF.available(), reason="no C compiler: no fused CoPE")
 
@@ -115,7 +115,7 @@ def fused_calls(monkeypatch):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(A.cope_fused, "fused", spy)
+    monkeypatch.setattr(CF, "fused", spy)
     return calls
 
 
@@ -311,3 +311,14 @@ def test_fused_equals_eager_property(q_len, extra, causal, npos, shift, padded, 
         CF.BLOCK_SCORES = real
     for a, b in zip(fused, eager, strict=True):
         torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["BLOCK_SCORES", "applies", "available", "fused"])
+def test_old_module_keeps_its_names_for_one_release(name):
+    import posenc.attend.cope_fused as old
+
+    message = rf"posenc\.attend\.cope_fused\.{name} moved to posenc\.contextual\.cope_fused"
+    with pytest.warns(DeprecationWarning, match=message):
+        assert getattr(old, name) is getattr(CF, name)
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        old.nothing  # noqa: B018

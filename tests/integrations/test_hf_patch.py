@@ -9,6 +9,7 @@ a float64 run of the same model whose cos/sin are exact (written here, in plain 
 from __future__ import annotations
 
 import copy
+import ctypes
 import functools
 import warnings
 from typing import Any
@@ -406,13 +407,13 @@ def test_patched_model_rotates_through_the_fused_path(monkeypatch: pytest.Monkey
     if not kernels.cpu_fast_path_enabled():
         pytest.skip("the fused CPU path is not built here (no C compiler)")
     launched: list[int] = []
-    launch = cpu.launch_cpu
+    entry = cpu.packed_entry()
 
-    def spy(xs: list[torch.Tensor], *args: object, **kwargs: object) -> None:
-        launched.append(len(xs))
-        return launch(xs, *args, **kwargs)
+    def spy(address: int) -> int:  # the tensors rotated: the template's SLOT_TENSORS
+        launched.append(ctypes.c_int64.from_address(address + 8 * cpu.SLOT_TENSORS).value)
+        return entry(address)
 
-    monkeypatch.setattr(cpu, "launch_cpu", spy)  # the fused loop, planned or not
+    monkeypatch.setattr(cpu, "packed_entry", lambda: spy)  # the fused loop, planned or not
     model = patch(_model("glm4"))  # partial rotary, interleaved pairs
     for _ in range(2):  # the second pass: every layer's call shape is planned
         launched.clear()

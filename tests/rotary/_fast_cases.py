@@ -1,6 +1,6 @@
-"""What tests/rotary/test_fast.py and test_fast_plain.py share: the general path of a
-call, whether the fast path serves it, the q and k of a call, and the matrix of calls
-every fast route must serve with the general path's bits."""
+"""What tests/rotary/test_fast.py uses: the general path of a call, whether the fast path
+serves it, the q and k of a call, and the matrix of calls the fast path must serve with
+the general path's bits."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.rotary import fast
 from posenc.rotary import module as rotary_module
+from posenc.rotary.kernels import planned as fast
 
 
 def general(rope, *args, **kwargs):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -95,14 +96,41 @@ def test_xpos_and_position_dependent_scalings_take_the_general_path():
     assert not served(posenc.RotaryEmbedding(16, scaling=dynamic), q, k)
 
 
-def test_fused_path_off_is_served_on_the_plain_path():
-    """With the fused path off no fused plan is made: the call shape's plan is the plain
-    route's (tests/rotary/test_fast_plain.py)."""
+@pytest.mark.parametrize("needs_grad", [False, True], ids=["no-grad", "grad"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_fused_path_off_serves_the_torch_engine_with_the_general_bits(dtype, needs_grad):
+    """With the fused path off a call shape's plan is the torch engine on the table's rows:
+    the general path's outputs and gradients, bit for bit."""
+    rope = posenc.RotaryEmbedding(16)
+    kernels.enable_cpu_fast_path(False)
+    results = []
+    for run in ("fast", "general"):
+        q, k = (t.detach().requires_grad_(needs_grad) for t in tensors(dtype, -2))
+        outs = (
+            rope(q, k, torch.arange(5)) if run == "fast" else general(rope, q, k, torch.arange(5))
+        )
+        if needs_grad:
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+        results.append([o.detach() for o in outs] + ([q.grad, k.grad] if needs_grad else []))
+    assert [p.engine for p in rope._fast.plans.values()] == ["torch"]
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "positions", [[0, 1, 2, 3, 4], 3, np.arange(5)], ids=["list", "int", "numpy"]
+)
+def test_a_seen_shape_with_positions_that_are_no_tensor_gets_the_entry_check(positions):
+    """After a call shape has been served, the same q and k with positions that are not a
+    tensor get the general path's one PosEncError naming ``positions`` (was a TypeError
+    from the plan's key)."""
     rope = posenc.RotaryEmbedding(16)
     q, k = tensors(torch.float32, -2)
-    kernels.enable_cpu_fast_path(False)
-    assert served(rope, q, k)
-    assert rope._fast.plans == {} and list(rope._fast.plain_plans.values()) == [True]
+    rope(q, k, torch.arange(5))
+    assert len(rope._fast.plans) == 1
+    with pytest.raises(posenc.PosEncError, match="positions") as info:
+        rope(q, k, positions)
+    assert "tensor(" not in str(info.value)
 
 
 def test_bad_input_still_raises_the_general_message():
@@ -181,3 +209,14 @@ def test_outputs_advised_to_huge_pages_hold_the_same_bits(dtype):
         assert served(rope, q, k, positions)
         for a, b in zip(rope(q, k, positions), general(rope, q, k, positions)):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("seq_dim", [-2.0, -2 + 0j], ids=["float", "complex"])
+def test_a_seen_shape_with_a_seq_dim_that_is_no_int_gets_the_entry_check(seq_dim):
+    """A served call shape does not let ``seq_dim=-2.0`` through its plan (``-2.0 == -2``):
+    the general path refuses it, naming ``seq_dim``."""
+    rope = posenc.RotaryEmbedding(16)
+    q, k = tensors(torch.float32, -2)
+    rope(q, k, torch.arange(5))
+    with pytest.raises(posenc.PosEncError, match="seq_dim"):
+        rope(q, k, torch.arange(5), seq_dim=seq_dim)

@@ -45,10 +45,8 @@ def test_same_bits_as_fused_rotary(case, dtype, monkeypatch):
     q, k, cos, sin, layout, seq_dim = make(case, dtype)
     want = fused_rotary(q, k, cos, sin, layout=layout, seq_dim=seq_dim)
     launches = []
-    real = cpu_kernel.launch_cpu
-    monkeypatch.setattr(
-        cpu_kernel, "launch_cpu", lambda *a, **kw: launches.append(1) or real(*a, **kw)
-    )
+    real = cpu_kernel.packed_entry()
+    monkeypatch.setattr(cpu_kernel, "packed_entry", lambda: lambda a: launches.append(1) or real(a))
     plans: dict = {}
     for _ in range(2):  # the first call plans, the second is served from the plan
         got = rotate_planned(q, k, cos, sin, layout=layout, seq_dim=seq_dim, plans=plans)
@@ -56,7 +54,8 @@ def test_same_bits_as_fused_rotary(case, dtype, monkeypatch):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert got[0].stride() == want[0].stride() and got[1].dtype == dtype
     assert launches == [1, 1] and len(plans) == 1
-    assert isinstance(next(iter(plans.values())), tuple) and next(iter(plans.values()))
+    plan = next(iter(plans.values()))
+    assert isinstance(plan, PL.Plan) and plan is not PL.NOT_SERVED
 
 
 def _why(name: str):
@@ -81,7 +80,7 @@ def test_other_calls_are_left_to_fused_rotary(name):
     q, k, cos, sin, layout, seq_dim = _why(name)
     plans: dict = {}
     assert rotate_planned(q, k, cos, sin, layout=layout, seq_dim=seq_dim, plans=plans) is None
-    assert all(v == () for v in plans.values())  # remembered as not served, or not keyed
+    assert all(v is PL.NOT_SERVED for v in plans.values())  # not served, or not keyed
 
 
 def test_autograd_is_asked_every_call():

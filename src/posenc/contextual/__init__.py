@@ -7,6 +7,9 @@ plus a thin module, as every family.
 
 - :mod:`posenc.contextual.cope`: CoPE (Golovneva et al., 2024), positions counted by gates
   on ``q . k``.
+- :mod:`posenc.contextual.cope_fused`: attention with a term of CoPE's counted form fused on
+  the CPU (``cope_cpu.c``, built by :mod:`posenc._native`), what ``posenc.attention`` runs for
+  CoPE on CPU tensors.
 """
 
 from posenc.contextual.cope import (

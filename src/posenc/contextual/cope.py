@@ -43,6 +43,7 @@ from posenc._errors import (
     check_tensor,
     tracing,
 )
+from posenc.contextual import cope_fused
 from posenc.positions import causal_pairs
 
 __all__ = ["POSITION_LOGITS", "CoPEBias", "cope_bias", "cope_position_logits", "cope_positions"]
@@ -419,6 +420,20 @@ class CoPEBias(ContextualEncoding):
         if type(self).contextual_bias_at is not CoPEBias.contextual_bias_at:
             return None
         return self.weight, self.position_logit == "scaled"
+
+    def fused_attention_at(self, q: torch.Tensor, dropout_p: float) -> Any:
+        """CoPE's fused CPU attention (:mod:`posenc.contextual.cope_fused`) where it serves
+        the call (CPU tensors, no dropout, outside tracing and ``torch.func``, the library
+        built), else None (see :meth:`~posenc._base.ContextualEncoding.fused_attention_at`)."""
+        counted = self.counted_table()
+        if counted is None or not cope_fused.applies(q, counted[0], dropout_p):
+            return None
+        table, scaled = counted
+
+        def run(q, k, v, keep, *, causal: bool, scale: float) -> torch.Tensor:
+            return cope_fused.fused(q, k, v, table, keep, causal=causal, scale=scale, scaled=scaled)
+
+        return run
 
     def forward(
         self,

@@ -92,9 +92,9 @@ def tracing() -> bool:
 
 def _assume_constant_result(fn: Any) -> Any:
     """What ``torch.compiler.assume_constant_result`` does (it marks the function for
-    dynamo), without importing ``torch._dynamo`` as it does: that import costs every
-    ``import posenc`` (the CLI, each study worker) 3-4 seconds. A test checks that the
-    marker is still torch's own."""
+    dynamo), without importing ``torch._dynamo`` as it does: that import would slow every
+    ``import posenc`` (the CLI, each study worker) by seconds (``benchmarks/RESULTS.md``).
+    A test checks that the marker is still torch's own."""
     fn._dynamo_marked_constant = True
     return fn
 
@@ -140,7 +140,7 @@ def cpu_fast_path_enabled() -> bool:
 
 def cpu_fast_path_ready() -> bool:
     """Whether the fused CPU path is decided and on, without deciding it (no build, no
-    environment read): what :func:`posenc.rotary.fast.fast_forward` asks before it serves a
+    environment read): what :func:`posenc.rotary.kernels.planned.fast_forward` asks before it serves a
     call; until the first CPU call has decided, every call takes the general path."""
     return _cpu_on is True
 
@@ -148,7 +148,8 @@ def cpu_fast_path_ready() -> bool:
 def cpu_fast_path_off() -> bool:
     """Whether the fused CPU path is decided and off (``POSENC_CPU_FAST_PATH=0``, no
     compiler, or switched off), without deciding it: where
-    :func:`posenc.rotary.fast.fast_forward` serves the common call on the plain path."""
+    :func:`posenc.rotary.kernels.planned.fast_forward` serves the module's common call on
+    the torch engine."""
     return _cpu_on is False
 
 

@@ -24,7 +24,7 @@ from posenc.rotary.kernels.checks import (
     check_rotary_input,
 )
 from posenc.rotary.kernels.ops import KERNEL_DTYPES, launch, rotary_op, rotary_op_
-from posenc.rotary.kernels.plain import rotate_torch
+from posenc.rotary.kernels.torch_engine import rotate_torch
 
 __all__ = ["dispatch_rotary", "fused_rotary"]
 
@@ -151,25 +151,20 @@ def fused_rotary(
     """Rotate q and k (same tokens, any head counts) in one fused pass.
 
     The same function as :func:`posenc.apply_rotary` applied to q and to k, computed in
-    one launch: each token's cos/sin row is loaded once and used for every head of both.
+    one launch: each token's cos/sin row is loaded once and used for every head of both
+    (the paths and what they cover: ``docs/fast-paths.md``).
 
     Args:
-        q: queries ``[b, h_q, s, d]`` (or ``[b, s, h_q, d]`` with ``seq_dim=-3``), any
-            strides; float32, bf16, fp16 or float64.
-        k: keys with the same ``b``, ``s``, ``d`` and dtype as q and any head count, or
-            ``None`` to rotate q alone.
-        cos, sin: one value per frequency, ``[s, r/2]`` or ``[b, s, r/2]`` (from
-            :func:`posenc.rotary_cos_sin`; packed sequences take their positions from
-            :func:`posenc.positions.from_cu_seqlens`).
+        q: queries, any strides; float32, bf16, fp16 or float64.
+        k: keys with q's ``b``, ``s``, ``d`` and dtype and any head count, or ``None``.
+        cos, sin: one value per frequency (from :func:`posenc.rotary_cos_sin`).
         layout: ``"half"`` (channel ``i`` pairs with ``i + r/2``) or ``"interleaved"``
             (``2i`` with ``2i + 1``).
         rotary_dim: ``r``; ``None`` means ``2 * cos.shape[-1]``. Channels ``r..d`` pass
             through (in place: are not touched).
         seq_dim: ``-2`` for ``[b, h, s, d]``, ``-3`` for ``[b, s, h, d]``.
-        inplace: write the result into q and k (inference only: not with autograd). q
-            and k must each own their memory: not an ``expand()`` ed or otherwise
-            overlapping view, and ``k`` sharing none of ``q``'s (slices of one qkv buffer
-            are fine). Out of place, any views may share memory.
+        inplace: write the result into q and k (inference only), which must each own their
+            memory (slices of one qkv buffer are fine, an ``expand()`` ed view is not).
         backend: ``"auto"`` (see :func:`~posenc.rotary.kernels.select_backend`),
             ``"triton"``, ``"cpu"`` or ``"torch"`` (the plain twin).
 
@@ -180,8 +175,8 @@ def fused_rotary(
 
     Raises:
         PosEncError: bad shapes, dtypes or options; q, k, cos and sin not on one device;
-            in place on overlapping memory (see ``inplace``); meta tensors with
-            ``backend="cpu"`` or ``"triton"`` (``"auto"`` rotates them on the plain path).
+            in place on overlapping memory; meta tensors with ``backend="cpu"`` or
+            ``"triton"``.
 
     Examples:
         >>> import torch, posenc

@@ -1,8 +1,10 @@
-"""The plain torch path against the textbook rotation (``x1 * cos - x2 * sin``,
-``x2 * cos + x1 * sin`` in float32, one rounding), bit for bit: its slabs (large CPU
-tensors without autograd), its one pass, and with autograd its forward and its backward
-(the rotation by minus the angles) against autograd through the textbook operations, over
-every dtype, layout, sequence layout, cos/sin batch and partial rotary."""
+"""The optimised torch engine (``backend="torch"``) against the plain twin, the formula
+(``x1 * cos - x2 * sin``, ``x2 * cos + x1 * sin`` in float32, one rounding), bit for bit:
+by the harness the C and Triton paths run (``_kernel_cases.matrix_tests``), then route by
+route: its slabs (large CPU tensors without autograd), its one pass, its joined q and k,
+and with autograd its forward and its backward (the rotation by minus the angles) against
+autograd through the twin, over every dtype, layout, sequence layout, cos/sin batch and
+partial rotary."""
 
 from __future__ import annotations
 
@@ -10,30 +12,25 @@ import pytest
 import torch
 
 from posenc.rotary.kernels import plain
+from posenc.rotary.kernels import torch_engine as engine
 from posenc.rotary.kernels.plain import apply_rotary_torch
+
+from ._kernel_cases import SMALL_CASES, matrix_tests
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
 
+# the harness every engine runs: forward, in place and backward against the twin
+test_torch_forward, test_torch_inplace, test_torch_backward = matrix_tests("torch", SMALL_CASES, 3)
+
 
 def textbook(x, cos, sin, layout="half", seq_dim=-2):
-    """The rotation as papers write it, in the compute dtype, rounded once."""
-    half = cos.shape[-1]
-    compute = torch.promote_types(x.dtype, torch.float32)
-    if cos.ndim == 2:
-        cos, sin = cos[None], sin[None]
-    axis = 1 if seq_dim == -2 else 2
-    c, s = cos.unsqueeze(axis).to(compute), sin.unsqueeze(axis).to(compute)
-    x_rot = x[..., : 2 * half]
-    if layout == "half":
-        x1, x2 = x_rot[..., :half].to(compute), x_rot[..., half:].to(compute)
-    else:
-        x1, x2 = x_rot[..., 0::2].to(compute), x_rot[..., 1::2].to(compute)
-    o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
-    if layout == "half":
-        out = torch.cat([o1, o2], dim=-1)
-    else:
-        out = torch.stack([o1, o2], dim=-1).flatten(-2)
-    return torch.cat([out.to(x.dtype), x[..., 2 * half :]], dim=-1)
+    """The twin: the formula every engine is held to."""
+    return apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
+
+
+def engine_apply(x, cos, sin, layout="half", seq_dim=-2):
+    """The engine's rotation of one tensor."""
+    return engine.rotate_torch([x], cos, sin, layout=layout, seq_dim=seq_dim)[0]
 
 
 def case(dtype, layout, seq_dim, cos_batch, d, r):
@@ -50,8 +47,8 @@ def case(dtype, layout, seq_dim, cos_batch, d, r):
 @pytest.fixture
 def small_slabs(monkeypatch):
     """Slabs of 96 elements, from 64: many slabs and a ragged last one at test sizes."""
-    monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
-    monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
+    monkeypatch.setattr(engine, "_SLAB_ELEMENTS", 96)
+    monkeypatch.setattr(engine, "_SLAB_MIN_ELEMENTS", 64)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -62,11 +59,11 @@ def small_slabs(monkeypatch):
 @pytest.mark.parametrize("slabs", [True, False], ids=["slabs", "one-pass"])
 def test_no_grad_equals_the_textbook(monkeypatch, slabs, dtype, layout, seq_dim, cos_batch, d, r):
     if slabs:  # slabs of 96 elements, from 64
-        monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
-        monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
+        monkeypatch.setattr(engine, "_SLAB_ELEMENTS", 96)
+        monkeypatch.setattr(engine, "_SLAB_MIN_ELEMENTS", 64)
     x, cos, sin = case(dtype, layout, seq_dim, cos_batch, d, r)
     with torch.no_grad():
-        out = apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim)
+        out = engine_apply(x, cos, sin, layout=layout, seq_dim=seq_dim)
     assert torch.equal(out, textbook(x, cos, sin, layout=layout, seq_dim=seq_dim))
 
 
@@ -82,12 +79,12 @@ def test_autograd_equals_autograd_through_the_textbook(
     """Forward and x's gradient bit for bit: the backward's rotation by minus the angles
     rounds each gradient element once, as autograd through the float32 operations does."""
     if slabs:
-        monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
-        monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
+        monkeypatch.setattr(engine, "_SLAB_ELEMENTS", 96)
+        monkeypatch.setattr(engine, "_SLAB_MIN_ELEMENTS", 64)
     x, cos, sin = case(dtype, layout, seq_dim, cos_batch, d, r)
     grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).to(dtype)
     outs, grads = [], []
-    for fn in (apply_rotary_torch, textbook):
+    for fn in (engine_apply, textbook):
         leaf = x.detach().requires_grad_()
         out = fn(leaf, cos, sin, layout=layout, seq_dim=seq_dim)
         out.backward(grad)
@@ -100,7 +97,7 @@ def test_autograd_equals_autograd_through_the_textbook(
 def test_cos_sin_gradients_match_the_textbook():
     x, cos, sin = case(torch.float64, "half", -2, 3, 10, 6)
     got, want = [], []
-    for fn, into in ((apply_rotary_torch, got), (textbook, want)):
+    for fn, into in ((engine_apply, got), (textbook, want)):
         c, s = cos.clone().requires_grad_(), sin.clone().requires_grad_()
         leaf = x.clone().requires_grad_()
         fn(leaf, c, s).square().sum().backward()
@@ -113,7 +110,7 @@ def test_twice_differentiable():
     x, cos, sin = case(torch.float64, "interleaved", -3, None, 10, 6)
     leaf = x.clone().requires_grad_()
     assert torch.autograd.gradgradcheck(
-        lambda t: apply_rotary_torch(t, cos, sin, layout="interleaved", seq_dim=-3), (leaf,)
+        lambda t: engine_apply(t, cos, sin, layout="interleaved", seq_dim=-3), (leaf,)
     )
 
 
@@ -123,7 +120,7 @@ def test_slabs_of_a_strided_view(small_slabs):
     angles = torch.rand(x.shape[2], 8, dtype=torch.float64)
     cos, sin = angles.cos().float(), angles.sin().float()
     with torch.no_grad():
-        out = apply_rotary_torch(x, cos, sin)
+        out = engine_apply(x, cos, sin)
     assert torch.equal(out, textbook(x, cos, sin))
 
 
@@ -131,10 +128,10 @@ def test_gradients_of_cos_keep_the_recorded_operations(small_slabs, monkeypatch)
     def refuse(*args, **kwargs):
         raise AssertionError("slabs used where autograd records the operations")
 
-    monkeypatch.setattr(plain, "_rotate_in_slabs", refuse)
+    monkeypatch.setattr(engine, "_rotate_in_slabs", refuse)
     x = torch.randn(2, 3, 4, 8)
     cos_leaf, sin = torch.rand(4, 4, requires_grad=True), torch.rand(4, 4)
-    apply_rotary_torch(x, cos_leaf, sin).sum().backward()
+    engine_apply(x, cos_leaf, sin).sum().backward()
     assert cos_leaf.grad is not None
 
 
@@ -148,8 +145,8 @@ def test_q_and_k_together_equal_each_alone(monkeypatch, slabs, dtype, needs_grad
     that need a gradient) gives each tensor the bits, the layout, the gradient and the
     ``requires_grad`` of its rotation alone."""
     if slabs:
-        monkeypatch.setattr(plain, "_SLAB_ELEMENTS", 96)
-        monkeypatch.setattr(plain, "_SLAB_MIN_ELEMENTS", 64)
+        monkeypatch.setattr(engine, "_SLAB_ELEMENTS", 96)
+        monkeypatch.setattr(engine, "_SLAB_MIN_ELEMENTS", 64)
     q, cos, sin = case(dtype, "half", seq_dim, 3, d, r)
     heads = (slice(None), slice(0, 2)) if seq_dim == -2 else (slice(None), slice(None), slice(0, 2))
     k = q[heads].flip(-1).contiguous()  # fewer heads, other values
@@ -158,8 +155,8 @@ def test_q_and_k_together_equal_each_alone(monkeypatch, slabs, dtype, needs_grad
         [t.detach().clone().requires_grad_(wants[n]) for n, t in (("q", q), ("k", k))]
         for _ in range(2)
     ]
-    together = plain.rotate_torch(leaves[0], cos, sin, seq_dim=seq_dim)
-    alone = [apply_rotary_torch(t, cos, sin, seq_dim=seq_dim) for t in leaves[1]]
+    together = engine.rotate_torch(leaves[0], cos, sin, seq_dim=seq_dim)
+    alone = [engine_apply(t, cos, sin, seq_dim=seq_dim) for t in leaves[1]]
     for got, want, leaf in zip(together, alone, leaves[0]):
         assert torch.equal(got, want) and got.stride() == want.stride()
         assert got.requires_grad == want.requires_grad == leaf.requires_grad
@@ -180,10 +177,10 @@ def test_an_unused_output_gets_no_gradient():
     operations, not a rotation of zeros."""
     q, cos, sin = case(torch.float32, "interleaved", -3, None, 8, 8)
     q_leaf, k_leaf = q.clone().requires_grad_(), q.clone().requires_grad_()
-    q_out, _ = plain.rotate_torch([q_leaf, k_leaf], cos, sin, layout="interleaved", seq_dim=-3)
+    q_out, _ = engine.rotate_torch([q_leaf, k_leaf], cos, sin, layout="interleaved", seq_dim=-3)
     q_out.sum().backward()
     assert k_leaf.grad is None
-    want = apply_rotary_torch(torch.ones_like(q), cos, -sin, layout="interleaved", seq_dim=-3)
+    want = engine_apply(torch.ones_like(q), cos, -sin, layout="interleaved", seq_dim=-3)
     assert torch.equal(q_leaf.grad, want)
 
 
@@ -191,11 +188,11 @@ def test_an_unused_output_gets_no_gradient():
 def test_the_autograd_node_with_and_without_its_direct_apply(monkeypatch, direct):
     """``_Rotation.apply`` skips ``Function.apply``'s argument binding where torch has the
     hooks for it; without them (another torch) it is ``Function.apply``: the same bits."""
-    monkeypatch.setattr(plain, "_DIRECT_APPLY", direct)
+    monkeypatch.setattr(engine, "_DIRECT_APPLY", direct)
     x, cos, sin = case(torch.bfloat16, "half", -2, None, 8, 8)
     grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(x.dtype)
     results = []
-    for fn in (apply_rotary_torch, textbook):
+    for fn in (engine_apply, textbook):
         leaf = x.detach().requires_grad_()
         out = fn(leaf, cos, sin)
         out.backward(grad)
@@ -236,8 +233,8 @@ def test_q_and_k_joined_only_where_they_can_be(
     alone: the textbook's bits and gradients either way, each output in memory of its own
     with the strides of its rotation alone."""
     joined: list[int] = []
-    real = plain._rotate_joined
-    monkeypatch.setattr(plain, "_rotate_joined", lambda *a: joined.append(1) or real(*a))
+    real = engine._rotate_joined
+    monkeypatch.setattr(engine, "_rotate_joined", lambda *a: joined.append(1) or real(*a))
     q, cos, sin = case(torch.bfloat16, layout, seq_dim, cos_batch, 8, 8)
     q = q[:batch].contiguous()
     if cos_batch is not None:
@@ -249,7 +246,7 @@ def test_q_and_k_joined_only_where_they_can_be(
     sources = (q, make_source(q, heads))
     grads = None
     results = []
-    for fn in (plain.rotate_torch, None):  # posenc's, then the textbook's, each alone
+    for fn in (engine.rotate_torch, None):  # posenc's, then the textbook's, each alone
         leaves = [t.detach().clone().requires_grad_(needs_grad) for t in sources]
         xs = [leaves[0], make_k(leaves[1], heads)]
         if fn is None:
@@ -266,14 +263,14 @@ def test_q_and_k_joined_only_where_they_can_be(
     assert len(joined) == forward_joined + (backward_joined if needs_grad else 0)
     (got, got_grads), (want, want_grads) = results
     assert all(torch.equal(a, b) for a, b in zip(got, want))
-    alone = [apply_rotary_torch(x, cos, sin, layout=layout, seq_dim=seq_dim) for x in xs]
+    alone = [engine_apply(x, cos, sin, layout=layout, seq_dim=seq_dim) for x in xs]
     assert [a.stride() for a in got] == [b.stride() for b in alone]
     for a, b in zip(got_grads, want_grads):
         assert (a is None) == (b is None) == (not needs_grad)
         assert a is None or torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name", plain._MOVED)
+@pytest.mark.parametrize("name", plain._MOVED_TO_CHECKS)
 def test_the_checks_moved_and_keep_their_old_place_one_release(name):
     from posenc.rotary.kernels import checks
 
@@ -284,3 +281,31 @@ def test_the_checks_moved_and_keep_their_old_place_one_release(name):
     assert name in checks.__all__ and name not in plain.__all__
     with pytest.raises(AttributeError, match="no attribute 'check_nothing'"):
         plain.check_nothing  # noqa: B018
+
+
+@pytest.mark.parametrize("name", plain._MOVED_TO_ENGINE)
+def test_the_engine_moved_and_keeps_its_old_place_one_release(name):
+    with pytest.warns(
+        DeprecationWarning, match=rf"moved to posenc\.rotary\.kernels\.torch_engine\.{name}"
+    ):
+        assert getattr(plain, name) is getattr(engine, name)
+
+
+def test_the_direct_apply_is_on_exactly_where_it_was_tested():
+    """``_Rotation.apply``'s bypass of ``Function.apply`` (a private torch API) is on for the
+    torch releases listed in ``DIRECT_APPLY_TESTED`` (where the test above ran it both
+    ways), and off for any other."""
+    release = ".".join(torch.__version__.split(".")[:2])
+    hooks = hasattr(torch._C, "_are_functorch_transforms_active")
+    assert engine._DIRECT_APPLY == (hooks and release in engine.DIRECT_APPLY_TESTED)
+
+
+def test_the_twin_is_the_formula():
+    """The twin, written out: a quarter turn of (1, 0) is (0, 1), in both layouts, with the
+    channels past the rotary dim copied."""
+    x = torch.tensor([[[[1.0, 0.0, 5.0, 7.0]]]])
+    cos, sin = torch.zeros(1, 1), torch.ones(1, 1)
+    half = apply_rotary_torch(x, cos, sin, layout="half")
+    inter = apply_rotary_torch(x, cos, sin, layout="interleaved")
+    assert torch.equal(half, torch.tensor([[[[0.0, 1.0, 5.0, 7.0]]]]))
+    assert torch.equal(inter, torch.tensor([[[[0.0, 1.0, 5.0, 7.0]]]]))
