@@ -54,6 +54,9 @@ from posenc.gated import FoXBias, fox_bias
 from posenc.attend import attention
 from posenc import models
 
+# --- another library's spelling of a scaling: its reader, installed on import -----------------
+from posenc.integrations import spelling as _spelling  # noqa: F401  (RotaryEmbedding(scaling=))
+
 from posenc._version import __version__ as __version__
 
 __all__ = [
@@ -106,5 +109,5 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The class names of posenc 0.1.0 (``posenc.ALiBi``, ...), for one more release."""
+    """The deprecated class names (``posenc.ALiBi``, ...), for one more release."""
     return _renamed(__name__, name, _bias._RENAMED)

@@ -16,6 +16,7 @@ import torch
 import posenc
 from posenc import analysis, bias, models, plot, rotary
 from posenc import positions as P
+from posenc.integrations import spelling
 from posenc.integrations import transformers as hf
 
 
@@ -545,6 +546,26 @@ fn(
     "integrations.scaling_from_transformers",
     hf.scaling_from_transformers,
     lambda: {"rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+)
+fn(
+    "integrations.spelling.to_rope_parameters",
+    spelling.to_rope_parameters,
+    lambda: {
+        "scaling": {"type": "ntk", "factor": 2.0},
+        "base": 10000.0,
+        "rotary_dim": 8,
+        "partial_rotary_factor": 0.5,
+    },
+)
+fn(
+    "integrations.spelling.transformers_spelling",
+    spelling.transformers_spelling,
+    lambda: {"scaling": {"type": "yarn", "factor": 2.0, "original_max_position": 64}},
+)
+fn(
+    "integrations.spelling.config_max_position",
+    spelling.config_max_position,
+    lambda: {"scaling": {"type": "dynamic", "factor": 2.0, "max_position": 64}},
 )
 
 

@@ -21,41 +21,29 @@ from pathlib import Path
 from typing import Any
 
 from posenc._errors import PosEncError
+from posenc._files import atomic_write
 from posenc.extend.model import Loaded, scaling_for
+from posenc.integrations.spelling import to_rope_parameters
 from posenc.integrations.transformers import rotary_from_config
 
 __all__ = ["rope_parameters_for", "save_extended"]
 
 
 def rope_parameters_for(loaded: Loaded, name: str, factor: float) -> dict[str, Any]:
-    """The ``rope_parameters`` of one scaled layer type, in transformers' spelling."""
+    """The ``rope_parameters`` of one scaled layer type, in transformers' spelling
+    (:func:`posenc.integrations.spelling.to_rope_parameters`: static NTK as its base)."""
     config = loaded.model.config.get_text_config()
     layer = loaded.scaled_types[0]
-    rope = rotary_from_config(config, layer_type=layer)
-    base = float(rope.base)
-    scaling = scaling_for(name, factor, loaded)
-    params: dict[str, Any] = {"rope_type": "default", "rope_theta": base}
     old = config.rope_parameters if layer is None else config.rope_parameters[layer]
-    if "partial_rotary_factor" in (old or {}):
-        params["partial_rotary_factor"] = old["partial_rotary_factor"]
     if name == "config":
         return dict(old)
-    if scaling is None:
-        return params
-    kind = scaling["type"]
-    if kind == "ntk":
-        dim = rope.rotary_dim
-        return {**params, "rope_theta": base * factor ** (dim / (dim - 2))}
-    if kind == "yarn":
-        return {
-            **params,
-            "rope_type": "yarn",
-            "factor": factor,
-            "original_max_position_embeddings": loaded.trained,
-        }
-    if kind in ("linear", "dynamic"):
-        return {**params, "rope_type": kind, "factor": factor}
-    raise PosEncError(f"scaling {name!r} cannot be written as transformers' rope_parameters")
+    rope = rotary_from_config(config, layer_type=layer)
+    return to_rope_parameters(
+        scaling_for(name, factor, loaded),
+        base=float(rope.base),
+        rotary_dim=rope.rotary_dim,
+        partial_rotary_factor=(old or {}).get("partial_rotary_factor"),
+    )
 
 
 def save_extended(
@@ -91,7 +79,8 @@ def save_extended(
                     model.config.quantization_config = quantization
             loaded.tokenizer.save_pretrained(out)
         else:
-            model.config.to_json_file(out / "config.json")
+            config = model.config.to_json_string(use_diff=True)  # what to_json_file writes
+            atomic_write(out / "config.json", config.encode("utf-8"))
             for item in loaded.path.iterdir():
                 if item.name != "config.json":
                     (out / item.name).symlink_to(item.resolve())

@@ -18,7 +18,7 @@ from posenc._errors import PosEncError, check_choice, check_int
 from posenc.integrations import _hf_families as _families
 from posenc.integrations._hf_reader import ConfigReader, first
 from posenc.integrations._hf_sizes import CONTEXT_KEYS, check_context
-from posenc.rotary._spelling import TYPE_ALIASES
+from posenc.integrations.spelling import TYPE_ALIASES
 from posenc.rotary.apply import SectionLayout
 from posenc.rotary.scalings._registry import SCALINGS
 

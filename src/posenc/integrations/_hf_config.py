@@ -11,9 +11,8 @@ warning (unknown rope type, unrecognised keys, a factor below 1) we raise
 
 With the other ``_hf_*`` modules, this is the place that knows transformers' configs; the
 translation of one scaling dict (``rope_type``, ``original_max_position_embeddings``, ...) is
-the pure function :func:`posenc.rotary._spelling.posenc_spelling`, in the rotary room so that
-:class:`posenc.RotaryEmbedding` takes either spelling. The public names are
-:mod:`posenc.integrations.transformers`'.
+the table of :mod:`posenc.integrations.spelling`, which :class:`posenc.RotaryEmbedding`
+reads ``scaling=`` through too. The public names are :mod:`posenc.integrations.transformers`'.
 
 A config dict (``config.to_dict()`` or a ``config.json`` loaded with ``json``) needs no
 transformers installed; a ``PretrainedConfig`` object is read through its attributes (both
@@ -34,7 +33,7 @@ from posenc.integrations import _hf_families as _families
 from posenc.integrations import _hf_vision as _vision
 from posenc.integrations._hf_reader import ConfigReader, first, rope_parameters
 from posenc.integrations._hf_sizes import check_head_dim
-from posenc.rotary._spelling import posenc_spelling
+from posenc.integrations.spelling import posenc_spelling
 from posenc.rotary.frequencies import Scaling, parse_scaling
 from posenc.rotary.layout import LAYOUTS, Layout
 from posenc.rotary.module import RotaryEmbedding
@@ -68,7 +67,7 @@ def scaling_from_transformers(rope_scaling: Mapping[str, Any] | None) -> Scaling
     :func:`rotary_from_config` reads a whole config; :class:`posenc.RotaryEmbedding` and
     :func:`posenc.integrations.transformers.patch` take such a dict (or a whole
     ``rope_parameters``) as ``scaling=``. The translation is
-    :func:`posenc.rotary._spelling.posenc_spelling`'s.
+    :func:`posenc.integrations.spelling.posenc_spelling`'s.
 
     Raises:
         PosEncError: no or an unknown type, a key that is no scaling parameter (such as
@@ -96,75 +95,26 @@ def rotary_from_config(
 ) -> RotaryEmbedding:
     """The :class:`posenc.RotaryEmbedding` equal to a transformers model's rotary embedding.
 
-    Everything is read from the config (an object or its dict; multimodal configs: the text
-    config), in transformers' order of priority: ``rope_parameters`` (or legacy
-    ``rope_scaling``) with its ``rope_type`` (or ``type``), ``rope_theta`` and
-    ``partial_rotary_factor``; then the attributes ``rope_theta`` / ``rotary_emb_base``,
-    ``partial_rotary_factor`` / ``rotary_pct``; ``head_dim`` (or ``hidden_size //
-    num_attention_heads``), ``max_position_embeddings`` (dynamic NTK's length; YaRN's and
-    LongRoPE's factor when it is ``None``; the original context of llama3 / yarn / longrope
-    when that is absent), a top-level ``original_max_position_embeddings`` (Phi-3: it takes
-    priority, as in transformers) and ``mrope_section`` (Qwen2-VL's M-RoPE, with the
-    family's default sections; positions are then ``[..., s, 3]``, i.e. transformers'
-    ``position_ids[3, b, s]`` moved last). Per family (``model_type``):
-
-    - the pairing layout: ``"interleaved"`` for the families whose attention pairs
-      ``(2i, 2i + 1)`` (Cohere, GLM, GLM-4, ERNIE 4.5, Helium, GPT-J, CodeGen, Llama 4,
-      DeepSeek-V2, Moonshine, ...) and for DeepSeek-V3-style MLA with ``rope_interleave``
-      (its class default when a dict omits it); ``"half"`` otherwise;
-    - the rotary channels: GPT-J / CodeGen's ``rotary_dim`` (the first ``rotary_dim``
-      channels rotate, the rest pass through), MLA's ``qk_rope_head_dim`` (the module's
-      ``head_dim`` is then the rope part of each head, which is what transformers'
-      attention rotates), else ``int(head_dim * partial_rotary_factor)`` (first channels);
-      an odd value (GLM-4-MoE: 21) rotates ``dim + 1`` channels with exponents ``2i / dim``
-      as transformers does, i.e. ``base ** ((dim + 1) / dim)`` over ``dim + 1`` channels;
-      Mistral 4's MLA: ``int((qk_nope + qk_rope) * partial_rotary_factor)`` of the rope part;
-      DeepSeek-V4: the *last* ``int(head_dim * partial_rotary_factor)`` channels
-      (``partial="trailing"``, interleaved pairs);
-    - rope type ``proportional`` (p-RoPE: Gemma 4's and LFM3's full attention): ``2 *
-      int(partial_rotary_factor * head_dim // 2)`` rotated channels with the frequencies of
-      the whole head, paired across it (``partial="whole_head"``; ``inv_freq`` is
-      transformers' ``[head_dim / 2]`` with zeros);
-    - a head dim per layer type (Gemma 4's ``per_layer_config`` / ``global_head_dim``: the
-      full-attention layers' 512) is read for ``layer_type``;
-    - interleaved M-RoPE (Qwen3-VL, Qwen3.5, Qwen3-Omni, Cosmos 3 Edge, HY-V4-VL, Cohere
-      Compass, Qwen4-exp: ``section_layout="interleaved"``, whatever ``mrope_interleaved``
-      says, as their modules ignore it), contiguous for Qwen2-VL, GLM-4V, PaddleOCR-VL;
-    - ``llama_4_scaling_beta`` (Ministral 3, Mistral 4) is a query scale, no rotation: read
-      by :func:`posenc.integrations.transformers.query_scale_from_config`.
-
-    A vision config with rope type ``"axial"`` (its ``rope_parameters`` or, for a dict, the
-    class default of its ``model_type``) gives an :class:`~posenc.AxialRotaryEmbedding`
-    with ``head_dim / 2`` channels per axis, positions ``[..., s, 2]`` (transformers'
-    ``position_ids[s, 2]``, rows (h, w)), ``"half"`` pairs (Qwen2-VL to Qwen3-VL, GLM-4V,
-    PaddleOCR-VL, dots.3, MLCD, ...) and ``"interleaved"`` ones for SAM 2 / SAM 3 (the memory
-    attention's head dim); MiniMax-M3-VL: ``[..., s, 3]`` (t, h, w), ``2 * (head_dim // 6)``
-    channels per axis, the rest unrotated.
+    Everything is read from the config (an object or its dict; a multimodal config: its text
+    config) in transformers' order of priority, with the facts transformers keeps in its
+    modeling code per family (``model_type``): the pairing layout, which channels rotate,
+    M-RoPE's sections. A vision config with rope type ``"axial"`` gives an
+    :class:`~posenc.AxialRotaryEmbedding`. The keys read, and each family's facts:
+    ``docs/porting.md``.
 
     Args:
-        config: a ``transformers.PretrainedConfig`` or its dict.
+        config: a ``transformers.PretrainedConfig`` or its dict (whose ``model_type`` must
+            be a transformers family's).
         layer_type: for configs with RoPE parameters per layer type (Gemma 3's
             ``"full_attention"`` / ``"sliding_attention"``), which one.
-        layout: ``None`` (read from the family, above) or ``"half"`` / ``"interleaved"`` to
-            override it (q/k projections permuted to the other layout, see
-            :mod:`posenc.rotary.porting`; DeepSeek-V3.2's indexer rotates ``"half"``).
-
-    One difference is deliberate: transformers' ``dynamic`` module keeps the largest
-    frequencies it has computed until a call is shorter than ``max_position_embeddings``,
-    so its output depends on earlier calls; posenc computes them from each call's largest
-    position. The two agree on a fresh module and whenever lengths only grow.
-
-    A dict's ``model_type`` must be a transformers family's (transformers 5.25's, or the
-    installed transformers'); an error about a value names the key as the config spells it
-    (GPT-J's ``n_embd``, ``rope_scaling.original_max_position_embeddings``, ...).
+        layout: ``None`` (the family's) or ``"half"`` / ``"interleaved"`` to override it
+            (q/k projections permuted to match, see :mod:`posenc.rotary.porting`).
 
     Raises:
-        PosEncError: a dict's ``model_type`` that names no transformers family; (naming
-            the ``model_type`` where the config has one) a family posenc
-            cannot express (nanochat's -theta, ERNIE 4.5 VL's H, W, T section order, Pixtral's
-            and Gemma 4's vision RoPE, ...; checked before anything is built), an unknown
-            rope type, missing keys (yarn's ``factor``, proportional's ``rope_theta``) or
-            unknown keys, invalid values.
+        PosEncError: a family posenc cannot express (naming its ``model_type``, before
+            anything is built), an unknown ``model_type`` or rope type, missing, unknown or
+            invalid keys (each named as the config spells it: GPT-J's ``n_embd``,
+            ``rope_scaling.original_max_position_embeddings``).
 
     Examples:
         >>> from posenc.integrations.transformers import rotary_from_config
@@ -177,9 +127,6 @@ def rotary_from_config(
         >>> rotary_from_config({"model_type": "cohere", "hidden_size": 256,
         ...                     "num_attention_heads": 2}).layout
         'interleaved'
-        >>> rotary_from_config({"model_type": "qwen2_vl_vision", "embed_dim": 1280,
-        ...                     "num_attention_heads": 16}).axis_dims  # Qwen2-VL's vision
-        (40, 40)
     """
     if layout is not None:
         check_choice("layout", layout, LAYOUTS)

@@ -44,7 +44,7 @@ from posenc.integrations._hf_patch_families import (
 )
 from posenc.integrations._hf_patch_rotary import PatchedRotaryEmbedding
 from posenc.integrations._hf_reader import rope_layer_types
-from posenc.rotary._spelling import GENERAL_KEYS, is_transformers_spelling, scaling_type
+from posenc.integrations.spelling import GENERAL_KEYS, is_transformers_spelling, scaling_type
 from posenc.rotary.frequencies import parse_scaling
 from posenc.rotary.module import RotaryEmbedding
 
@@ -157,34 +157,19 @@ def _edited_rope(
 def patch(model: Any, *, scaling: Any = None) -> Any:
     """Put posenc's RoPE inside a loaded transformers model (in place; returns it).
 
-    The model's rotary module(s) are replaced by a :class:`PatchedRotaryEmbedding` (posenc's
-    cos/sin: float64 angles reduced before rounding, used in float32; M-RoPE from the 3-D
-    positions of Qwen2-VL, Qwen2.5-VL and Qwen3-VL) and each attention layer's apply step
-    by posenc's fused rotation (GPT-J's one tensor at a time, Llama 4's complex product
-    alike); a model loaded from a GGUF file patches like any other. Nothing outside this
-    model changes (another model of the same family in the process is unaffected). In
-    float32 the logits equal the unpatched model's within float32 rounding at ordinary
-    positions; at long ones (past ~1e5) they are closer to exact arithmetic than
-    transformers' float32 angles.
-    Works under ``torch.compile``. :func:`unpatch` undoes it exactly.
+    The model's rotary module(s) become a :class:`PatchedRotaryEmbedding` (posenc's cos/sin)
+    and each attention layer's apply step posenc's fused rotation; nothing outside this
+    model changes, and :func:`unpatch` undoes it exactly. What changes, per family, and how
+    close the logits stay: ``docs/porting.md``.
 
     Args:
         model: a transformers model (``LlamaForCausalLM``, its base ``LlamaModel``, a
             multimodal model whose text decoder is supported, ...) of a family in
             :data:`PATCHABLE_FAMILIES`.
-        scaling: ``None`` (the config's RoPE scaling, read by
-            :func:`posenc.integrations.transformers.rotary_from_config`), or a scaling that
-            replaces it, for every layer type: in posenc's spelling (see
-            :func:`posenc.rotary.frequencies.parse_scaling`, e.g. ``{"type": "yarn",
-            "factor": 4.0, "original_max_position": 4096}``), or in transformers' (a
-            ``rope_scaling`` dict such as ``{"rope_type": "yarn", "factor": 4.0,
-            "original_max_position_embeddings": 4096}``, or a whole ``rope_parameters``
-            dict): then it is read as the model's ``rope_parameters`` edited so, a
-            ``rope_theta`` setting the base, the config filling what transformers fills
-            (``original_max_position_embeddings`` from ``max_position_embeddings``, ...);
-            a ``partial_rotary_factor`` or ``mrope_section`` must be the model's. Models
-            with RoPE parameters per layer type (Gemma 3) also take ``{layer_type:
-            scaling}`` for some of them. The model's config is not changed.
+        scaling: ``None`` (the config's), or a scaling that replaces it for every layer
+            type (or ``{layer_type: scaling}``), in posenc's spelling
+            (:func:`posenc.rotary.frequencies.parse_scaling`) or transformers'
+            (``rope_scaling`` or ``rope_parameters``). The model's config is not changed.
 
     Returns:
         ``model``, patched.
@@ -192,9 +177,8 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
     Raises:
         PosEncError: (before anything is changed) ``model`` is not a transformers model, its
             family is not supported (naming its ``model_type`` and why), it is already
-            patched, an attention layer already has a ``forward`` of its own (other than
-            accelerate's hook: then its ``_old_forward`` is the one replaced), its
-            config cannot be read by ``rotary_from_config``, or ``scaling`` is invalid.
+            patched, an attention layer already has a ``forward`` of its own, its config
+            cannot be read by ``rotary_from_config``, or ``scaling`` is invalid.
         ImportError: transformers is not installed (``pip install 'posenc[hf]'``).
 
     Examples:

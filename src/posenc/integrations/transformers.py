@@ -14,9 +14,10 @@ some families multiply beside RoPE.
   :func:`softmax_scale_factor` (DeepSeek MLA's YaRN factor on the softmax scale).
 
 These modules read transformers' configs (``rope_type``, ``original_max_position_embeddings``,
-``max_position_embeddings``, ...); the translation of one scaling dict is
-``posenc.rotary._spelling``'s, so ``RotaryEmbedding(scaling=)`` takes either spelling. Reading
-a config dict needs no transformers installed; :func:`patch` needs it (the ``hf`` extra).
+``max_position_embeddings``, ...); the translation of one scaling dict, both ways, is
+:mod:`posenc.integrations.spelling`'s (through it ``RotaryEmbedding(scaling=)`` takes either
+spelling). Reading a config dict needs no transformers installed; :func:`patch` needs it (the
+``hf`` extra).
 """
 
 from __future__ import annotations

@@ -15,13 +15,14 @@ depend on the positions of a call (``dynamic``, ``longrope``) says how in its da
 The numbers are those of transformers' ``modeling_rope_utils`` for the names it shares
 (``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``, ``proportional``), edge rules
 included, computed in float64 instead of float32. ``ntk`` is the static NTK-aware base change.
-:func:`parse_scaling` reads posenc's spelling only; transformers' (``rope_type``,
-``original_max_position_embeddings``, ...) is translated by :mod:`posenc.rotary._spelling`,
-whose public face is :func:`posenc.integrations.transformers.scaling_from_transformers`
-(:class:`posenc.RotaryEmbedding` takes either spelling; :func:`rope_frequencies` still takes
-transformers', with a :class:`DeprecationWarning`, until the next release).
+:func:`parse_scaling` reads posenc's spelling only. Another library's spelling is known to
+:mod:`posenc.integrations` alone (:mod:`posenc.integrations.spelling`), which reads it for
+:class:`posenc.RotaryEmbedding` through the one hook of :mod:`.scalings.foreign`
+(:func:`rope_frequencies` takes transformers' spelling that way too, deprecated: a
+:class:`DeprecationWarning`, and refused from the next release).
 
-Shape: every function returns ``inv_freq`` ``[dim // 2]`` float64 on the CPU.
+Shape: :func:`rope_frequencies` returns ``inv_freq`` ``[dim // 2]``, :func:`rotated_frequencies`
+``[rotary_dim // 2]``, float64 on the CPU; :func:`parse_scaling` a parameter dataclass.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from typing import Any
 
 import torch
 
-from posenc._errors import PosEncError, check_alloc, check_choice, check_float, check_int
-from posenc.rotary._spelling import Given, from_rope_parameters, transformers_keys
+from posenc._errors import PosEncError, check_alloc, check_float, check_int, describe
 from posenc.rotary.scalings._registry import SCALINGS, ScalingParams, default_frequencies
+from posenc.rotary.scalings.foreign import Given, read_foreign
 from posenc.rotary.scalings.linear import LinearScaling
 from posenc.rotary.scalings.llama3 import Llama3Scaling
 from posenc.rotary.scalings.longrope import LongRopeScaling
@@ -54,6 +55,7 @@ __all__ = [
     "Scaling",
     "ScalingParams",
     "YarnScaling",
+    "check_scaling_type",
     "parse_scaling",
     "rope_frequencies",
     "rotated_frequencies",
@@ -76,7 +78,7 @@ _ELSEWHERE = (
     "takes it as is"
 )
 _DEPRECATED_SPELLING = (
-    "rope_frequencies(scaling=...) in transformers' spelling ({keys}) is deprecated and will "
+    "rope_frequencies(scaling=...) in transformers' spelling (keys {keys}) is deprecated and will "
     "be refused in the next release: use posenc's spelling ({{'type': ..., "
     "'original_max_position': ...}}) or "
     "posenc.integrations.transformers.scaling_from_transformers(...)"
@@ -85,6 +87,24 @@ _DEPRECATED_SPELLING = (
 
 def _classes() -> tuple[type, ...]:
     return tuple(cls for cls, _ in SCALINGS.values())
+
+
+def check_scaling_type(value: Any, key: str = "type") -> str:
+    """A scaling type as a dict gives it under ``key`` (``"type"``; transformers' dicts:
+    ``"rope_type"`` too): ``"default"`` or a name of :data:`SCALINGS`.
+
+    Raises:
+        PosEncError: anything else (a string no scaling has, or no string), naming
+            ``scaling[key]``.
+    """
+    choices = ("default", *SCALINGS)
+    if not isinstance(value, str) or value not in choices:
+        listed = ", ".join(map(repr, choices))
+        where = f"scaling[{key!r}]"
+        if not isinstance(value, str):
+            where += f" must be a string, not {type(value).__name__}"
+        raise PosEncError(f"scaling type must be one of {listed}, got {describe(value)} ({where})")
+    return value
 
 
 def parse_scaling(scaling: Any) -> Scaling | None:
@@ -117,8 +137,10 @@ def parse_scaling(scaling: Any) -> Scaling | None:
         )
     spec = dict(scaling)
     if "type" not in spec:
-        raise PosEncError(f"scaling must hold a 'type' key, got keys {sorted(spec)} ({_ELSEWHERE})")
-    kind = check_choice("scaling type", spec.pop("type"), ("default", *SCALINGS))
+        raise PosEncError(
+            f"scaling must hold a 'type' key, got keys {sorted(map(str, spec))} ({_ELSEWHERE})"
+        )
+    kind = check_scaling_type(spec.pop("type"))
     if kind == "default":
         extra = sorted(k for k, v in spec.items() if v is not None)
         if extra:
@@ -167,8 +189,8 @@ def rope_frequencies(
             dataclass (see :func:`parse_scaling`); types: ``linear``, ``dynamic``, ``ntk``,
             ``yarn``, ``longrope``, ``llama3``, ``proportional``. A dict in transformers'
             spelling (``rope_type``, ``original_max_position_embeddings``, ...; a
-            ``rope_theta`` must equal ``base``) is still read, with a
-            :class:`DeprecationWarning`, until the next release.
+            ``rope_theta`` must equal ``base``) is deprecated: read with a
+            :class:`DeprecationWarning`, refused from the next release.
         seq_len: the largest position of the call plus one; read only by the
             position-dependent scalings (``dynamic``, ``longrope``). ``None`` gives the state
             before any call, as transformers' rotary modules hold it at construction:
@@ -204,17 +226,31 @@ def rope_frequencies(
         seq_len = int(seq_len)
     if seq_len is not None:
         seq_len = check_float("seq_len", seq_len, min=-(2.0**63), max=2.0**63)
-    keys = transformers_keys(scaling)
-    if keys and isinstance(scaling, Mapping):
-        message = _DEPRECATED_SPELLING.format(keys=", ".join(keys))
-        warnings.warn(message, DeprecationWarning, stacklevel=2)
-        scaling = from_rope_parameters(scaling, Given("rope_frequencies", base))
-    params = parse_scaling(scaling)
+    params = parse_scaling(_read_deprecated(scaling, base))
     if params is None:
         return default_frequencies(dim, base), 1.0
     _, fn = SCALINGS[params.type]
     inv_freq, scale = fn(params, dim, base, seq_len)
     return inv_freq, float(scale)
+
+
+def _read_deprecated(scaling: Any, base: float) -> Any:
+    """``scaling``, or a dict in another library's spelling read by the foreign reader (with
+    a :class:`DeprecationWarning`, also when the reader refuses it)."""
+    try:
+        translated = read_foreign(scaling, Given("rope_frequencies", base))
+    except PosEncError:
+        _warn_deprecated(scaling)
+        raise
+    if translated is None:
+        return scaling
+    _warn_deprecated(scaling)
+    return translated
+
+
+def _warn_deprecated(scaling: Mapping[str, Any]) -> None:
+    keys = ", ".join(sorted(map(str, scaling)))
+    warnings.warn(_DEPRECATED_SPELLING.format(keys=keys), DeprecationWarning, stacklevel=4)
 
 
 def rotated_frequencies(
