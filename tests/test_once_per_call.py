@@ -8,6 +8,8 @@ synchronisation for floating positions)."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from posenc import _errors, registry
 from posenc._base import Encoding, GatedEncoding
 from posenc.attend import prepared
 from posenc.models import TinyTransformer
+from posenc.rotary.kernels import backends
 
 H, D, S = 4, 8, 6
 
@@ -126,3 +129,76 @@ def test_tiny_transformer_forward_builds_nothing_and_validates_once(name, builds
         model(tokens, positions)
     assert builds == []
     assert _times(validated, positions) == 1
+
+
+# --- the common paths, counted -------------------------------------------------------
+
+
+def _frames(call) -> list[tuple[str, str]]:
+    """``(module, function)`` of every posenc function ``call()`` enters, in order
+    (comprehensions and generator expressions left out: they are a function's own lines)."""
+    seen: list[tuple[str, str]] = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            module, name = frame.f_globals.get("__name__", ""), frame.f_code.co_name
+            if module.startswith("posenc") and not name.startswith("<"):
+                seen.append((module, name))
+
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def _checks(frames: list[tuple[str, str]]) -> list[str]:
+    return [name for _, name in frames if name.startswith("check")]
+
+
+def _warm(call):
+    for _ in range(2):  # built, the C library decided, every call shape planned
+        call()
+    return call
+
+
+# (what is called, the most posenc functions it may enter, the most checks it may run):
+# a call validates where it enters and trusts what it validated below. The rotary call
+# through posenc.attention entered 86 functions at 07680e1, 35 of them validation.
+_QKV = torch.randn(3, 1, H, S, D).unbind(0)
+COMMON = {
+    "attention-rope": (lambda: posenc.attention(*_QKV, encoding="rope", causal=True), 43, 6),
+    "attention-alibi": (lambda: posenc.attention(*_QKV, encoding="alibi", causal=True), 43, 5),
+    "attention-none": (lambda: posenc.attention(*_QKV, causal=True), 20, 5),
+}
+
+
+@pytest.mark.parametrize("name", list(COMMON))
+def test_a_common_call_validates_at_its_door_and_trusts_below(name):
+    call, most, most_checks = COMMON[name]
+    if name == "attention-rope" and not backends.cpu_fast_path_enabled():
+        pytest.skip("the fused CPU path is not built here (no C compiler)")
+    frames = _frames(_warm(call))
+    checks = _checks(frames)
+    assert len(frames) <= most, f"{name} entered {len(frames)} functions: {frames}"
+    assert len(checks) <= most_checks, f"{name} ran {len(checks)} checks: {checks}"
+
+
+def test_the_module_call_checks_each_argument_once(monkeypatch):
+    """``RotaryEmbedding(d)(q, k, positions)``, the call every model makes: a call shape
+    planned once runs no check (fused path on, or off: the torch engine); a call no plan
+    serves (float64) checks q, k and the positions at the door, once each."""
+    rope = posenc.RotaryEmbedding(D)
+    q, k, _ = _QKV
+    positions = torch.arange(S)
+    if backends.cpu_fast_path_enabled():
+        frames = _frames(_warm(lambda: rope(q, k, positions)))
+        assert len(frames) <= 12 and not _checks(frames), frames
+    monkeypatch.setattr(backends, "_cpu_on", False)  # the fused path off, as with no compiler
+    frames = _frames(_warm(lambda: rope(q, k, positions)))
+    assert not _checks(frames), frames
+    q64, k64 = q.double(), k.double()
+    checks = _checks(_frames(_warm(lambda: rope(q64, k64, positions))))
+    assert checks.count("check_qk") == 1 and checks.count("check_positions") == 1, checks
+    assert len(checks) <= 14, checks

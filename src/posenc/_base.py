@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from posenc import positions as _positions
-from posenc._errors import PosEncError, check_embeddings
+from posenc._errors import PosEncError, check_embeddings, describe
 
 __all__ = [
     "LOGIT_PROTOCOLS",
@@ -116,7 +116,8 @@ class RotaryEncoding(Encoding):
     - :meth:`rotation_at`: the rotation (cos/sin, or whatever the member needs) of positions
       already resolved by :func:`posenc.positions.resolve_pair`: no validation, no defaults;
       ``k_positions is q_positions`` means the queries and keys are the same tokens.
-    - :meth:`rotate`: apply a rotation to ``q`` and ``k``.
+    - :meth:`rotate`: apply a rotation to ``q`` and ``k``; :meth:`rotate_at` the same for a
+      rotation :meth:`rotation_at` made for them (attention's call: the rotation trusted).
 
     ``forward(q, k, q_positions, k_positions=...)`` is ``rotate(q, k, rotation(...))``;
     a model computes the rotation once per forward pass and rotates every layer with it.
@@ -140,6 +141,16 @@ class RotaryEncoding(Encoding):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q`` and ``k`` rotated by a rotation from :meth:`rotation_at`."""
         raise NotImplementedError
+
+    def rotate_at(
+        self, q: torch.Tensor, k: torch.Tensor, rotation: Any, *, seq_dim: int = -2
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`rotate` where the caller made ``rotation`` with this module's
+        :meth:`rotation_at` for these ``q`` and ``k`` and has checked them as
+        :func:`posenc.attention` does (floating ``[b, h, s, d]`` tensors of one dtype and
+        device): the rotation is trusted. Here :meth:`rotate` itself; members skip what
+        they need not check again."""
+        return self.rotate(q, k, rotation, seq_dim=seq_dim)
 
 
 class BiasEncoding(Encoding):
@@ -185,6 +196,15 @@ class BiasEncoding(Encoding):
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """``module(q_len, k_len=None, *, q_positions=None, k_positions=None)``:
         :meth:`bias`, with the same arguments (query-dependent encodings add ``q``)."""
+        q_len = args[0] if args else kwargs.get("q_len")
+        if isinstance(q_len, torch.Tensor) and q_len.ndim:  # called like attention, with q
+            q = ", q=q * scale" if self.query_dependent else ""
+            raise PosEncError(
+                f"q_len must be an integer (the number of queries), got {describe(q_len)}: "
+                f"{type(self).__name__} is called as module(q_len, k_len=None, *, "
+                f"q_positions=None, k_positions=None{q}) and returns the bias [h, q, k]; to "
+                "attend with q, k and v, use posenc.attention(q, k, v, encoding=module)"
+            )
         return self.bias(*args, **kwargs)
 
     def _resolve(
@@ -267,10 +287,10 @@ class ContextualEncoding(Encoding):
 
     The protocol attention relies on (:mod:`posenc.attend` calls nothing else):
     ``num_heads`` (None when any number of heads is served), :meth:`contextual_bias_at`
-    and :meth:`counted_table`. Attention computes the term on its eager path, or the
-    query-chunked one for long sequences (SDPA and Flex take no term of the logits), or,
-    for a term of CoPE's counted form on the CPU, fused; the positions attention is given
-    are not read.
+    and :meth:`fused_attention_at`. Attention computes the term on its eager path, or the
+    query-chunked one for long sequences (SDPA and Flex take no term of the logits), or
+    runs the member's own fused attention where it has one for the call (CoPE's on the
+    CPU); the positions attention is given are not read.
 
     Calling the module returns its term: a member's :meth:`forward` takes what its pure
     function takes (CoPE: ``cope(q, k)`` is ``cope_bias`` with its table); one that defines
@@ -302,11 +322,20 @@ class ContextualEncoding(Encoding):
     def counted_table(self) -> tuple[torch.Tensor, bool] | None:
         """``(table, scaled)`` when the term has CoPE's counted form, which attention may
         then compute without :meth:`contextual_bias_at` (its fused CPU path,
-        :mod:`posenc.attend.cope_fused`): gates ``sigmoid(logits)`` on the allowed pairs,
+        :mod:`posenc.contextual.cope_fused`): gates ``sigmoid(logits)`` on the allowed pairs,
         positions ``p_ij = sum_{t >= j} g_it`` clamped to ``table.shape[0] - 1``, and the
         term ``z_ij = q_i . table[p_ij]`` interpolated between ``floor p`` and ``floor p +
         1`` (times ``scale`` when ``scaled``); ``table`` is ``[npos, d]``, shared by the
         heads. None (here): attention always calls :meth:`contextual_bias_at`."""
+        return None
+
+    def fused_attention_at(self, q: torch.Tensor, dropout_p: float) -> Any:
+        """The member's own fused attention for a call with queries ``q``, or None (here):
+        attention computes the term with :meth:`contextual_bias_at`. A callable
+        ``run(q, k, v, keep, *, causal, scale) -> [b, h, q, d_v]`` takes what
+        :func:`posenc.attention` has validated (``keep``: the bool mask ``[b|1, h|1, q|1,
+        k]`` or None) and returns the attention's output (CoPE's fused CPU kernel,
+        :mod:`posenc.contextual.cope_fused`)."""
         return None
 
 

@@ -56,10 +56,7 @@ def arange(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.long,
 ) -> torch.Tensor:
-    """Positions ``offset, offset + 1, ..., offset + seq_len - 1``.
-
-    Shape: ``[seq_len]``.
-    """
+    """Positions ``offset, offset + 1, ..., offset + seq_len - 1``: ``[seq_len]``."""
     seq_len = check_int("seq_len", seq_len, min=0)
     offset = check_int("offset", offset)
     device = check_device("device", device)
@@ -247,11 +244,9 @@ def resolve(
     device: torch.device | str | None = None,
     name: str = "positions",
 ) -> torch.Tensor:
-    """The positions a module uses: validated ``positions``, or ``arange(seq_len) + offset``.
-
-    Given positions are moved to ``device`` (when given) and shifted by ``offset``.
-    ``batch``: the batch size (``>= 1``) ``[b, s]`` positions must have (or 1); None: any.
-    Shape: ``[s]`` or ``[b, s]`` (``b`` equal to ``batch``, or 1).
+    """The positions a module uses: validated ``positions`` moved to ``device`` (when given)
+    and shifted by ``offset``, or ``arange(seq_len) + offset``. ``batch``: the batch size
+    ``[b, s]`` positions must have (or 1); None: any. Shape: ``[s]`` or ``[b, s]``.
     """
     offset = check_int("offset", offset)
     seq_len = check_int("seq_len", seq_len, min=0)
@@ -301,38 +296,52 @@ def resolve_pair(
     names: tuple[str, str] = ("q_positions", "k_positions"),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The query and key positions of an attention call: the one rule every encoding follows
-    (rotary modules, bias encodings and :func:`posenc.attention`).
-
-    Keys default to ``arange(k_len)`` (``k_len`` defaults to ``q_len``). Queries default to
-    the last ``q_len`` key positions (decoding with a KV cache; the keys' tensor itself when
-    ``q_len == k_len``), or to ``arange(q_len)`` when there are more queries than keys
-    (cross-attention). Given positions must match the lengths (and ``batch``, and each
-    other's batch size, unless 1); they are validated once (a tensor given as both is one
-    object in the result) and moved to ``device``.
+    (the rule, and its defaults for decoding and cross-attention: ``docs/attention.md``).
 
     Args:
-        q_len, k_len: numbers of queries and keys.
-        q_positions, k_positions: ``[s]`` or ``[b, s]``, or None for the default.
+        q_len, k_len: numbers of queries and keys (``k_len`` defaults to ``q_len``).
+        q_positions, k_positions: ``[s]`` or ``[b, s]``, or None: keys ``arange(k_len)``,
+            queries the last ``q_len`` of them (``arange(q_len)`` when ``q_len > k_len``).
         batch: the batch size (``>= 1``) ``[b, s]`` positions must have (or 1); None: any.
         device: where the result lives (None: where the given positions are; the CPU).
-        coords: N-D positions (M-RoPE, axial RoPE): ``[s, coords]`` or ``[b, s, coords]``;
-            defaults then give every coordinate the 1-D position.
+        coords: N-D positions (M-RoPE, axial RoPE): ``[s, coords]`` or ``[b, s, coords]``.
         names: the names of the two position arguments in error messages.
 
-    Shape:
-        ``[q]`` or ``[b, q]``, ``[k]`` or ``[b, k]`` (with ``coords``: a trailing
-        ``coords`` axis).
+    Raises:
+        PosEncError: a length, a shape or a batch size that does not match, naming it.
 
     Examples:
-        >>> q_pos, k_pos = resolve_pair(2, 5)  # decoding: queries at the end
-        >>> q_pos, k_pos
+        >>> resolve_pair(2, 5)  # decoding: queries at the end
         (tensor([3, 4]), tensor([0, 1, 2, 3, 4]))
     """
     q_len = check_int("q_len", q_len, min=1)
-    k_len = q_len if k_len is None else check_int("k_len", k_len, min=1)
+    k_given = k_len is not None
+    k_len = check_int("k_len", k_len, min=1) if k_given else q_len
     if batch is not None:
         batch = check_int("batch", batch, min=1)
+    if coords is not None:
+        coords = check_int("coords", coords, min=1)
     device = check_device("device", device)
+    return resolve_pair_at(
+        q_len, k_len, q_positions, k_positions, batch, device, coords, names, k_given, False
+    )
+
+
+def resolve_pair_at(
+    q_len: int,
+    k_len: int,
+    q_positions: torch.Tensor | None,
+    k_positions: torch.Tensor | None,
+    batch: int | None,
+    device: torch.device | None,
+    coords: int | None,
+    names: tuple[str, str] = ("q_positions", "k_positions"),
+    k_given: bool = True,
+    sized: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`resolve_pair` with its sizes and device already checked (``sized``: read off
+    tensors a caller has validated, as :func:`posenc.attention` does): the positions given
+    are validated, the defaults made, by the same rule."""
     q_name, k_name = names
     default = names == ("q_positions", "k_positions")
     q_length = "q_len" if default else None
@@ -345,7 +354,7 @@ def resolve_pair(
             return kpos, kpos
         kpos = _check_sequence(k_name, k_positions, k_len, batch, coords, k_length).to(device)
     else:
-        kpos = _default(k_len, coords, device)
+        kpos = _default("k_len" if k_given else "q_len", k_len, coords, device, sized=sized)
     if q_positions is not None:
         qpos = _check_sequence(q_name, q_positions, q_len, batch, coords, q_length).to(device)
     elif q_len == k_len:
@@ -353,7 +362,7 @@ def resolve_pair(
     elif q_len < k_len:
         qpos = kpos.narrow(-1 if coords is None else -2, k_len - q_len, q_len)
     else:
-        qpos = _default(q_len, coords, device)
+        qpos = _default("q_len", q_len, coords, device, sized=sized)
     lead = 2 if coords is None else 3  # rank of batched positions
     if qpos.ndim == kpos.ndim == lead and 1 not in (qpos.shape[0], kpos.shape[0]):
         if qpos.shape[0] != kpos.shape[0]:
@@ -364,8 +373,13 @@ def resolve_pair(
     return qpos, kpos
 
 
-def _default(seq_len: int, coords: int | None, device) -> torch.Tensor:
-    p = arange(seq_len, device=device)  # [s]
+def _default(name: str, seq_len: int, coords: int | None, device, *, sized=False) -> torch.Tensor:
+    """``arange(seq_len)`` of a checked length and device (``[s]``; ``[s, coords]``, every
+    coordinate the same), its size checked under the name of the length the caller passed
+    (``sized``: a length read off a tensor that exists, not checked again)."""
+    if not sized:
+        check_alloc(name, seq_len, (seq_len,), torch.long, device)
+    p = torch.arange(seq_len, device=device)  # [s]
     return p if coords is None else p[:, None].expand(seq_len, coords)  # [s, coords]
 
 
@@ -406,13 +420,9 @@ def check_distances(
     *,
     names: tuple[str, str] = ("q_positions", "k_positions"),
 ) -> None:
-    """Raise unless every distance between a query and a key position, ``k - q`` of either
-    sign (over all rows of batched positions), is below :data:`MAX_DISTANCE` (``2**63``)
-    in magnitude: the rule of the biases of positions (ALiBi, T5, Shaw, FIRE, Kerple),
-    whose int64 distances would wrap around past it and whose float ones would reach
-    ``inf`` in float32 (a bias of ``+-inf``, or NaN). Reads the extremes of both tensors
-    (one host synchronisation; a graph assertion under ``torch.compile``); validated
-    positions only."""
+    """Raise unless every distance ``k - q`` between validated query and key positions (all
+    rows) is below :data:`MAX_DISTANCE` in magnitude: the biases of positions' rule (why:
+    ``docs/attention.md``). One host synchronisation; a graph assertion under compile."""
     if q_positions.numel() == 0 or k_positions.numel() == 0:
         return
     floating = q_positions.is_floating_point() or k_positions.is_floating_point()
@@ -445,21 +455,19 @@ def causal_pairs(
     at: tuple[torch.Tensor, torch.Tensor] | None = None,
     keys: tuple[int, int] | None = None,
     additive: torch.dtype | None = None,
+    counts: bool = False,
 ) -> torch.Tensor:
     """The causal rule, the one place it is written: bool ``[rows, k]``, True where query
     ``i`` may attend key ``j``, i.e. ``j <= i + (k_len - q_len)`` (the queries are the last
-    ``q_len`` of the ``k_len`` keys: decoding with a KV cache). ``rows = (start, stop)``
-    restricts the answer to those query rows; ``at = (i, j)``, index tensors that
-    broadcast, gives it at those pairs only (``rows`` and ``device`` then unused).
-    ``additive``, a floating dtype, gives the rule as the mask SDPA adds to its logits
-    instead (0 where the key is seen, ``-inf`` where not), over the key columns ``keys =
-    (lo, hi)`` (all by default): one fill and one ``triu_`` (the bool answer and its
-    ``masked_fill`` took four passes over the pairs, the largest cost of a folded call).
-    Internal (no validation): attention's :func:`posenc.attend.paths.allowed_pairs` and
-    the families' pure functions call it."""
+    ``q_len`` keys). ``rows = (start, stop)``: those query rows only; ``at = (i, j)``: at
+    those pairs only; ``additive`` (a floating dtype): SDPA's additive mask (0 or ``-inf``)
+    over the key columns ``keys = (lo, hi)``; ``counts=True``: the keys each row sees, int64
+    ``[rows]``. Internal, no validation (``docs/attention.md`` has the rule and its forms)."""
     if at is not None:
         return at[1] <= at[0] + (k_len - q_len)
     start, stop = (0, q_len) if rows is None else rows
+    if counts:  # keys 0 .. i + (k_len - q_len) of row i
+        return (torch.arange(start, stop, device=device) + (k_len - q_len + 1)).clamp_(0, k_len)
     if additive is not None:
         lo, hi = (0, k_len) if keys is None else keys
         # row r (query start + r) sees column c (key lo + c) iff c <= r + seen

@@ -50,9 +50,9 @@ from posenc._base import (
     RotaryEncoding,
 )
 from posenc._errors import PosEncError, check_choice, check_float, check_tensor
-from posenc.attend import cope_fused, folded
+from posenc.attend import folded
 from posenc.attend.paths import Call, chunked, eager, sdpa
-from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_encoding
+from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_at
 
 __all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
 
@@ -92,7 +92,12 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
             f"{tuple(k.shape)} and {tuple(v.shape)}"
         )
     hkv, k_len = k.shape[1], k.shape[2]
-    if hkv < 1 or hq % hkv:
+    for name, t in (("q", q), ("k", k)):
+        if t.shape[1] < 1:
+            raise PosEncError(
+                f"{name} must have >= 1 heads (dim 1 of [b, h, s, d]), got shape {tuple(t.shape)}"
+            )
+    if hq % hkv:
         raise PosEncError(
             f"the number of key/value heads must divide the number of query heads ({hq}), got {hkv}"
         )
@@ -196,7 +201,8 @@ def _choose_contextual(
     backend: str, enc: ContextualEncoding, large: bool, q, dropout_p: float
 ) -> str:
     """A contextual term is computed from the logits: fused on the CPU where it can be
-    (CoPE, :mod:`posenc.attend.cope_fused`), else eager, or chunked when large."""
+    (the member's own kernel, :meth:`~posenc._base.ContextualEncoding.fused_attention_at`:
+    CoPE's), else eager, or chunked when large."""
     if backend in ("sdpa", "flex"):
         raise PosEncError(
             f"encoding {enc.name!r} is contextual (its bias is computed from the logits): "
@@ -204,7 +210,7 @@ def _choose_contextual(
         )
     if backend != "auto":
         return backend
-    if cope_fused.applies(q, enc, dropout_p):
+    if enc.fused_attention_at(q, dropout_p) is not None:  # the member's own kernel
         return "fused"
     return "chunked" if large else "eager"
 
@@ -274,45 +280,32 @@ def attention(
     """Scaled dot-product attention with a positional encoding applied where it belongs.
 
     Computes ``softmax(q k^T * scale + bias + mask) v`` where a rotary encoding first
-    rotates ``q`` and ``k`` and a bias encoding supplies ``bias``.
+    rotates ``q`` and ``k`` and a bias encoding supplies ``bias`` (how each kind enters, and
+    the backends: ``docs/attention.md``).
 
     Args:
-        q, k, v: queries ``[b, h, q, d]``, keys ``[b, h_kv, k, d]``, values
-            ``[b, h_kv, k, d_v]``; ``h_kv`` must divide ``h`` (grouped-query attention:
-            query head ``i`` reads key/value head ``i // (h // h_kv)``).
-        encoding: ``None``, a registry name, a config dict or an :class:`~posenc._base.Encoding`.
-            Names and configs are built with ``num_heads=h`` / ``head_dim=d`` filled in
-            (a fresh module each call: pass an instance for learned biases). Rotary
-            encodings rotate ``q`` and ``k`` at their positions; bias encodings add
-            ``encoding.bias(...)`` (query-dependent ones get ``q * scale``;
-            value-dependent ones add ``value_bias(probs)`` to ``probs @ v``; the
-            contextual CoPE computes its term from the logits, queries and keys; the
-            gated ``"fox"`` from ``gates``). Additive
-            encodings raise ``PosEncError``. A :class:`PreparedEncoding` from
-            :func:`prepare_encoding` (then without positions: they are in it) reuses the
-            cos/sin, bias and mask it computed for earlier calls.
-        causal: query ``i`` sees key ``j`` iff ``j <= i + (k - q)``: the queries are the last
-            ``q`` of the ``k`` keys (decoding with a KV cache). Needs ``q <= k``.
-        q_positions, k_positions: ``[s]`` or ``[b, s]`` positions used by the encoding,
-            resolved by :func:`posenc.positions.resolve_pair`: ``k_positions=None`` is
-            ``arange(k)``; ``q_positions=None`` is the last ``q`` key positions
-            (``k_positions[..., k - q:]``), or ``arange(q)`` when ``q > k``.
-        attn_mask: bool, True where a query may attend: either ``[b, k]`` (key padding:
-            True = real token) or ``[b|1, h|1, q|1, k]``. Combined with ``causal``. Float
-            (additive) masks are refused. A query row that may attend to no key returns 0.
-        scale: logits multiplier, default ``1 / sqrt(d)``; ``> 0`` with ``scale * d``
-            finite in ``q``'s dtype (so the logits of entries up to 1 in magnitude are).
-        dropout_p: dropout on the attention probabilities (applied whenever > 0: pass 0
-            at evaluation).
-        backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"eager"`` or ``"chunked"`` (see the
-            module docs).
-        gates: per-token gates of a gated encoding, ``[b, h, k]``: for ``"fox"`` the log
-            forget gates ``log f_t <= 0`` of the keys' tokens (needs ``causal=True``).
-            Refused for other encodings.
+        q, k, v: ``h_kv`` must divide ``h`` (grouped-query attention).
+        encoding: ``None``, a registry name, a config dict (built with ``num_heads=h`` and
+            ``head_dim=d``: pass an instance for learned biases), an
+            :class:`~posenc._base.Encoding`, or a :class:`PreparedEncoding` from
+            :func:`prepare_encoding` (then no positions: they are in it). Not additive.
+        causal: query ``i`` sees key ``j`` iff ``j <= i + (k - q)``; needs ``q <= k``.
+        q_positions, k_positions: ``[s]`` or ``[b, s]``, or None (the defaults of
+            :func:`posenc.positions.resolve_pair`: the queries are the last keys).
+        attn_mask: bool, True where a query may attend: ``[b, k]`` (key padding) or
+            ``[b|1, h|1, q|1, k]``; combined with ``causal``. A row seeing no key returns 0.
+        scale: logits multiplier, default ``1 / sqrt(d)``; ``> 0``, ``scale * d`` finite.
+        dropout_p: dropout on the probabilities, whenever ``> 0`` (pass 0 at evaluation).
+        backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"eager"`` or ``"chunked"``.
+        gates: a gated encoding's ``[b, h, k]`` gates (``"fox"``: log forget gates ``<= 0``,
+            with ``causal=True``); refused for other encodings.
 
     Shape:
         ``q [b, h, q, d]``, ``k [b, h_kv, k, d]``, ``v [b, h_kv, k, d_v]`` -> ``[b, h, q, d_v]``
         in the dtype of ``q``.
+
+    Raises:
+        PosEncError: a bad argument (shapes, mask, encoding, options), naming it.
 
     Examples:
         >>> import torch, posenc
@@ -347,7 +340,7 @@ def attention(
         encoding.check(b, q_len, k_len)
         check_heads(encoding.encoding, hq)
     else:
-        prep = prepare_encoding(
+        prep = prepare_at(
             encoding,
             q_len=q_len,
             k_len=k_len,
@@ -358,13 +351,18 @@ def attention(
             k_positions=k_positions,
             device=q.device,
         )
-    keep = _check_mask(attn_mask, b=b, h=hq, q_len=q_len, k_len=k_len, device=q.device)
+    keep = (
+        None
+        if attn_mask is None
+        else _check_mask(attn_mask, b=b, h=hq, q_len=q_len, k_len=k_len, device=q.device)
+    )
 
     if prep is not None and isinstance(prep.encoding, RotaryEncoding):
-        q, k = prep.rotate(q, k)  # [b, h, q, d], [b, h_kv, k, d]
+        q, k = prep.rotate_at(q, k)  # [b, h, q, d], [b, h_kv, k, d]
         prep = None
     enc = None if prep is None else prep.encoding
-    _check_gates(gates, enc, b, k_len, causal, q.device)
+    if gates is not None or isinstance(enc, GatedEncoding):
+        _check_gates(gates, enc, b, k_len, causal, q.device)
     params_need_grad = enc is not None and any(p.requires_grad for p in enc.parameters())
     needs_grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad or params_need_grad
@@ -383,5 +381,6 @@ def attention(
     if path == "sdpa":
         return sdpa(q, k, v, call)
     if path == "fused":
-        return cope_fused.fused(q, k, v, call)
+        run = call.prep.encoding.fused_attention_at(q, call.dropout_p)
+        return run(q, k, v, call.keep, causal=call.causal, scale=call.scale)
     return chunked(q, k, v, call) if path == "chunked" else eager(q, k, v, call)

@@ -48,12 +48,29 @@ _BUILT_MAX = 32
 _BUILT: OrderedDict[str, Encoding] = OrderedDict()
 
 
+def _key(spec: Any, num_heads: int, head_dim: int) -> str | None:
+    """The cache key of a name or config (None: one holding tensors or objects)."""
+    try:
+        return json.dumps([spec, num_heads, head_dim], sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+
+
+def _cached(spec: Any, num_heads: int, head_dim: int) -> Encoding | None:
+    """The module built before from this name or config (only parameter-free attention
+    encodings are kept: checked when they were built), or None."""
+    if isinstance(spec, Encoding) or spec is None:
+        return None
+    key = _key(spec, num_heads, head_dim)
+    enc = None if key is None else _BUILT.get(key)
+    if enc is not None:
+        _BUILT.move_to_end(key)  # type: ignore[arg-type]
+    return enc
+
+
 def _built(spec: str | Mapping[str, Any], num_heads: int, head_dim: int) -> Encoding:
     """``registry.build(spec)`` with ``num_heads`` / ``head_dim`` filled in, cached."""
-    try:
-        key = json.dumps([spec, num_heads, head_dim], sort_keys=True)
-    except (TypeError, ValueError):  # a config holding tensors or objects: not cached
-        key = None
+    key = _key(spec, num_heads, head_dim)
     if key is not None and key in _BUILT:
         _BUILT.move_to_end(key)
         return _BUILT[key]
@@ -148,8 +165,22 @@ class PreparedEncoding:
                     f"{name} must be [s, {coords}] or [b, s, {coords}] ({coords} coordinates "
                     f"per position) for encoding {encoding.name!r}, got shape {tuple(p.shape)}"
                 )
+        self._set(encoding, q_positions, k_positions, coords)
+
+    @classmethod
+    def _resolved(
+        cls, encoding: Encoding, q_positions: torch.Tensor, k_positions: torch.Tensor, coords
+    ) -> PreparedEncoding:
+        """One of positions :func:`posenc.positions.resolve_pair` resolved for ``encoding``
+        (of ``coords`` coordinates a position): nothing to check again."""
+        self = cls.__new__(cls)
+        self._set(encoding, q_positions, k_positions, coords)
+        return self
+
+    def _set(self, encoding: Encoding, q_positions, k_positions, coords) -> None:
         self.encoding = encoding
         self.q_positions, self.k_positions = q_positions, k_positions
+        self._lead = 2 if coords is None else 3  # rank of batched positions
         seq = -1 if coords is None else -2
         # sizes as they are: int() of a symbolic one (torch.export) would fix the length
         self.q_len, self.k_len = q_positions.shape[seq], k_positions.shape[seq]
@@ -166,9 +197,8 @@ class PreparedEncoding:
                 f"the prepared encoding is for q_len={self.q_len}, k_len={self.k_len}, got "
                 f"q_len={q_len}, k_len={k_len}"
             )
-        lead = 2 if getattr(self.encoding, "position_coords", None) is None else 3
         for name, p in (("q_positions", self.q_positions), ("k_positions", self.k_positions)):
-            if p.ndim == lead and p.shape[0] not in (1, b):
+            if p.ndim == self._lead and p.shape[0] not in (1, b):
                 raise PosEncError(
                     f"the prepared encoding's {name} have batch size {p.shape[0]}; q has {b}"
                 )
@@ -191,15 +221,21 @@ class PreparedEncoding:
         """``q [b, h, q_len, d]`` and ``k [b, h_kv, k_len, d]`` rotated at the prepared
         positions; the rotation is computed once per dtype and device (float32, or float64
         for float64 inputs, as :class:`~posenc.RotaryEmbedding` chooses)."""
-        enc: RotaryEncoding = self._kind(RotaryEncoding, "rotate")
+        self._kind(RotaryEncoding, "rotate")
         self.check(q.shape[0], q.shape[-2], k.shape[-2])
+        return self.rotate_at(q, k)
+
+    def rotate_at(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`rotate` for :func:`posenc.attention`, which has checked that q and k fit
+        (a rotary encoding it prepared for them, or :meth:`check` passed)."""
+        enc: RotaryEncoding = self.encoding  # type: ignore[assignment]
         dtype = torch.float64 if torch.float64 in (q.dtype, k.dtype) else torch.float32
         key = (dtype, q.device)
         if key not in self._rotations:
             qpos = self.q_positions.to(q.device)
             kpos = qpos if self.k_positions is self.q_positions else self.k_positions.to(q.device)
             self._rotations[key] = enc.rotation_at(qpos, kpos, dtype=dtype)
-        return enc.rotate(q, k, self._rotations[key])
+        return enc.rotate_at(q, k, self._rotations[key])
 
     # --- bias ---------------------------------------------------------------------
 
@@ -341,13 +377,56 @@ def prepare_encoding(
     enc = attention_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
     if enc is None and q_positions is None and k_positions is None:
         return None  # nothing to resolve or check
-    check_heads(enc, num_heads)
-    if enc is not None:
-        _check_has_values(enc)
-    coords = enc.position_coords if isinstance(enc, RotaryEncoding) else None
+    coords = _check_encoding(enc, num_heads)
     qpos, kpos = _positions.resolve_pair(
         q_len, k_len, q_positions, k_positions, batch=batch, device=device, coords=coords
     )  # validated even when no encoding reads them
-    if isinstance(enc, BiasEncoding) and (q_positions is not None or k_positions is not None):
+    return _prepared(enc, qpos, kpos, q_positions is not None or k_positions is not None)
+
+
+def prepare_at(
+    encoding: Any,
+    *,
+    q_len: int,
+    k_len: int,
+    num_heads: int,
+    head_dim: int,
+    batch: int,
+    q_positions: Any,
+    k_positions: Any,
+    device: torch.device,
+) -> PreparedEncoding | None:
+    """:func:`prepare_encoding` for :func:`posenc.attention`, whose sizes and device are read
+    off ``q`` and ``k`` it has validated: the encoding and the positions are checked here,
+    the sizes trusted."""
+    enc = _cached(encoding, num_heads, head_dim)  # checked when it was built
+    if enc is None:
+        enc = attention_encoding(encoding, num_heads=num_heads, head_dim=head_dim)
+        if enc is None and q_positions is None and k_positions is None:
+            return None
+        coords = _check_encoding(enc, num_heads)
+    else:
+        coords = enc.position_coords if isinstance(enc, RotaryEncoding) else None
+    qpos, kpos = _positions.resolve_pair_at(
+        q_len, k_len, q_positions, k_positions, batch, device, coords
+    )
+    given = q_positions is not None or k_positions is not None
+    if isinstance(enc, BiasEncoding) and given:
+        _positions.check_distances(qpos, kpos)  # a bias of positions forms k - q
+    return None if enc is None else PreparedEncoding._resolved(enc, qpos, kpos, coords)
+
+
+def _check_encoding(enc: Encoding | None, num_heads: int) -> int | None:
+    """Refuse an encoding that does not serve ``num_heads`` or holds no values; its
+    positions' coordinates (None: one number a position)."""
+    if enc is None:
+        return None
+    check_heads(enc, num_heads)
+    _check_has_values(enc)
+    return enc.position_coords if isinstance(enc, RotaryEncoding) else None
+
+
+def _prepared(enc: Encoding | None, qpos, kpos, given: bool) -> PreparedEncoding | None:
+    if isinstance(enc, BiasEncoding) and given:
         _positions.check_distances(qpos, kpos)  # a bias of positions forms k - q
     return None if enc is None else PreparedEncoding(enc, qpos, kpos)

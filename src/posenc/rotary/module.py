@@ -31,9 +31,9 @@ from posenc._errors import (
     check_dtype,
     check_float,
     check_int,
+    check_last_dim,
     check_positions,
 )
-from posenc.rotary._spelling import Given, from_rope_parameters, is_transformers_spelling
 from posenc.rotary.apply import (
     DIRECTIONS,
     PARTIALS,
@@ -46,8 +46,8 @@ from posenc.rotary.apply import (
 )
 from posenc.rotary.cache import CosSinTable
 from posenc.rotary.call_frequencies import CallFrequencies
-from posenc.rotary.fast import FastRotation, fast_forward
 from posenc.rotary.frequencies import Scaling, parse_scaling, rotated_frequencies
+from posenc.rotary.kernels.planned import FastRotation, fast_forward, rotate_planned
 from posenc.rotary.layout import LAYOUTS, SEQ_DIMS, Layout, check_rotary_dims
 from posenc.rotary.rotation import (
     Rotation,
@@ -56,6 +56,7 @@ from posenc.rotary.rotation import (
     check_rotation,
     rotate_qk,
 )
+from posenc.rotary.scalings.foreign import Given, read_foreign
 
 __all__ = ["PARTIALS", "Partial", "RotaryEmbedding", "Rotation"]
 
@@ -65,90 +66,41 @@ class RotaryEmbedding(RotaryEncoding):
 
     ``forward(q, k, q_positions)`` rotates the first ``rotary_dim`` channels of every head
     of ``q`` and ``k`` by ``position * inv_freq`` (see :func:`posenc.apply_rotary` for the
-    two pairing layouts), so that ``q_m . k_n`` depends on ``m - n`` only.
+    two pairing layouts), so that ``q_m . k_n`` depends on ``m - n`` only. Each option's
+    families, and when a call synchronises with the host: ``docs/rotary.md``.
 
     Args:
         head_dim: channels per head ``d`` (even).
         base: the wavelength base (transformers' ``rope_theta``).
-        rotary_dim: channels that rotate (even, ``<= head_dim``; default all); the rest pass
-            through (GPT-NeoX's ``rotary_pct``, transformers' ``partial_rotary_factor``).
-        layout: ``"half"`` (GPT-NeoX, Llama in transformers) or ``"interleaved"`` (RoFormer,
-            GPT-J, Meta checkpoints, rotary-embedding-torch).
-        scaling: a context-extension scaling: ``None``, a dict such as
-            ``{"type": "yarn", "factor": 4, "original_max_position": 4096}`` (see
-            :func:`posenc.rotary.frequencies.parse_scaling`), a dataclass from
-            :mod:`posenc.rotary.frequencies`, or a dict in transformers' spelling: its
-            ``rope_scaling`` (``{"rope_type": "yarn", "factor": 4,
-            "original_max_position_embeddings": 4096}``, see
-            :func:`posenc.integrations.transformers.scaling_from_transformers`) or its
-            ``rope_parameters``, whose ``rope_theta`` must equal ``base``,
-            ``partial_rotary_factor`` give ``rotary_dim``, ``mrope_section`` equal
-            ``sections`` and ``mrope_interleaved`` match ``section_layout``.
-        sections: M-RoPE (Qwen2-VL; its one spelling, see :mod:`posenc.rotary.nd`): sizes
-            summing to ``rotary_dim / 2`` (Qwen2-VL: ``(16, 24, 24)`` for ``head_dim=128``,
-            axes time, height, width); positions are then ``[..., s, len(sections)]`` and
-            frequency ``j`` takes the coordinate of the axis whose section holds ``j``
-            (positions ``None``: ``arange(s)`` on every axis, plain RoPE);
-            ``section_layout="interleaved"``: Qwen3-VL's interleaving, ``"spatial_interleaved"``
-            ERNIE 4.5-VL's (see :func:`posenc.rotary.apply.section_map`).
-        partial: where a partial rotary's channels sit: ``"leading"``, the first
-            ``rotary_dim`` (GPT-NeoX, Phi, x-transformers, rotary-embedding-torch, flash-attn);
-            ``"whole_head"``, the first ``rotary_dim / 2`` pairs of the whole head: with
-            ``layout="half"`` channel ``i`` pairs with ``i + head_dim / 2`` (transformers'
-            ``proportional``: Gemma 4, LFM3); ``"trailing"`` (``layout="interleaved"``), the
-            last ``rotary_dim`` (DeepSeek-V4's ``[nope | rope]``). The rest pass through.
-        direction: ``"positive"`` rotates by ``+p * w_i`` (RoPE), ``"negative"`` by
-            ``-p * w_i`` (NanoChat's ``rotate_half``, ``cat(x2, -x1)``).
+        rotary_dim: channels that rotate (even, ``<= head_dim``; default all).
+        layout: ``"half"`` (GPT-NeoX, Llama in transformers) or ``"interleaved"`` (GPT-J).
+        scaling: ``None``, a dict in posenc's spelling (``{"type": "yarn", "factor": 4, ...}``,
+            :func:`~posenc.rotary.frequencies.parse_scaling`), a scaling dataclass, or
+            transformers' ``rope_scaling`` / ``rope_parameters``.
+        sections: M-RoPE (Qwen2-VL): sizes summing to ``rotary_dim / 2``, one per axis.
+        partial: where the rotating channels sit: ``"leading"``, ``"whole_head"``, ``"trailing"``.
+        section_layout: M-RoPE's frequency order: ``"contiguous"``, ``"interleaved"``
+            (Qwen3-VL) or ``"spatial_interleaved"`` (ERNIE 4.5-VL).
+        direction: ``"positive"`` rotates by ``+p * w_i``, ``"negative"`` by ``-p * w_i``.
 
     Attributes:
-        inv_freq: the float64 frequencies ``[rotary_dim / 2]`` (on the CPU) as transformers'
-            rotary module holds them at construction: for ``dynamic`` the unscaled ones, for
-            ``longrope`` those of the short factors; ``[head_dim / 2]`` with zeros for the
-            pairs that do not rotate under ``partial="whole_head"``; positive in either
-            ``direction``.
-        attention_scale: the factor cos and sin are multiplied by (YaRN, LongRoPE; else 1.0).
-            q and k are both multiplied, as transformers does, so logits carry its square.
-        head_dim, rotary_dim, layout, base, scaling, sections, partial: read-only, as
-            are ``section_layout`` and ``direction``.
+        inv_freq: float64 ``[rotary_dim / 2]`` (CPU), as transformers holds them at build.
+        attention_scale: the factor on cos and sin (YaRN, LongRoPE; else 1.0).
 
-    Position-dependent scalings read the largest position of each call (of ``q_positions``
-    and ``k_positions``): ``dynamic`` recomputes its frequencies from it, which needs one
-    host synchronisation per call (``.item()``) on CUDA; ``longrope`` switches to its long
-    factors once the largest position reaches ``original_max_position``, selected on the
-    device without synchronising. All other cases never synchronise for integer
-    positions (floating positions are checked for NaN, which synchronises once). Under
-    ``torch.compile`` / ``torch.export`` / ``torch.jit.trace`` ``dynamic`` computes its
-    frequencies on the device instead, so one graph serves every length.
+    Raises:
+        PosEncError: a bad argument (at construction or call), naming it.
 
     Shape:
-        ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (or ``[b, s, h, d]`` with
-        ``seq_dim=-3``; ``hq != hk`` for GQA); ``q_positions: [sq]`` or ``[b, sq]``,
-        ``k_positions: [sk]`` or ``[b, sk]`` -> ``(q, k)`` rotated, same shapes and dtypes.
-        Positions ``None``: ``arange(sk)`` for keys and the last ``sq`` of them for queries
-        (decoding; ``arange(sq)`` when ``sq > sk``), as :func:`posenc.positions.resolve_pair`;
-        ``k_positions`` ``None`` with ``q_positions`` given: the query positions (``sq == sk``
-        needed). :meth:`rotation` and :meth:`rotate` split this call in two, to compute the
-        cos/sin once for many layers. The keyword ``positions=`` is the deprecated 0.1.0
-        name of ``q_positions=`` (a :class:`DeprecationWarning`; it goes in the next release).
+        ``q: [b, hq, sq, d]``, ``k: [b, hk, sk, d]`` (or ``[b, s, h, d]``, ``seq_dim=-3``),
+        positions ``[s]`` or ``[b, s]`` (``[..., len(sections)]`` with sections) -> ``(q,
+        k)`` rotated. Positions ``None``: as :func:`posenc.positions.resolve_pair`;
+        ``q_positions`` alone are the keys' too. ``positions=``: deprecated ``q_positions=``.
 
     Examples:
         >>> import torch, posenc
-        >>> rope = posenc.RotaryEmbedding(64, base=10000.0)
         >>> q, k = torch.randn(2, 8, 16, 64), torch.randn(2, 2, 16, 64)  # GQA: 8 and 2 heads
-        >>> q_rot, k_rot = rope(q, k)
-        >>> q_rot.shape, k_rot.shape
-        (torch.Size([2, 8, 16, 64]), torch.Size([2, 2, 16, 64]))
-        >>> q_last, _ = rope(q[:, :, -1:], k)  # decoding: the query is the last position
-        >>> torch.allclose(q_last, q_rot[:, :, -1:], atol=1e-6)
-        True
-        >>> rope.state_dict()
-        OrderedDict()
-        >>> mrope = posenc.RotaryEmbedding(16, sections=(2, 3, 3))  # M-RoPE: t, h, w
-        >>> text = torch.arange(3)[:, None].expand(3, 3)  # 3 text tokens: t = h = w
-        >>> image = posenc.positions.grid((1, 2, 2)).reshape(-1, 3) + 3  # 1 x 2 x 2 patches
-        >>> q = k = torch.randn(1, 2, 7, 16)
-        >>> mrope(q, k, torch.cat([text, image]))[0].shape  # positions [7, 3]
-        torch.Size([1, 2, 7, 16])
+        >>> [tuple(t.shape) for t in posenc.RotaryEmbedding(64)(q, k)]  # positions arange(16)
+        [(2, 8, 16, 64), (2, 2, 16, 64)]
     """
 
     name: ClassVar[str] = "rope"
@@ -190,18 +142,17 @@ class RotaryEmbedding(RotaryEncoding):
         self._section_layout = section_layout
         self._direction = check_choice("direction", direction, DIRECTIONS)
         self._base = check_float("base", base, min=1.0, min_exclusive=True)
-        if isinstance(scaling, Mapping) and is_transformers_spelling(scaling):
-            # transformers' spelling: its rope_theta, ... must agree with these arguments
-            given = Given(
-                type(self).__name__,
-                self._base,
-                self._head_dim,
-                self._rotary_dim,
-                self._sections,
-                section_layout,
-            )
-            scaling = from_rope_parameters(scaling, given)
-        self._scaling = parse_scaling(scaling)
+        # another library's spelling (read in posenc.integrations), checked against these
+        given = Given(
+            type(self).__name__,
+            self._base,
+            self._head_dim,
+            self._rotary_dim,
+            self._sections,
+            section_layout,
+        )
+        translated = read_foreign(scaling, given)
+        self._scaling = parse_scaling(scaling if translated is None else translated)
         self._freqs = CallFrequencies(self._frequencies, self._scaling)
         self._inv_freq = self._freqs.inv_freq.abs()  # negated for direction="negative"
         tabled = self._freqs.fixed and self._sections is None
@@ -209,9 +160,10 @@ class RotaryEmbedding(RotaryEncoding):
             CosSinTable(self._freqs.inv_freq, self._freqs.attention_scale) if tabled else None
         )
         # forward's fast path serves rotations computed here (not a subclass's own, xPos')
+        self._plans: dict = {}  # rotate_at's call shapes (rotate_planned)
         own = type(self).rotation_at is RotaryEmbedding.rotation_at
         self._fast = (
-            FastRotation(self._table, self._head_dim, layout == "interleaved", {}, {})
+            FastRotation(self._table, self._head_dim, layout == "interleaved", {})
             if own and self._table is not None
             else None
         )
@@ -478,9 +430,25 @@ class RotaryEmbedding(RotaryEncoding):
         check_rotation(q, k, rotation, seq_dim, self._freqs.inv_freq.shape[0])
         return rotate_qk(q, k, rotation, self._layout, seq_dim)
 
+    def rotate_at(
+        self, q: torch.Tensor, k: torch.Tensor, rotation: Rotation, *, seq_dim: int = -2
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`rotate` of a rotation this module's :meth:`rotation_at` made for ``q`` and
+        ``k``, which the caller has checked (:meth:`~posenc._base.RotaryEncoding.rotate_at`):
+        only their head dim is checked against the module's."""
+        check_last_dim("q", q, self._head_dim)
+        if rotation.cos_k is rotation.cos_q:  # the same tokens: a call shape planned once
+            done = rotate_planned(
+                q, k, rotation.cos_q, rotation.sin_q, layout=self._layout, seq_dim=seq_dim,
+                plans=self._plans,
+            )  # fmt: skip
+            if done is not None:
+                return done
+        return rotate_qk(q, k, rotation, self._layout, seq_dim)
+
 
 def _renamed_positions(q_positions: Any, positions: Any, stacklevel: int) -> Any:
-    """``q_positions``, or the deprecated keyword ``positions`` (its 0.1.0 name) if given;
+    """``q_positions``, or the deprecated keyword ``positions`` (its old name) if given;
     ``stacklevel`` points the warning at the caller's line."""
     if positions is None:
         return q_positions

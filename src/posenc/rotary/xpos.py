@@ -265,6 +265,20 @@ class XPosEmbedding(RotaryEmbedding):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`posenc.RotaryEmbedding.rotate`, the rotation's scales checked against the
         range of ``q``'s and ``k``'s dtype where it is narrower than the cos/sin's."""
+        self._check_scales(q, k, rotation)
+        return super().rotate(q, k, rotation, seq_dim=seq_dim)
+
+    def rotate_at(
+        self, q: torch.Tensor, k: torch.Tensor, rotation: Rotation, *, seq_dim: int = -2
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`posenc.RotaryEmbedding.rotate_at`, the scales checked as :meth:`rotate`
+        checks them."""
+        self._check_scales(q, k, rotation)
+        return super().rotate_at(q, k, rotation, seq_dim=seq_dim)
+
+    def _check_scales(self, q: Any, k: Any, rotation: Any) -> None:
+        """Refuse a rotation whose scales overflow ``q``'s and ``k``'s dtype, where it is
+        narrower than the cos/sin's."""
         if _floating(q) and _floating(k) and isinstance(rotation, Rotation):
             parts = tuple(rotation)
             if all(_floating(t) and t.ndim >= 1 and t.shape[-1] >= 1 for t in parts):
@@ -272,7 +286,6 @@ class XPosEmbedding(RotaryEmbedding):
                 own = _narrowest(*(t.dtype for t in parts))
                 if _max_position(self._scale_base, narrow) < _max_position(self._scale_base, own):
                     _check_rotation_range(rotation, self._scale_base, self.attention_scale, narrow)
-        return super().rotate(q, k, rotation, seq_dim=seq_dim)
 
     def rotation_at(
         self, q_positions: torch.Tensor, k_positions: torch.Tensor, *, dtype: torch.dtype
