@@ -247,3 +247,16 @@ def test_additive_causal_mask_is_the_rule(q_len, k_len, rows, keys, dtype):
     assert got.shape == (stop - start, hi - lo) and got.dtype == dtype
     want = torch.zeros(seen.shape, dtype=dtype).masked_fill(~seen, float("-inf"))
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "q_len, k_len, rows",
+    [(6, 6, None), (6, 6, (2, 5)), (3, 9, None), (3, 9, (1, 3)), (1, 5, None), (5, 5, (4, 5))],
+)
+def test_causal_counts_are_the_rule(q_len, k_len, rows):
+    """``counts=True``: how many keys each row sees, the first ones, as the bool rule has it."""
+    seen = positions.causal_pairs(q_len, k_len, rows=rows)
+    got = positions.causal_pairs(q_len, k_len, rows=rows, counts=True)
+    assert got.dtype == torch.int64 and torch.equal(got, seen.sum(-1))
+    first = torch.arange(k_len) < got[:, None]  # a prefix of the keys
+    assert torch.equal(first, seen)

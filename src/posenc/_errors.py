@@ -33,6 +33,7 @@ __all__ = [
     "check_same_device",
     "check_tensor",
     "check_traced",
+    "describe",
     "tracing",
     "transformed",
 ]
@@ -47,6 +48,18 @@ class PosEncError(ValueError):
 MAX_ALLOC_BYTES = 1 << 40
 
 _INT64 = 1 << 63
+
+
+def describe(value: Any) -> str:
+    """``value`` as an error message shows it: a tensor (or an array of >= 1 dimension) by
+    its shape and dtype, never its values (there may be many, on a device); anything else,
+    a NumPy scalar included, by ``repr``."""
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if isinstance(shape, tuple) and shape and dtype is not None:
+        return f"an array of shape {shape} and dtype {dtype}"
+    return repr(value)
 
 
 def tracing() -> bool:
@@ -119,11 +132,11 @@ def check_int(name: str, value: Any, *, min: int | None = None, max: int | None 
             torch._check(value <= max, lambda: high)
         return value
     if isinstance(value, (bool, float)) or not hasattr(value, "__index__") or _not_int(value):
-        raise PosEncError(f"{name} must be an integer, got {value!r}")
+        raise PosEncError(f"{name} must be an integer, got {describe(value)}")
     try:
         value = int(value.__index__())
     except (TypeError, ValueError, RuntimeError):  # e.g. a 0-d float array
-        raise PosEncError(f"{name} must be an integer, got {value!r}") from None
+        raise PosEncError(f"{name} must be an integer, got {describe(value)}") from None
     if not -_INT64 <= value < _INT64:
         raise PosEncError(f"{name} must fit in a 64-bit integer, got {value}")
     if min is not None and value < min:
@@ -143,12 +156,8 @@ def check_float(
 ) -> float:
     """Return ``value`` as a finite ``float`` within the given bounds (a Python or NumPy
     real number; never a bool, a string or a tensor)."""
-    if (
-        isinstance(value, bool)
-        or type(value).__name__ == "bool_"
-        or not isinstance(value, numbers.Real)
-    ):
-        raise PosEncError(f"{name} must be a number, got {value!r}")
+    if isinstance(value, bool) or _numpy_bool(value) or not isinstance(value, numbers.Real):
+        raise PosEncError(f"{name} must be a number, got {describe(value)}")
     try:
         value = float(value)
     except OverflowError as e:  # an int past the float range
@@ -167,10 +176,17 @@ def check_float(
     return value
 
 
+def _numpy_bool(value: Any) -> bool:
+    """Whether ``value`` is NumPy's bool (``numpy.bool_``; its type is named ``bool`` in
+    NumPy 2)."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ in ("bool_", "bool")
+
+
 def check_bool(name: str, value: Any) -> bool:
     """Return ``value`` if it is a ``bool`` (``numpy.bool_`` too), never an int or a string."""
-    if not isinstance(value, bool) and type(value).__name__ != "bool_":
-        raise PosEncError(f"{name} must be True or False, got {value!r}")
+    if not isinstance(value, bool) and not _numpy_bool(value):
+        raise PosEncError(f"{name} must be True or False, got {describe(value)}")
     return bool(value)
 
 
@@ -182,7 +198,7 @@ def check_device(name: str, value: Any) -> torch.device | None:
     if type(value) is torch.device and value.type in ("cpu", "meta"):  # the common case
         return value
     if not isinstance(value, (str, torch.device)):
-        raise PosEncError(f"{name} must be a torch.device or a device name, got {value!r}")
+        raise PosEncError(f"{name} must be a torch.device or a device name, got {describe(value)}")
     try:
         device = torch.device(value)
     except (RuntimeError, ValueError) as e:
@@ -280,12 +296,31 @@ def check_alloc(
         )
 
 
+def _kind(value: Any) -> type:
+    """What a choice is, for :func:`check_choice`: a bool (NumPy's too), an integer (not a
+    bool), a string, else its type; ``==`` alone would take ``-2.0`` or ``-2 + 0j`` for
+    ``-2``, and ``1`` for ``True``."""
+    if isinstance(value, bool) or _numpy_bool(value):
+        return bool
+    if isinstance(value, numbers.Integral):
+        return int
+    return str if isinstance(value, str) else type(value)
+
+
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:
-    """Return ``value`` if it is one of ``choices``; the error lists the choices."""
+    """Return ``value`` if it is one of ``choices`` (equal to one, and of its kind: a float or
+    a complex number is no integer choice, an integer no bool); the error lists the choices."""
     choices = tuple(choices)
-    if value not in choices:
+    exact = type(value)
+    if exact is str and value in choices:  # a string equals strings alone
+        return value
+    for c in choices:  # the common case first, no ABC checks (hot paths): the same type
+        if type(c) is exact and c == value:
+            return value
+    kind = _kind(value)
+    if not any(_kind(c) is kind and c == value for c in choices):
         listed = ", ".join(repr(c) for c in choices)
-        raise PosEncError(f"{name} must be one of {listed}, got {value!r}")
+        raise PosEncError(f"{name} must be one of {listed}, got {describe(value)}")
     return value
 
 
@@ -301,7 +336,7 @@ def check_tensor(name: str, value: Any, *, floating: bool | None = None) -> torc
 def check_dtype(name: str, value: Any, *, floating: bool = True) -> torch.dtype:
     """Return ``value`` if it is a ``torch.dtype`` (a floating one when ``floating=True``)."""
     if not isinstance(value, torch.dtype):
-        raise PosEncError(f"{name} must be a torch.dtype, got {value!r}")
+        raise PosEncError(f"{name} must be a torch.dtype, got {describe(value)}")
     if floating and not value.is_floating_point:
         raise PosEncError(f"{name} must be a floating-point dtype, got {value}")
     return value

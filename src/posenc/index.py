@@ -34,6 +34,8 @@ from posenc._errors import (
     check_choice,
     check_dtype,
     check_int,
+    check_traced,
+    tracing,
 )
 
 __all__ = ["NORMALIZE", "IndexEmbedding", "index_table"]
@@ -87,7 +89,32 @@ def index_table(
     dtype = torch.get_default_dtype() if dtype is None else check_dtype("dtype", dtype)
     pos = _positions.as_tensor(positions, device=device)
     check_alloc("dim", dim, (2, pos.numel(), dim), torch.float64, pos.device)
+    _check_fits(pos, length, dtype)
     return _table(pos, dim, length, dtype)
+
+
+def _check_fits(pos: torch.Tensor, length: int | None, dtype: torch.dtype) -> None:
+    """Refuse positions whose value (``p``, or ``p / length``) rounds past ``dtype``'s range:
+    the table would hold inf. Checked only where it can happen (float64 positions into a
+    narrower dtype, any positions into float16): no reduction, no sync in the common case."""
+    if not pos.is_floating_point() and dtype != torch.float16:
+        return  # any int64 fits in float32 and bfloat16 (their max is ~3.4e38)
+    if pos.is_floating_point() and torch.finfo(pos.dtype).max <= torch.finfo(dtype).max:
+        return
+    if pos.device.type == "meta" or pos.numel() == 0:
+        return
+    p = pos.to(torch.float64).abs()
+    p = p if length is None else p / length
+    what = "positions" if length is None else "positions / length"
+    if tracing():  # torch.compile / export: the rule as a graph assertion
+        check_traced(p.to(dtype).isfinite(), f"{what} must fit in {dtype}")
+        return
+    largest = p.max()
+    if not bool(largest.to(dtype).isfinite()):
+        raise PosEncError(
+            f"{what} must fit in {dtype} (at most {torch.finfo(dtype).max:.6g} in magnitude, "
+            f"or the encoding is inf), got {float(largest):.6g}"
+        )
 
 
 def _table(pos: torch.Tensor, dim: int, length: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -147,5 +174,6 @@ class IndexEmbedding(AdditiveEncoding):
         pos = self._embeddings_positions(x, positions, offset)
         # L counts the tokens so far; max(.., 1) only matters for an empty first chunk
         length = max(offset + x.shape[1], 1) if self.normalize == "length" else None
+        _check_fits(pos, length, x.dtype)
         pe = _table(pos, self.dim, length, torch.float64)  # [s, dim] or [b, s, dim]
         return (x.double() + pe).to(x.dtype)  # formed in float64, rounded once to x's dtype

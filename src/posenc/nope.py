@@ -6,12 +6,12 @@ some order (Kazemnejad et al., 2023), which makes "none" a real baseline.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from posenc._base import Encoding, Kind
-from posenc._errors import PosEncError, check_int, check_positions, check_tensor
+from posenc._errors import PosEncError, check_int, check_positions, check_tensor, describe
 
 __all__ = ["NoPositionalEncoding"]
 
@@ -36,7 +36,16 @@ class NoPositionalEncoding(Encoding):
     name: ClassVar[str] = "none"
     kind: ClassVar[Kind] = "none"
 
-    def __init__(self) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # NoPE has no parameters; any argument (a dim, as the other kinds take) is refused
+        # here by name, where Python's own TypeError would name none.
+        if args or kwargs:
+            given = [f"positional argument {describe(a)}" for a in args]
+            given += [f"{k}={describe(v)}" for k, v in kwargs.items()]
+            raise PosEncError(
+                "NoPositionalEncoding takes no arguments (it has no dim, head_dim or num_heads: "
+                f"it returns x unchanged), got {', '.join(given)}"
+            )
         super().__init__()
         self._set_config()
 

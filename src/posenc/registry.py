@@ -170,12 +170,14 @@ def build(
     for key, value in (fill or {}).items():
         if value is None or key not in accepted:
             continue
-        if key in given and given[key] != value:
+        if key not in given:
+            given[key] = value
+        elif given[key] != value:
             raise PosEncError(
                 f"encoding {name!r}: {key} must be {value} here (set by the caller), "
                 f"got {given[key]!r}"
             )
-        given[key] = value
+        # else the spec's own value stays, for the constructor to check (16.0 equals 16)
     for key, value in (defaults or {}).items():
         if key in accepted and key not in given:
             given[key] = value

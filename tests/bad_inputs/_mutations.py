@@ -40,6 +40,8 @@ def _int(name: str, value: int) -> Iterator[Mutation]:
     yield "type_str", lambda: str(value), "raise"
     yield "type_float", lambda: value + 0.5, "raise"
     yield "type_bool", lambda: True, "raise"
+    yield "type_complex", lambda: value + 0j, "raise"
+    yield "type_float_integral", lambda: float(value), "raise"
     yield "size_0", lambda: 0, "either"
     yield "size_neg", lambda: -1, "either" if signed else "raise"
     yield "size_huge", lambda: 10**12, "either"
@@ -49,6 +51,7 @@ def _int(name: str, value: int) -> Iterator[Mutation]:
 def _float(name: str, value: float) -> Iterator[Mutation]:
     yield "type_str", lambda: str(value), "raise"
     yield "type_bool", lambda: True, "raise"
+    yield "type_complex", lambda: value + 0j, "raise"
     yield "nonfinite_nan", lambda: float("nan"), "raise"
     yield "nonfinite_inf", lambda: float("inf"), "either"
     yield "value_neg", lambda: -1.0, "either"
@@ -95,6 +98,8 @@ def _sequence(name: str, value: tuple | list) -> Iterator[Mutation]:
         yield "elem_huge", lambda: type(value)([10**12, *value[1:]]), "either"
         yield "elem_2pow64", lambda: type(value)([2**64, *value[1:]]), "raise"
         yield "elem_bool", lambda: type(value)([True, *value[1:]]), "raise"
+        yield "elem_complex", lambda: type(value)([value[0] + 0j, *value[1:]]), "raise"
+        yield "elem_float_integral", lambda: type(value)([float(value[0]), *value[1:]]), "raise"
     else:
         yield "elem_nan", lambda: type(value)([float("nan"), *value[1:]]), "raise"
         yield "elem_str", lambda: type(value)(["x", *value[1:]]), "raise"

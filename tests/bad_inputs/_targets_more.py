@@ -16,7 +16,13 @@ import torch
 import posenc
 from posenc import contextual, gated, models, plot
 from posenc.experiments import StudySettings, make_task
-from posenc.experiments.comparisons import Comparison, compare, describe, verdict
+from posenc.experiments.comparisons import (
+    Comparison,
+    compare,
+    describe,
+    paired_verdict,
+    verdict,
+)
 from posenc.experiments.results import (
     check_results,
     comparisons_record,
@@ -279,6 +285,7 @@ fn(
     },
 )
 fn("experiments.t_quantile", t_quantile, lambda: {"p": 0.975, "df": 4})
+fn("experiments.paired_verdict", paired_verdict, lambda: {"differences": [-1.0, -0.9, -1.2]})
 fn(
     "experiments.compare",
     compare,

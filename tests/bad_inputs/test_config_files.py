@@ -34,6 +34,8 @@ def _key_cases() -> Iterator[Any]:
         for kind, mutate, rule in mutations("config", make()):
             if kind not in KEY_NAMES:
                 continue  # the dict as a whole (a list, a string) is not a file's content
+            if "complex" in kind:
+                continue  # JSON has no complex numbers: a file cannot hold one
             yield pytest.param(mutate, KEY_NAMES[kind], rule, id=f"{family}-{kind}")
 
 

@@ -148,7 +148,7 @@ def test_flags_and_config():
         ),
         (
             lambda: posenc.ShawRelativeBias(2, 4).bias(3, q=torch.randn(1, 2, 3, 5)),
-            r"table must have last dimension 5 \(the head dim\)",
+            r"q must have head_dim \(4\) channels in dim 3, got shape \(1, 2, 3, 5\)",
         ),
         (
             lambda: posenc.ShawRelativeBias(2, 4).bias(3, q=torch.randn(1, 2, 4, 4)),

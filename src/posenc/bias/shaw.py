@@ -309,6 +309,11 @@ class ShawRelativeBias(BiasEncoding):
         """The key term ``q_i . a^K_ij`` ``[b, h, q, k]`` (float32) for the scaled queries ``q``."""
         q = self._query(q)
         self._check_input("q", q, "[b, h, q, d]", "rel_k", self.rel_k)
+        if q.shape[-1] != self.rel_k.shape[-1]:
+            raise PosEncError(
+                f"q must have head_dim ({self.rel_k.shape[-1]}) channels in dim 3, got shape "
+                f"{tuple(q.shape)}"
+            )
         if q.shape[2] != q_len:
             raise PosEncError(
                 f"q must have q_len ({q_len}) queries in dim 2, got shape {tuple(q.shape)}"

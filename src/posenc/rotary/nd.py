@@ -95,7 +95,7 @@ class MultimodalRotaryEmbedding(RotaryEmbedding):
     def upgrade_config(cls, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """A saved ``"mrope"`` config (it holds ``sections``) is the ``"rope"`` config of the
         same arguments: the one spelling of M-RoPE."""
-        if "sections" not in args:
+        if args.get("sections") is None:  # no sections: this class refuses it, by name
             return cls.name, args
         return RotaryEmbedding.name, dict(args)
 
@@ -217,6 +217,8 @@ class AxialRotaryEmbedding(RotaryEmbedding):
     ) -> None:
         n_axes = check_int("n_axes", n_axes, min=1)
         head_dim = check_rotary_dims(check_head_dim(head_dim), None)[0]
+        if rotary_dim is not None:  # an integer, even, <= head_dim, whatever axis_dims says
+            rotary_dim = check_rotary_dims(head_dim, rotary_dim)[1]
         dims = _axis_dims(head_dim, n_axes, rotary_dim, axis_dims)
         # Read by _frequencies() inside RotaryEmbedding.__init__ (a plain attribute).
         self._axis_dims = dims

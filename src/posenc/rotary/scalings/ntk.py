@@ -21,6 +21,9 @@ from posenc.rotary.scalings._registry import (
 
 __all__ = ["DynamicScaling", "NTKScaling"]
 
+# The longest sequence a frequency computation takes (``rope_frequencies``' seq_len bound).
+_MAX_SEQ_LEN = 2.0**63
+
 
 def _ntk_exponent(kind: str, dim: int) -> float:
     if dim < 4:
@@ -82,7 +85,13 @@ class DynamicScaling(ScalingParams):
         (:meth:`traced_frequencies`), so the graph holds at every length."""
         if tracing() or torch.jit.is_tracing():
             return self.traced_frequencies(largest, frequencies(None)), scale
-        seq_len = max(float(largest.item()) + 1.0, float(self.max_position))
+        top = float(largest.item())
+        if top + 1.0 > _MAX_SEQ_LEN:  # named here: the user passed positions, not a length
+            raise PosEncError(
+                f"positions (q_positions, k_positions) must be at most 2**63 - 1 for dynamic "
+                f"scaling (its base grows with the largest position + 1), got {top:.6g}"
+            )
+        seq_len = max(top + 1.0, float(self.max_position))
         return frequencies(seq_len), scale
 
     def traced_frequencies(self, largest: torch.Tensor, unscaled: torch.Tensor) -> torch.Tensor:
