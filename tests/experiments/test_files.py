@@ -15,10 +15,9 @@ import pytest
 from tests.experiments._checkpoint_state import CONFIG, checkpoint_state
 
 from posenc import PosEncError
-from posenc._files import read_head, read_regular
+from posenc._files import LOCK_NAME, lock_out_dir, read_head, read_regular
 from posenc.experiments import checkpoint as ckpt
 from posenc.experiments.data import load_stdlib_corpus
-from posenc.experiments.outdir import LOCK_NAME, lock_out_dir
 
 posix = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and /dev/zero are POSIX")
 

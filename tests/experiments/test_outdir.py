@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from posenc import PosEncError
+from posenc._files import LOCK_NAME, lock_out_dir
 from posenc.cli import main
 from posenc.experiments import run_study
-from posenc.experiments.outdir import LOCK_NAME, lock_out_dir
 
 from .tiny import tiny_study
 
@@ -63,7 +63,7 @@ def test_a_second_run_into_the_same_out_is_refused(tmp_path: Path, capsys) -> No
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from posenc.experiments.outdir import lock_out_dir
+    from posenc._files import lock_out_dir
     with lock_out_dir(sys.argv[1]):
         print("locked", flush=True)
         time.sleep(120)

@@ -127,8 +127,8 @@ def _write(data: dict[str, Any], target: Path) -> None:
     ``results.json`` also gets its ``lengthgen.png`` redrawn when matplotlib is here."""
     import importlib.util
 
+    from posenc._files import atomic_write
     from posenc.analysis._results import jsonable
-    from posenc.experiments.checkpoint import atomic_write
 
     text = json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"  # NaN -> null
     atomic_write(target, text.encode("utf-8"))

@@ -19,10 +19,10 @@ import typer
 from posenc._errors import PosEncError, check_float
 from posenc.cli._app import app, fail
 from posenc.cli._checks import check_out_dir, choice, integer, number, option, text
+from posenc.extend.settings import SCALING_NAMES as _SCALINGS
+from posenc.extend.settings import UNSCALED
 
 __all__ = ["extend"]
-
-_SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "config")
 
 
 def _number(option_name: str, text: str) -> float:
@@ -73,9 +73,7 @@ Lengths = Annotated[
 ]
 Scalings = Annotated[
     str | None,
-    option(
-        "Scalings, e.g. none,yarn [none,linear,ntk,dynamic,yarn,config].", _list("--scalings", str)
-    ),
+    option(f"Scalings, e.g. none,yarn [{','.join(_SCALINGS)}].", _list("--scalings", str)),
 ]
 Texts = Annotated[
     list[str] | None,
@@ -202,7 +200,7 @@ def _save(settings: Any, results: dict[str, Any], save: str, scaling: str | None
     last = results["answer"]["per_length"][-1]
     name = scaling or last["best"]
     target = max(results["lengths"])
-    factor = 1.0 if name in ("none", "config") else target / results["trained_context"]
+    factor = 1.0 if name in UNSCALED else target / results["trained_context"]
     loaded = load_model(
         settings.model, dtype=settings.dtype, device=settings.device, context=settings.context
     )

@@ -4,9 +4,10 @@ A checkpoint is a plain dict of tensors, numbers, strings, lists and dicts:
 
 ``{"format", "config", "step", "model", "optimizer", "rng", "data", "seconds", "loss"}``
 
-- written atomically: ``torch.save`` to a temporary file in the same directory,
-  ``fsync``, then ``os.replace`` over the old one, so a kill at any moment
-  leaves either the previous checkpoint or the new one, never half a file;
+- written atomically (:func:`posenc._files.write_atomically`): ``torch.save`` to a
+  temporary file in the same directory, ``fsync``, then ``os.replace`` over the old one, so
+  a kill at any moment leaves either the previous checkpoint or the new one, never half a
+  file;
 - sealed: the ``torch.save`` bytes are followed by one trailer line holding their
   sha256 (:data:`TRAILER`); any flipped, missing or added byte is refused before
   anything is unpickled. ``torch.load`` ignores the trailer, so the file still
@@ -33,24 +34,20 @@ import os
 import pickle
 import random
 import re
-import uuid
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from posenc._deprecated import moved
 from posenc._errors import MAX_ALLOC_BYTES, PosEncError, check_int
-from posenc._files import MIB, read_regular
+from posenc._files import MIB, read_regular, write_atomically
 from posenc.experiments.checkpoint_fields import KEYS, check_fields
-from posenc.experiments.orphans import check_parent
 
 __all__ = [
     "FORMAT",
     "TRAILER",
-    "atomic_write",
     "checkpoint_max_bytes",
-    "clean_stale_temps",
     "default_max_bytes",
     "get_rng_state",
     "load_checkpoint",
@@ -62,7 +59,12 @@ FORMAT = 2  # 2: sha256 trailer and checked fields; 1 (no trailer) is refused
 #: The last line of a checkpoint: ``TRAILER + sha256(torch.save bytes).hexdigest() + b"\n"``.
 TRAILER = b"\nposenc-checkpoint-sha256:"
 _TRAILER_LEN = len(TRAILER) + 64 + 1
-_TEMP = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")  # what _temp_name makes
+#: Moved to :mod:`posenc._files` (one atomic writer for every room); the old names warn.
+_MOVED = ("atomic_write", "clean_stale_temps")
+
+
+def __getattr__(name: str) -> Any:
+    return moved(__name__, name, "posenc._files", _MOVED)
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -86,27 +88,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _temp_name(path: Path) -> Path:
-    """A fresh name next to ``path`` (same file system, so ``os.replace`` is atomic)."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def clean_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
-    """Remove the temporary files a killed write left in ``folder``; returns them.
-
-    Call it only while holding the folder's lock (:mod:`.outdir`): then no other
-    writer can own a temporary file there."""
-    folder = Path(folder)
-    removed: list[Path] = []
-    if not folder.is_dir():
-        return removed
-    for entry in folder.iterdir():
-        if _TEMP.match(entry.name) and entry.is_file():
-            entry.unlink(missing_ok=True)
-            removed.append(entry)
-    return removed
-
-
 def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
     """Write ``state`` to ``path`` atomically (temporary file + ``os.replace``), sealed
     with the sha256 trailer.
@@ -125,7 +106,7 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
     torch.save({"format": FORMAT, **state}, buffer)
     body = buffer.getvalue()
     seal = TRAILER + hashlib.sha256(body).hexdigest().encode("ascii") + b"\n"
-    _write_atomically(path, lambda f: (f.write(body), f.write(seal)))
+    write_atomically(path, lambda f: (f.write(body), f.write(seal)))
     try:  # make the rename itself durable (POSIX); harmless where unsupported
         dir_fd = os.open(path.parent, os.O_RDONLY)
     except OSError:
@@ -136,33 +117,6 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
         pass
     finally:
         os.close(dir_fd)
-
-
-def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace``."""
-    _write_atomically(Path(path), lambda f: f.write(data))
-
-
-def _write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Call ``write`` on a fresh temporary file next to ``path``, sync it, then rename it
-    over ``path``: a kill at any point leaves either the old file or the new one."""
-    tmp = _temp_name(path)
-    check_parent()  # a worker whose study was killed writes nothing more
-    try:
-        with open(tmp, "xb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        check_parent()
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk: name the file it was writing, not a temporary one
-        Path(tmp).unlink(missing_ok=True)
-        if e.filename is None or str(e.filename) == str(tmp):
-            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _differences(saved: dict[str, Any], wanted: dict[str, Any]) -> str:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from posenc._errors import PosEncError
+from posenc.experiments.paired import paired_verdict
 from posenc.experiments.records import check_metric, check_record, check_row, check_rows
 from posenc.experiments.student_t import t_quantile
 
@@ -43,6 +44,7 @@ __all__ = [
     "compare",
     "default_comparisons",
     "describe",
+    "paired_verdict",
     "t_quantile",
     "verdict",
 ]
@@ -275,22 +277,6 @@ def _paired(
     return seeds, a_values, b_values
 
 
-def _interval(differences: Sequence[float]) -> tuple[float, list[float] | None]:
-    n = len(differences)
-    mean = math.fsum(differences) / n
-    if n < 2:
-        return mean, None
-    var = math.fsum((d - mean) ** 2 for d in differences) / (n - 1)
-    half = t_quantile(0.975, n - 1) * math.sqrt(var / n)
-    return mean, [mean - half, mean + half]
-
-
-def _verdict(interval: list[float] | None) -> str:
-    if interval is None or interval[0] <= 0.0 <= interval[1]:
-        return "level"
-    return "better" if interval[1] < 0.0 else "worse"
-
-
 def compare(results: Mapping[str, Any], comparisons: Sequence[Comparison]) -> list[dict[str, Any]]:
     """Each of ``comparisons`` at each of its lengths, measured on ``results`` (a
     ``run_study`` record: ``runs``, ``train_len``, ``eval_lens``): one record each, with
@@ -321,7 +307,7 @@ def compare(results: Mapping[str, Any], comparisons: Sequence[Comparison]) -> li
             if not seeds:
                 continue
             differences = [a - b for a, b in zip(a_values, b_values)]
-            mean, interval = _interval(differences)
+            mean, interval, verdict_ = paired_verdict(differences)
             row: dict[str, Any] = {
                 "a": comparison.a,
                 "b": comparison.b,
@@ -337,7 +323,7 @@ def compare(results: Mapping[str, Any], comparisons: Sequence[Comparison]) -> li
                 "differences": differences,
                 "mean": mean,
                 "interval": interval,
-                "verdict": _verdict(interval),
+                "verdict": verdict_,
             }
             out.append(row)
     return out

@@ -9,14 +9,14 @@ the study extended RoPE, the extension runs beside the plain ``rope`` model.
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from posenc._errors import PosEncError
-from posenc.experiments.checkpoint import atomic_write
+from posenc._files import atomic_write
+from posenc._pages import pyplot, rendered
 from posenc.experiments.results import summarize
 
 __all__ = ["draw_study", "plot_study"]
@@ -94,26 +94,16 @@ def plot_study(results: Mapping[str, Any], path: str | os.PathLike[str]) -> Path
     table too short for the length) is left out of its line.
     """
     fig = draw_study(results)
-    import matplotlib.pyplot as plt
-
     path = Path(path)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, dpi=110, format=path.suffix.lstrip(".").lower() or "png")
-    plt.close(fig)
-    atomic_write(path, buffer.getvalue())  # a full disk keeps the previous figure whole
+    data = rendered(fig, dpi=110, format=path.suffix.lstrip(".").lower() or "png")
+    atomic_write(path, data)  # a full disk keeps the previous figure whole
     return path
 
 
 def draw_study(results: Mapping[str, Any]) -> Any:
     """The figure of ``results`` (a matplotlib ``Figure``, for :func:`plot_study`): one
     panel per metric, each line the mean over the seeds with its min-max band."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise ImportError("plotting needs the 'plot' extra: pip install 'posenc[plot]'") from e
+    plt = pyplot("plot", "plotting")
     if not isinstance(results, Mapping) or "runs" not in results or "eval_lens" not in results:
         raise PosEncError("results must be a run_study result (with 'runs' and 'eval_lens')")
     lm = results["metric"] == "ppl"

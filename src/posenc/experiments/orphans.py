@@ -9,9 +9,9 @@ worker, prevents it twice over:
   its parent dies;
 - everywhere, a daemon thread that polls ``os.getppid()`` against the parent's pid (a
   dead parent's children are handed to another process) and ends the worker when it
-  changes; and :func:`check_parent`, which every atomic write of
-  :mod:`.checkpoint` calls before it writes and before it renames, so an orphaned worker
-  writes nothing more even between two polls.
+  changes; and :func:`~posenc._files.check_parent`, which every atomic write
+  (:func:`posenc._files.write_atomically`) calls before it writes and before it renames, so
+  an orphaned worker writes nothing more even between two polls.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import sys
 import threading
 import time
 
+from posenc._files import ORPHANED_EXIT, bind_to_parent, check_parent
+
 __all__ = ["check_parent", "die_with_parent"]
 
 _PR_SET_PDEATHSIG = 1
-_ORPHANED_EXIT = 70  # the exit status of a worker whose parent died
-_parent: list[int] = []  # the pid this process must die with (empty: none)
 
 
 def _set_pdeathsig() -> bool:
@@ -41,17 +41,11 @@ def _set_pdeathsig() -> bool:
         return False
 
 
-def check_parent() -> None:
-    """End this process at once when it was told to die with a parent that is gone."""
-    if _parent and os.getppid() != _parent[0]:
-        os._exit(_ORPHANED_EXIT)
-
-
 def _watch(parent: int, interval: float) -> None:
     while True:
         time.sleep(interval)
         if os.getppid() != parent:
-            os._exit(_ORPHANED_EXIT)
+            os._exit(ORPHANED_EXIT)
 
 
 def die_with_parent(parent: int, *, interval: float = 0.1) -> None:
@@ -59,7 +53,7 @@ def die_with_parent(parent: int, *, interval: float = 0.1) -> None:
     saw it) dies: ``PR_SET_PDEATHSIG`` on Linux, and a thread polling ``os.getppid()``
     every ``interval`` seconds everywhere. A parent already gone ends it now."""
     _set_pdeathsig()
-    _parent[:] = [parent]
+    bind_to_parent(parent)
     check_parent()  # it died before prctl took: nothing would signal us
     thread = threading.Thread(
         target=_watch, args=(parent, interval), name="posenc-parent-watch", daemon=True

@@ -25,8 +25,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
-from posenc._files import parse_json, read_regular
-from posenc.experiments.checkpoint import atomic_write
+from posenc._files import atomic_write, parse_json, read_regular
 from posenc.experiments.comparisons import (
     INTERVAL,
     Comparison,

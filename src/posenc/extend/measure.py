@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -153,16 +152,23 @@ def estimate_bytes(model: Any, length: int) -> int:
     return int(weights + acts + attention)
 
 
+def _psutil() -> Any:
+    try:
+        import psutil
+    except ImportError as error:  # pragma: no cover - the extend extra installs it
+        raise ImportError(
+            "posenc extend measures memory with psutil: pip install 'posenc[extend]'"
+        ) from error
+    return psutil
+
+
 def available_bytes(device: torch.device) -> int:
+    """The memory free for a forward now: CUDA's free bytes, or the machine's available
+    memory (``psutil.virtual_memory().available``)."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free)
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
-    except ImportError:  # pragma: no cover - psutil comes with accelerate
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    return int(_psutil().virtual_memory().available)
 
 
 class Cost:
@@ -173,16 +179,12 @@ class Cost:
     base_bytes: int = 0  # the same on entry (the weights and what else the process holds)
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 @contextmanager
 def measured(device: torch.device) -> Iterator[Cost]:
     """Time the block and track its peak memory: CUDA's peak allocated bytes, or on the
     CPU the process' peak resident memory, sampled every 5 ms by a thread
-    (``/proc/self/statm``); both with what was held on entry (``base_bytes``)."""
+    (``psutil.Process().memory_info().rss``); both with what was held on entry
+    (``base_bytes``)."""
     cost = Cost()
     stop = threading.Event()
     peak = [0]
@@ -191,6 +193,11 @@ def measured(device: torch.device) -> Iterator[Cost]:
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
     else:
+        process = _psutil().Process()
+
+        def _rss() -> int:
+            return int(process.memory_info().rss)
+
         base = _rss()
 
         def sample() -> None:

@@ -21,7 +21,14 @@ from typing import Any, cast
 
 from posenc._errors import PosEncError
 from posenc._files import open_regular
-from posenc.extend.settings import check_model
+from posenc.extend.settings import (
+    CONFIG,
+    FACTOR_SCALINGS,
+    NONE,
+    SCALING_NAMES,
+    check_model,
+    trained_fields,
+)
 from posenc.integrations.transformers import patch, rope_layer_types, rotary_from_config, unpatch
 
 __all__ = ["Loaded", "file_sha256", "load_model", "scaled", "scaling_for"]
@@ -183,20 +190,20 @@ def scaling_for(name: str, factor: float, loaded: Loaded) -> Any:
     """Scaling ``name`` at ``factor`` (the target length over ``L``) for ``loaded``, in
     posenc's spelling (what :func:`~posenc.integrations.transformers.patch` takes):
     ``None`` for ``none`` and for any scaling at factor 1; ``config`` is the model's own
-    (its scaling dataclass, or None)."""
-    if name == "config":
+    (its scaling dataclass, or None); a registered scaling of
+    :data:`~posenc.extend.settings.FACTOR_SCALINGS` gets ``factor``, and ``L`` in the
+    fields that take it."""
+    if name == CONFIG:
         return loaded.configured
-    if name == "none" or factor <= 1.0:
+    if name not in FACTOR_SCALINGS and name != NONE:
+        raise PosEncError(f"scaling must be one of {', '.join(SCALING_NAMES)}, got {name!r}")
+    if name == NONE or factor <= 1.0:
         return None
-    if name in ("linear", "ntk"):
-        return {"type": name, "factor": factor}
-    if name == "dynamic":
-        return {"type": "dynamic", "factor": factor, "max_position": loaded.trained}
-    if name == "yarn":
-        return {"type": "yarn", "factor": factor, "original_max_position": loaded.trained}
-    raise PosEncError(
-        f"scaling must be one of none, linear, ntk, dynamic, yarn, config, got {name!r}"
-    )
+    return {
+        "type": name,
+        "factor": factor,
+        **dict.fromkeys(trained_fields(name), loaded.trained),
+    }
 
 
 def scaled(loaded: Loaded, scaling: Any) -> Any:

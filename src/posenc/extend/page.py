@@ -5,42 +5,39 @@
 - ``passkey.png``: passkey accuracy, depth x length, one heat map per scaling.
 
 The page leads with the answer (:mod:`posenc.extend.answer`), then the table of every
-unit, the figures (embedded), the cost, and the model's identity and settings.
+unit, the figures (embedded), the cost, and the model's identity and settings. It is the
+report's page shell and style (:mod:`posenc._pages`); every file is written atomically
+(:func:`posenc._files.atomic_write`).
 """
 
 from __future__ import annotations
 
-import base64
-import html
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from posenc._files import FIGURE_MAX_BYTES, read_regular
+from posenc._files import atomic_write
+from posenc._pages import escape as _e
+from posenc._pages import figure_html, page, pyplot, rendered
+from posenc._pages import number as _num
+from posenc.extend.answer import RULE
+from posenc.extend.settings import CONFIG, FACTOR_SCALINGS, NONE, UNSCALED
 
 __all__ = ["write_page"]
 
-_COLORS = {
-    "none": "#444444",
-    "linear": "#1f77b4",
-    "ntk": "#2ca02c",
-    "dynamic": "#9467bd",
-    "yarn": "#d62728",
-    "config": "#ff7f0e",
-}
+_DPI = 110
+#: One color per scaling: ``none``, then the registry's in their order, and the config's own.
+_PALETTE = ("#444444", "#1f77b4", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2")
+_COLORS = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate((NONE, *FACTOR_SCALINGS))}
+_COLORS[CONFIG] = "#ff7f0e"
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
+    return pyplot("extend", "posenc extend's figures")
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as error:
-        raise ImportError(
-            "posenc extend's figures need matplotlib: pip install 'posenc[extend]'"
-        ) from error
-    return plt
+
+def _n(value: Any) -> str:
+    return _num(value, 4)
 
 
 def _units_at(
@@ -51,11 +48,11 @@ def _units_at(
         for r in records
         if r["length"] == length
         and r.get("by_bucket")
-        and (length != trained or r["factor"] != 1 or r["scaling"] in ("none", "config"))
+        and (length != trained or r["factor"] != 1 or r["scaling"] in UNSCALED)
     ]
 
 
-def _ppl_figure(results: Mapping[str, Any], path: Path) -> None:
+def _ppl_figure(results: Mapping[str, Any]) -> bytes:
     plt = _pyplot()
     lengths, trained = results["lengths"], results["trained_context"]
     fig, axes = plt.subplots(
@@ -64,7 +61,7 @@ def _ppl_figure(results: Mapping[str, Any], path: Path) -> None:
     for ax, length in zip(axes[0], lengths):
         for r in _units_at(results["records"], length, trained):
             mids = [(b["start"] + b["stop"]) / 2 for b in r["by_bucket"]]
-            style = "--" if length == trained and r["scaling"] != "none" else "-"
+            style = "--" if length == trained and r["scaling"] != NONE else "-"
             ax.plot(
                 mids,
                 [b["ppl"] for b in r["by_bucket"]],
@@ -84,11 +81,10 @@ def _ppl_figure(results: Mapping[str, Any], path: Path) -> None:
         f"{results['model']['name']}: perplexity by position (trained context {trained}, dotted)"
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return rendered(fig, dpi=_DPI)
 
 
-def _passkey_figure(results: Mapping[str, Any], path: Path) -> None:
+def _passkey_figure(results: Mapping[str, Any]) -> bytes:
     plt = _pyplot()
     depths = list(results["settings"]["depths"])
     scalings = [
@@ -119,18 +115,7 @@ def _passkey_figure(results: Mapping[str, Any], path: Path) -> None:
     axes[0][0].set_ylabel("depth of the key")
     if image is not None:
         fig.colorbar(image, ax=axes[0].tolist(), label="passkey accuracy")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _n(value: Any) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else _e(value)
+    return rendered(fig, dpi=_DPI)
 
 
 def _table(results: Mapping[str, Any]) -> str:
@@ -144,13 +129,13 @@ def _table(results: Mapping[str, Any]) -> str:
             f"<td>{_n(r.get('ppl_last_quarter'))}</td><td>{_n(r.get('passkey_accuracy'))}</td><td>{_n(r.get('seconds'))}</td>"
             f"<td>{_n(None if peak is None else peak / 2**20)}</td><td>{_e(note)}</td></tr>"
         )
-    return f"<table>{head}{''.join(rows)}</table>"
+    return f'<div class="scroll"><table>{head}{"".join(rows)}</table></div>'
 
 
-def _img(path: Path, alt: str) -> str:
-    raw = read_regular(path, what="figure", max_bytes=FIGURE_MAX_BYTES)
-    data = base64.b64encode(raw).decode("ascii")
-    return f'<figure><img src="data:image/png;base64,{data}" alt="{_e(alt)}" style="max-width:100%"><figcaption>{_e(alt)} (<code>{_e(path.name)}</code>)</figcaption></figure>'
+def _interval(interval: Sequence[float] | None) -> str:
+    if interval is None:
+        return "no interval: fewer than two documents"
+    return f"95% interval of the difference {interval[0]:+.3g} to {interval[1]:+.3g}"
 
 
 def _cost_lines(results: Mapping[str, Any]) -> str:
@@ -158,34 +143,36 @@ def _cost_lines(results: Mapping[str, Any]) -> str:
     if not rows:
         return ""
     items = "".join(
-        f"<li>{_e(c['scaling'])} (factor {c['factor']:g}) at L: ppl {_n(c['ppl'])} against {_n(c['ppl_none'])} with none: {_e(c['verdict'])}</li>"
+        f"<li>{_e(c['scaling'])} (factor {c['factor']:g}) at L: ppl {_n(c['ppl'])} against "
+        f"{_n(c['ppl_none'])} with none: {_e(c['verdict'])} ({_e(_interval(c.get('interval')))})</li>"
         for c in rows
     )
     return f"<h2>What each scaling set for --to costs at L</h2><ul>{items}</ul>"
 
 
 def write_page(results: Mapping[str, Any], out: Path) -> list[Path]:
-    """Write the two figures and ``index.html`` into ``out``; returns their paths."""
-    ppl_png, passkey_png = out / "ppl_by_position.png", out / "passkey.png"
-    _ppl_figure(results, ppl_png)
-    _passkey_figure(results, passkey_png)
+    """Write the two figures and ``index.html`` into ``out``, each atomically; returns
+    their paths."""
+    ppl_png, passkey_png, index = (
+        out / "ppl_by_position.png",
+        out / "passkey.png",
+        out / "index.html",
+    )
+    atomic_write(ppl_png, _ppl_figure(results))
+    atomic_write(passkey_png, _passkey_figure(results))
     model, settings = results["model"], results["settings"]
     docs = ", ".join(f"{d['name']} ({d['tokens']} tokens)" for d in results["documents"])
     body = (
-        f"<h1>posenc extend: {_e(model['name'])}</h1>"
-        f"<p class=answer><b>{_e(results['answer']['sentence'])}</b></p>"
-        "<p>Level means the documents do not agree on an order (lower on every document is needed for better).</p>"
+        f"<header><h1>posenc extend: {_e(model['name'])}</h1></header><main>"
+        f'<p class="answer"><b>{_e(results["answer"]["sentence"])}</b></p>'
+        f'<p class="lead">{_e(RULE)}</p>'
         f"{_table(results)}{_cost_lines(results)}"
-        f"{_img(ppl_png, 'perplexity by position per scaling')}{_img(passkey_png, 'passkey accuracy, depth x length')}"
+        f"{figure_html(ppl_png, 'perplexity by position per scaling')}"
+        f"{figure_html(passkey_png, 'passkey accuracy, depth x length')}"
         f"<h2>Model and settings</h2><p>{_e(model['model_type'])}, {model['parameters']} parameters, trained context "
         f"{results['trained_context']}, scaled layer types {_e(results['layer_types_scaled'])}; files "
         f"{_e(model['files'])}</p><p>Documents: {_e(docs)}</p><pre>{_e(settings)}</pre>"
-        f"<p>Device {_e(results['device'])}, {results['threads']} threads, posenc {_e(results['posenc'])}.</p>"
+        f"<p>Device {_e(results['device'])}, {results['threads']} threads, posenc {_e(results['posenc'])}.</p></main>"
     )
-    style = "body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}.answer{font-size:1.2em}"
-    page = out / "index.html"
-    page.write_text(
-        f"<!doctype html><html><head><meta charset=utf-8><title>posenc extend</title><style>{style}</style></head><body>{body}</body></html>\n",
-        encoding="utf-8",
-    )
-    return [ppl_png, passkey_png, page]
+    atomic_write(index, page("posenc extend", body).encode("utf-8"))
+    return [ppl_png, passkey_png, index]

@@ -23,16 +23,14 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
-from posenc._files import MIB, read_regular
+from posenc._files import MIB, atomic_write, lock_out_dir, make_out_dir, read_regular
 from posenc._version import __version__
-from posenc.experiments.checkpoint import atomic_write
-from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.results import write_results
 from posenc.extend import measure
 from posenc.extend.answer import answer
 from posenc.extend.data import Document, documents, passkey_prompt
 from posenc.extend.model import Loaded, load_model, scaled, scaling_for
-from posenc.extend.settings import ExtendSettings
+from posenc.extend.settings import CONFIG, NONE, ExtendSettings
 from posenc.integrations.transformers import PatchedRotaryEmbedding, unpatch
 
 __all__ = ["Event", "plan_units", "run_extend", "unit_fingerprint"]
@@ -47,15 +45,15 @@ def plan_units(
     settings: ExtendSettings, lengths: Sequence[int], trained: int, configured: bool
 ) -> list[tuple[str, int, float]]:
     """``(scaling, length, factor)`` of every unit, in the order they run."""
-    names = [n for n in settings.scalings if n != "config" or configured]
-    units = [("none", trained, 1.0)]
+    names = [n for n in settings.scalings if n != CONFIG or configured]
+    units = [(NONE, trained, 1.0)]
     for length in lengths:
         for name in names:
-            if name == "none":
+            if name == NONE:
                 if length != trained:
-                    units.append(("none", length, 1.0))
-            elif name == "config":
-                units.append(("config", length, 1.0))
+                    units.append((NONE, length, 1.0))
+            elif name == CONFIG:
+                units.append((CONFIG, length, 1.0))
             elif length == trained:
                 units.append((name, length, settings.to))
             else:

@@ -14,13 +14,71 @@ from pathlib import Path
 from typing import Any
 
 from posenc._errors import PosEncError, check_choice, check_device, check_float, check_int
+from posenc.rotary.frequencies import SCALINGS
 
-__all__ = ["DTYPES", "SCALING_NAMES", "ExtendSettings"]
+__all__ = [
+    "CONFIG",
+    "DTYPES",
+    "FACTOR_SCALINGS",
+    "NONE",
+    "SCALING_NAMES",
+    "UNSCALED",
+    "ExtendSettings",
+    "trained_fields",
+]
 
+#: ``posenc extend``'s own names beside the registry's: ``none``, no scaling (the baseline),
+#: and ``config``, the model's own configured scaling (Llama 3, LongRoPE, YaRN, ...),
+#: measured only where the model's config has one. Both run at factor 1 (:data:`UNSCALED`).
+NONE, CONFIG = "none", "config"
+UNSCALED = (NONE, CONFIG)
+#: The fields of a scaling's parameters that take the trained context ``L``.
+_TRAINED_FIELDS = ("max_position", "original_max_position")
+
+
+def _required(cls: Any) -> list[str]:
+    return [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and (
+            (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            or f.metadata.get("required")
+        )
+    ]
+
+
+def _factor_scalings() -> dict[str, tuple[str, ...]]:
+    """The registered RoPE scalings set from a factor alone (the target length over ``L``)
+    and at most ``L`` itself, over the rotated channels as every extension is (not
+    p-RoPE's whole head): name -> the required fields that take ``L``, in the registry's
+    order."""
+    found = {}
+    for name, (cls, _) in SCALINGS.items():
+        fields = {f.name for f in dataclasses.fields(cls) if f.init}
+        required = _required(cls)
+        if (
+            "factor" in fields
+            and set(required) <= {"factor", *_TRAINED_FIELDS}
+            and getattr(cls, "frequency_span", "rotary_dim") == "rotary_dim"
+        ):
+            found[name] = tuple(f for f in required if f in _TRAINED_FIELDS)
+    return found
+
+
+_FACTOR_SCALINGS = _factor_scalings()
+#: The registry's scalings ``posenc extend`` measures (``linear``, ``ntk``, ``dynamic``,
+#: ``yarn``), each set from the factor ``length / L``.
+FACTOR_SCALINGS = tuple(_FACTOR_SCALINGS)
 #: The scalings ``posenc extend`` knows, in the order they are measured and shown.
-#: ``config`` is the model's own configured scaling (Llama 3, LongRoPE, YaRN, ...), measured
-#: only where the model's config has one.
-SCALING_NAMES = ("none", "linear", "ntk", "dynamic", "yarn", "config")
+SCALING_NAMES = (NONE, *FACTOR_SCALINGS, CONFIG)
+
+
+def trained_fields(name: str) -> tuple[str, ...]:
+    """The fields of scaling ``name`` (one of :data:`FACTOR_SCALINGS`) that take ``L``."""
+    return _FACTOR_SCALINGS[name]
+
+
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 #: Depths of the passkey in its prompt (fractions of the filler before it).
 DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
@@ -53,7 +111,7 @@ class ExtendSettings:
     model: str
     to: float = 2.0
     multiples: tuple[float, ...] = (1.0, 1.5, 2.0)
-    scalings: tuple[str, ...] = ("none", "linear", "ntk", "dynamic", "yarn", "config")
+    scalings: tuple[str, ...] = SCALING_NAMES
     texts: tuple[str, ...] = ()
     documents: int = 3
     depths: tuple[float, ...] = DEFAULT_DEPTHS

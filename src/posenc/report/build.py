@@ -15,11 +15,11 @@ import torch
 
 from posenc import registry
 from posenc._errors import PosEncError, check_int
+from posenc._files import atomic_write, make_out_dir  # temp file + rename: all or nothing
+from posenc._pages import pyplot
 from posenc._version import __version__
 from posenc.analysis import DEFAULT_ARGS, order_sensitivity, properties, resolve_encoding
 from posenc.analysis._encodings import size
-from posenc.experiments.checkpoint import atomic_write  # temp file + rename: all or nothing
-from posenc.experiments.outdir import make_out_dir
 from posenc.report.schema import SCHEMA_VERSION, validate_report
 from posenc.report.study import LENGTHGEN_SETTINGS, empty_record, run_report_study
 
@@ -215,10 +215,7 @@ def _jobs(jobs: int | None) -> int:
 
 def check_plot_extra() -> None:
     """Raise an ImportError naming the extra when matplotlib (``posenc[plot]``) is missing."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError as e:
-        raise ImportError("posenc report needs matplotlib: pip install 'posenc[plot]'") from e
+    pyplot("plot", "posenc report")
 
 
 def _quiet(stage: str, done: int, total: int, description: str) -> None:

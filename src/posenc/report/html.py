@@ -6,59 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from posenc._pages import escape as _e
+from posenc._pages import number as _num
+from posenc._pages import page
 from posenc.analysis.summary import SUMMARY_COLUMNS
-from posenc.report._html_util import _e, _img, _num
-from posenc.report.study_html import headline_section, lengthgen_section
+from posenc.report.study_html import embedded, headline_section, lengthgen_section
 
 __all__ = ["render_html"]
-
-_CSS = """
-:root { --fg: #1d2330; --muted: #5b6475; --line: #dde2ea; --bg: #f7f8fb; --card: #fff;
-        --yes: #17803d; --no: #b42318; --accent: #3355cc; }
-* { box-sizing: border-box; }
-body { margin: 0; font: 15px/1.5 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
-       color: var(--fg); background: var(--bg); }
-header { background: #182033; color: #fff; padding: 28px 40px 18px; }
-header h1 { margin: 0 0 4px; font-size: 28px; }
-header .meta { color: #c3cbe0; margin: 0 0 12px; }
-header nav a { color: #fff; margin-right: 18px; text-decoration: none; border-bottom: 1px solid #7f8bb0; }
-main { max-width: 1220px; margin: 0 auto; padding: 10px 32px 40px; }
-section { margin-top: 34px; }
-h2 { font-size: 22px; border-bottom: 2px solid var(--line); padding-bottom: 6px; }
-h3 { margin: 0 0 6px; font-size: 17px; }
-p.lead { color: var(--muted); max-width: 900px; }
-table { border-collapse: collapse; background: var(--card); font-size: 13.5px; }
-th, td { border-bottom: 1px solid var(--line); padding: 5px 8px; text-align: right; white-space: nowrap; }
-th { background: #eef1f7; white-space: normal; vertical-align: bottom; }
-td:first-child, th:first-child, td.text, th.text { text-align: left; }
-td.yes { color: var(--yes); font-weight: 600; } td.no { color: var(--no); font-weight: 600; }
-td.level { color: var(--muted, #666); font-style: italic; }
-tr.error td { color: var(--no); white-space: normal; }
-.scroll { overflow-x: auto; border: 1px solid var(--line); border-radius: 6px; }
-dl.legend { display: grid; grid-template-columns: max-content 1fr; gap: 2px 14px; font-size: 13px;
-            color: var(--muted); margin-top: 10px; }
-dl.legend dt { font-weight: 600; color: var(--fg); }
-.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 16px; }
-article.card { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 14px; }
-.kind { font-size: 12px; font-weight: 600; padding: 1px 8px; border-radius: 10px; background: #e6ebf7;
-        color: var(--accent); margin-left: 6px; vertical-align: middle; }
-code, .config { font-family: ui-monospace, "SFMono-Regular", Menlo, monospace; font-size: 12px; }
-.config { color: var(--muted); word-break: break-all; margin: 0 0 8px; }
-.figs { display: flex; flex-wrap: wrap; gap: 10px; align-items: flex-start; }
-figure { margin: 0; }
-figure img { max-width: 100%; height: auto; display: block; border: 1px solid var(--line); border-radius: 4px; }
-figcaption { font-size: 12px; color: var(--muted); }
-.demo { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 14px 18px;
-        margin-bottom: 14px; }
-.demo h3 span { color: var(--muted); font-weight: 400; }
-.verdict { font-weight: 600; }
-.absent { background: #fff6e5; border: 1px solid #f0c36d; border-radius: 8px; padding: 12px 16px; }
-footer { color: var(--muted); font-size: 13px; margin-top: 40px; }
-.range { color: var(--muted); font-size: 12px; }
-th.theirs, td.theirs { background: #f3f0fa; }
-ul.checks { padding-left: 18px; } ul.checks li.yes b { color: var(--yes); }
-ul.checks li.no b { color: var(--no); }
-"""
 
 
 def _cell(key: str, value: Any) -> str:
@@ -117,7 +71,7 @@ def _encoding_cards(data: dict[str, Any], out: Path) -> str:
         if entry["error"] is not None or not entry["figures"]:
             continue
         config = ", ".join(f"{k}={v}" for k, v in (entry["config"] or {}).items() if k != "name")
-        figs = "".join(_img(out, by_file[f]) for f in entry["figures"])
+        figs = "".join(embedded(out, by_file[f]) for f in entry["figures"])
         cards.append(
             f'<article class="card" id="enc-{_e(entry["name"])}"><h3>{_e(entry["name"])}'
             f'<span class="kind">{_e(entry["kind"])}</span></h3>'
@@ -136,7 +90,7 @@ random query and key). Bias encodings: the bias each head adds to the attention 
 
 
 def _decay_section(data: dict[str, Any], out: Path) -> str:
-    figs = "".join(_img(out, r, "wide") for r in data["figures"] if r["section"] == "decay")
+    figs = "".join(embedded(out, r, "wide") for r in data["figures"] if r["section"] == "decay")
     return f"""
 <section id="decay">
 <h2>Decay with distance</h2>
@@ -201,12 +155,7 @@ def render_html(data: dict[str, Any], out: Path) -> str:
     s = data["settings"]
     mode = "quick run" if s["quick"] else "default run"
     n = len(data["encodings"])
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>posenc report</title><style>{_CSS}</style></head>
-<body>
-<header><h1>posenc report</h1>
+    body = f"""<header><h1>posenc report</h1>
 <p class="meta">posenc {_e(data["posenc_version"])} &middot; {_e(data["created"])} &middot; {mode}
 &middot; {n} encodings &middot; every number in <a href="report.json" style="color:#fff">report.json</a></p>
 <nav><a href="#answer">The answer</a><a href="#properties">Properties</a><a href="#encodings">Pictures</a><a href="#decay">Decay</a>
@@ -221,6 +170,5 @@ def render_html(data: dict[str, Any], out: Path) -> str:
 {lengthgen_section(data, out)}
 <footer>Made by <code>posenc report{" --quick" if s["quick"] else ""}</code>. Figures are also in
 this folder as PNG files.</footer>
-</main>
-</body></html>
-"""
+</main>"""
+    return page("posenc report", body)

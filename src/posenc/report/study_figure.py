@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from posenc._pages import pyplot
 from posenc.report.literature import press_ratios
 
 __all__ = ["draw_headline"]
@@ -26,11 +27,7 @@ def draw_headline(
     """Left: perplexity at each eval length, mean line and min-max band per trained
     encoding (learned: at L only, where it can run). Right: ``ppl(nL) / ppl(L)`` against
     ``n``, ours (solid, band) and Press et al.'s Table 2 (dashed, hollow markers)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("plot", "posenc report")
     train_len = results["train_len"]
     summary = results["summary"]
     labels = [label for label in summary if "+" not in label]

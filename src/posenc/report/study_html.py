@@ -6,9 +6,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from posenc.report._html_util import _e, _img, _num
+from posenc._pages import escape as _e
+from posenc._pages import figure_html
+from posenc._pages import number as _num
 
-__all__ = ["headline_section", "lengthgen_section"]
+__all__ = ["embedded", "headline_section", "lengthgen_section"]
+
+
+def embedded(out: Path, record: Mapping[str, Any], css: str = "") -> str:
+    """The figure of ``record`` (one of ``report.json``'s ``figures``), read back from
+    ``out`` and embedded."""
+    size = (record["width"], record["height"])
+    return figure_html(out / record["file"], record["title"], size=size, css=css)
 
 
 def _optimizer(settings: Mapping[str, Any]) -> str:
@@ -22,7 +31,7 @@ def _figure(data: dict[str, Any], out: Path, file: str | None) -> str:
     if not file:
         return ""
     record = next(f for f in data["figures"] if f["file"] == file)
-    return _img(out, record, "wide")
+    return embedded(out, record, "wide")
 
 
 def _spread(cell: dict[str, float] | None, digits: int = 3) -> str:
