@@ -346,10 +346,65 @@ def test_quantized_rope_tensor_refused(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(posenc.PosEncError, match="posenc reads F32 or F16 RoPE tensors only"):
-        rotary_from_gguf(path)
-    # through gguf's reader the tensor is dequantized by gguf.quants
-    rope = rotary_from_gguf(gguf.GGUFReader(str(path)))
-    factors = gguf.quants.dequantize(data, gguf.GGMLQuantizationType.Q8_0).ravel()
-    plain = 1.0 / 1e4 ** (np.arange(0, 64, 2) / 64)
-    np.testing.assert_allclose(rope.inv_freq.numpy(), plain / factors, rtol=1e-12)
+    # a path and a gguf.GGUFReader are read by the one reader, and refused alike
+    for source, name in ((path, repr(str(path))), (gguf.GGUFReader(str(path)), "the GGUFReader")):
+        with pytest.raises(
+            posenc.PosEncError,
+            match=rf"^{re.escape(name)}: tensor 'rope_freqs.weight' has ggml type 8; posenc "
+            r"reads F32 or F16 RoPE tensors only",
+        ):
+            rotary_from_gguf(source)
+
+
+def _hostile_reader(tmp_path, data):
+    """A real gguf.GGUFReader whose memory map is replaced by ``data``: a header the
+    reader itself would refuse, handed to posenc through the reader."""
+    path = tmp_path / "r.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    reader = gguf.GGUFReader(str(path))
+    reader.data = data
+    return reader
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (np.frombuffer(b"GGUF" + struct.pack("<I", 3) + b"\x00" * 3, np.uint8), "ends early"),
+        # a header claiming 2^60 keys, and an array of 2^60 values: refused, never read
+        (
+            np.frombuffer(b"GGUF" + struct.pack("<IQQ", 3, 0, 2**60), np.uint8),
+            "ends early or does not parse",
+        ),
+        (
+            np.frombuffer(
+                b"GGUF"
+                + struct.pack("<IQQQ", 3, 0, 1, 1)
+                + b"k"
+                + struct.pack("<IIQ", 9, 6, 2**60),
+                np.uint8,
+            ),
+            "ends early or does not parse",
+        ),
+        (np.frombuffer(b"ggml" + b"\x00" * 40, np.uint8), "is not a GGUF file"),
+    ],
+    ids=["short", "keys-2pow60", "array-2pow60", "magic"],
+)
+def test_a_readers_bytes_are_held_to_the_paths_rules(tmp_path, data, message):
+    with pytest.raises(posenc.PosEncError, match=rf"^the GGUFReader .*{message}"):
+        rotary_from_gguf(_hostile_reader(tmp_path, data))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [np.zeros(64, np.float32), np.zeros((8, 8), np.uint8), np.zeros(128, np.uint8)[::2], None],
+    ids=["float32", "2-d", "strided", "none"],
+)
+def test_a_reader_without_its_bytes_is_refused(tmp_path, data):
+    with pytest.raises(
+        posenc.PosEncError,
+        match=r"^path_or_reader must be a path to a GGUF file or a gguf.GGUFReader, got GGUFReader$",
+    ):
+        rotary_from_gguf(_hostile_reader(tmp_path, data))

@@ -16,9 +16,9 @@ from posenc.cli._checks import (
     check_out_dir,
     check_out_file,
     integer,
-    plain_integer,
     text,
 )
+from posenc.cli._checks import option as typed_option
 from posenc.cli.table import parse_positions
 
 __all__ = [
@@ -53,12 +53,7 @@ MAX_POSITIONS = 2**20
 def count_option(option: str, help: str, *, min: int) -> Any:
     """A typer option taking a count of positions or distances, ``min`` to
     :data:`MAX_POSITIONS`, checked when it is parsed."""
-    return typer.Option(
-        help=help,
-        callback=integer(option, min=min, max=MAX_POSITIONS),
-        parser=plain_integer,
-        metavar="<int>",
-    )
+    return typed_option(help, integer(option, min=min, max=MAX_POSITIONS))
 
 
 #: --param keys that size a tensor the encoding builds (rows, channels, heads, buckets).

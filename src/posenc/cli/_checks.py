@@ -1,19 +1,21 @@
 """What every ``posenc`` option is checked against at parse time, the size limit, and the
 reading and writing of the files options name.
 
-Each option gets a ``callback`` from here, so a bad value is refused while the command
-line is parsed, before anything is built: one line naming the option, the rule and the
-value (``--width must be finite, got inf``), exit code 2. An integer or a number option
-takes plain digits only (:func:`plain_integer`, :func:`plain_number`: no ``_``, ``+`` or
-spaces, which Python's ``int`` and ``float`` would accept). Sizes are estimated before
-anything is allocated and refused over :func:`byte_limit`, with the estimate and the option
-that asks for it. A file an option names is read only when it is a regular file within a
-cap (:func:`read_option_file`), and written through :func:`write_option_file`, which names
-the option when the write fails.
+Each option gets the check of an :class:`OptionCheck` from here (:class:`Text`,
+:class:`Choice`, :class:`Number`, :class:`Integer`; typer's option by :func:`option`), so a
+bad value is refused while the command line is parsed, before anything is built: one line
+naming the option, the rule and the value (``--width must be finite, got inf``), exit code
+2. An integer or a number option takes plain digits only (:func:`plain_integer`,
+:func:`plain_number`: no ``_``, ``+`` or spaces, which Python's ``int`` and ``float`` would
+accept). Sizes are estimated before anything is allocated and refused over
+:func:`byte_limit`, with the estimate and the option that asks for it. A file an option
+names is read only when it is a regular file within a cap (:func:`read_option_file`), and
+written through :func:`write_option_file`, which names the option when the write fails.
 """
 
 from __future__ import annotations
 
+import abc
 import errno
 import os
 import re
@@ -31,6 +33,11 @@ from posenc._files import file_kind, read_regular
 __all__ = [
     "MAX_BYTES",
     "MIB",
+    "Choice",
+    "Integer",
+    "Number",
+    "OptionCheck",
+    "Text",
     "byte_limit",
     "check_bytes",
     "check_out_dir",
@@ -150,69 +157,135 @@ def plain_number(value: Any) -> Any:
     return value
 
 
-def option(help: str, check: Callable[[Any], Any], *names: str) -> Any:
-    """A typer option: its help text and its parse-time ``check`` (one of the callbacks
-    below); ``names`` (``"--out", "-o"``) where the parameter's own name is not enough.
-    An :func:`integer` or :func:`number` check brings its plain-digits parser."""
-    parser = getattr(check, "parser", None)
-    if parser is None:
-        return typer.Option(*names, help=help, callback=check)
-    metavar = getattr(check, "metavar", None)
-    return typer.Option(*names, help=help, callback=check, parser=parser, metavar=metavar)
+class OptionCheck(abc.ABC):
+    """The parse-time check of one option. Its bound :meth:`check` is typer's ``callback``
+    (it checks the value the option was given, or its default; ``None`` passes); an integer
+    or a number also gives typer its ``parser`` (:attr:`parse`: the command line's string
+    into the value) and the ``metavar`` of its help. A syntax error is a usage error (exit
+    code 2, ``Invalid value for '--dim'``), a value out of its bounds a :class:`PosEncError`
+    naming ``option``.
+
+    typer (0.29 on) runs its own copy of click, with no ``click.ParamType`` and no
+    ``click_type=``: an option's type is its ``parser`` callable, and a check whose message
+    is the library's own (not ``Invalid value for ...``) is its ``callback``, which typer
+    requires to be a function or a method.
+    """
+
+    def __init__(
+        self,
+        option: str,
+        *,
+        parse: Callable[[Any], Any] | None = None,
+        metavar: str | None = None,
+    ) -> None:
+        self.option = option
+        self.parse = parse
+        self.metavar = metavar
+
+    @abc.abstractmethod
+    def check(self, value: Any) -> Any:
+        """``value`` (as it is) when it passes, else a :class:`PosEncError`."""
 
 
-def text(option: str) -> Callable[[Any], Any]:
-    """A callback refusing an empty (or all-blank) string, or one holding a NUL."""
+class Text(OptionCheck):
+    """None, or a string (or each string of a list) neither empty, all blank nor holding a
+    NUL."""
 
-    def check(value: Any) -> Any:
+    def check(self, value: Any) -> Any:
         for item in value if isinstance(value, (list, tuple)) else [value]:
             if item is None:
                 continue
             if not str(item).strip():
-                raise PosEncError(f"{option} must not be empty, got {str(item)!r}")
+                raise PosEncError(f"{self.option} must not be empty, got {str(item)!r}")
             if "\x00" in str(item):
-                raise PosEncError(f"{option} must not hold a NUL character, got {str(item)!r}")
+                raise PosEncError(f"{self.option} must not hold a NUL character, got {str(item)!r}")
         return value
 
-    return check
+
+class Choice(OptionCheck):
+    """None, or one of ``choices`` (an empty string is not the default)."""
+
+    def __init__(self, option: str, choices: tuple[str, ...] | list[str]) -> None:
+        super().__init__(option)
+        self.choices = tuple(choices)
+
+    def check(self, value: Any) -> Any:
+        if value is not None and value not in self.choices:
+            listed = ", ".join(repr(c) for c in self.choices)
+            raise PosEncError(f"{self.option} must be one of {listed}, got {value!r}")
+        return value
+
+
+class Number(OptionCheck):
+    """None, or a finite float in the bounds (``exclusive``: above ``min``), read by
+    :func:`plain_number`."""
+
+    def __init__(
+        self,
+        option: str,
+        *,
+        min: float | None = None,
+        max: float | None = None,
+        exclusive: bool = False,
+    ) -> None:
+        super().__init__(option, parse=plain_number, metavar="<float>")
+        self.min, self.max, self.exclusive = min, max, exclusive
+
+    def check(self, value: Any) -> Any:
+        if value is None:
+            return None
+        return check_float(
+            self.option, value, min=self.min, max=self.max, min_exclusive=self.exclusive
+        )
+
+
+class Integer(OptionCheck):
+    """None, or an integer in ``[min, max]``, read by :func:`plain_integer`."""
+
+    def __init__(self, option: str, *, min: int | None = None, max: int | None = None) -> None:
+        super().__init__(option, parse=plain_integer, metavar="<int>")
+        self.min, self.max = min, max
+
+    def check(self, value: Any) -> Any:
+        if value is None:
+            return None
+        return check_int(self.option, value, min=self.min, max=self.max)
+
+
+def option(help: str, check: Callable[[Any], Any], *names: str) -> Any:
+    """A typer option: its help text and its parse-time ``check`` (an
+    :meth:`OptionCheck.check`, from :func:`text`, :func:`choice`, :func:`number` or
+    :func:`integer`, or any callback); ``names`` (``"--out", "-o"``) where the parameter's
+    own name is not enough. An :class:`Integer` or :class:`Number` brings its plain-digits
+    parser and metavar."""
+    owner = getattr(check, "__self__", None)
+    if isinstance(owner, OptionCheck) and owner.parse is not None:
+        return typer.Option(
+            *names, help=help, callback=check, parser=owner.parse, metavar=owner.metavar
+        )
+    return typer.Option(*names, help=help, callback=check)
+
+
+def text(option: str) -> Callable[[Any], Any]:
+    """The callback of a text option (:class:`Text`)."""
+    return Text(option).check
 
 
 def choice(option: str, choices: tuple[str, ...] | list[str]) -> Callable[[Any], Any]:
-    """A callback: None, or one of ``choices`` (an empty string is not the default)."""
-
-    def check(value: Any) -> Any:
-        if value is not None and value not in choices:
-            listed = ", ".join(repr(c) for c in choices)
-            raise PosEncError(f"{option} must be one of {listed}, got {value!r}")
-        return value
-
-    return check
+    """The callback of an option taking one of ``choices`` (:class:`Choice`)."""
+    return Choice(option, choices).check
 
 
 def number(
     option: str, *, min: float | None = None, max: float | None = None, exclusive: bool = False
 ) -> Callable[[Any], Any]:
-    """A callback: None, or a finite float in the bounds (``exclusive``: above ``min``)."""
-
-    def check(value: Any) -> Any:
-        if value is None:
-            return None
-        return check_float(option, value, min=min, max=max, min_exclusive=exclusive)
-
-    check.parser = plain_number  # type: ignore[attr-defined]
-    check.metavar = "<float>"  # type: ignore[attr-defined]
-    return check
+    """The callback of a number option (:class:`Number`)."""
+    return Number(option, min=min, max=max, exclusive=exclusive).check
 
 
 def integer(option: str, *, min: int | None = None, max: int | None = None) -> Callable[[Any], Any]:
-    """A callback: None, or an integer in ``[min, max]``."""
-
-    def check(value: Any) -> Any:
-        return None if value is None else check_int(option, value, min=min, max=max)
-
-    check.parser = plain_integer  # type: ignore[attr-defined]
-    check.metavar = "<int>"  # type: ignore[attr-defined]
-    return check
+    """The callback of an integer option (:class:`Integer`)."""
+    return Integer(option, min=min, max=max).check
 
 
 def _refused(option: str, path: Path, e: OSError) -> OSError | PosEncError:

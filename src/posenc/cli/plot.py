@@ -29,7 +29,7 @@ from posenc.cli._analysis import (
     positions_label,
 )
 from posenc.cli._app import app, fail
-from posenc.cli._checks import integer, number, plain_integer, plain_number, text, write_option_file
+from posenc.cli._checks import integer, number, option, text, write_option_file
 from posenc.cli.table import parse_positions
 
 __all__ = ["plot_app"]
@@ -62,31 +62,13 @@ PositionsOpt = Annotated[
 ]
 Width = Annotated[
     float | None,
-    typer.Option(
-        help="Figure width in inches.",
-        callback=number("--width", min=0.0, max=MAX_INCHES, exclusive=True),
-        parser=plain_number,
-        metavar="<float>",
-    ),
+    option("Figure width in inches.", number("--width", min=0.0, max=MAX_INCHES, exclusive=True)),
 ]
 Height = Annotated[
     float | None,
-    typer.Option(
-        help="Figure height in inches.",
-        callback=number("--height", min=0.0, max=MAX_INCHES, exclusive=True),
-        parser=plain_number,
-        metavar="<float>",
-    ),
+    option("Figure height in inches.", number("--height", min=0.0, max=MAX_INCHES, exclusive=True)),
 ]
-Dpi = Annotated[
-    int,
-    typer.Option(
-        help="Pixels per inch (PNG).",
-        callback=integer("--dpi", min=1, max=MAX_DPI),
-        parser=plain_integer,
-        metavar="<int>",
-    ),
-]
+Dpi = Annotated[int, option("Pixels per inch (PNG).", integer("--dpi", min=1, max=MAX_DPI))]
 
 
 @dataclass(frozen=True)
@@ -252,15 +234,7 @@ def bias(
     out: Out,
     param: Params = None,
     positions: PositionsOpt = None,
-    max_heads: Annotated[
-        int,
-        typer.Option(
-            help="Heads shown.",
-            callback=integer("--max-heads", min=1, max=1024),
-            parser=plain_integer,
-            metavar="<int>",
-        ),
-    ] = 8,
+    max_heads: Annotated[int, option("Heads shown.", integer("--max-heads", min=1, max=1024))] = 8,
     width: Width = None,
     height: Height = None,
     dpi: Dpi = 100,

@@ -5,12 +5,13 @@ the magic ``b"GGUF"``, the version, the tensor and key counts, the key-value met
 one entry per tensor (name, shape, type, offset into the data section). :func:`open_gguf`
 reads that header from a memory map: string arrays (a tokenizer's hundreds of thousands of
 tokens) are skipped, not decoded, and no tensor byte is read until :meth:`GGUFSource.tensor`
-asks for one small tensor (``rope_freqs.weight``, ``rope_factors_long.weight``). A 270M model's
-header reads in a fraction of a second where ``gguf.GGUFReader`` builds an object per token.
+asks for one small tensor (``rope_freqs.weight``, ``rope_factors_long.weight``).
 
-:class:`GGUFSource` is the one view the readers use: of a path (this reader; no ``gguf``
-package needed) or of a ``gguf.GGUFReader`` the caller already holds. Every failure is a
-one-line :class:`posenc.PosEncError` naming the file.
+It is posenc's one GGUF reader: ``gguf.GGUFReader`` builds an object per token, seconds for
+SmolLM2-135M where this reader takes milliseconds (``benchmarks/gguf_read.py``). A path needs
+no ``gguf`` package; a ``gguf.GGUFReader`` the caller already holds is read by the same parser
+from the reader's own memory map of its file. Every failure is a one-line
+:class:`posenc.PosEncError` naming the file.
 """
 
 from __future__ import annotations
@@ -113,8 +114,15 @@ def open_gguf(path_or_reader: Any) -> GGUFSource:
     """
     if isinstance(path_or_reader, (str, os.PathLike)):
         return _from_path(Path(path_or_reader))
-    if hasattr(path_or_reader, "fields") and hasattr(path_or_reader, "tensors"):
-        return _from_reader(path_or_reader)
+    data = getattr(path_or_reader, "data", None)
+    if (
+        hasattr(path_or_reader, "fields")
+        and isinstance(data, np.ndarray)
+        and data.dtype == np.uint8
+        and data.ndim == 1
+        and data.flags.c_contiguous
+    ):  # a gguf.GGUFReader: its memory map of the file (an np.memmap of bytes), read here too
+        return _source("the GGUFReader", data.data)
     raise PosEncError(
         f"path_or_reader must be a path to a GGUF file or a gguf.GGUFReader, got "
         f"{type(path_or_reader).__name__}"
@@ -136,6 +144,11 @@ def _from_path(path: Path) -> GGUFSource:
             view = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     except OSError as e:
         raise PosEncError(f"{label} cannot be read ({e.strerror or e})") from None
+    return _source(label, view)
+
+
+def _source(label: str, view: mmap.mmap | memoryview) -> GGUFSource:
+    """The :class:`GGUFSource` of the bytes of a whole GGUF file (a memory map of it)."""
     header = _Header(view, label)
     try:
         metadata, tensors = header.parse()
@@ -172,7 +185,7 @@ def _not_gguf(label: str, head: bytes) -> PosEncError:
 class _Header:
     """The sequential parse of a GGUF header from a memory map (little- or big-endian)."""
 
-    def __init__(self, view: mmap.mmap, name: str) -> None:
+    def __init__(self, view: mmap.mmap | memoryview, name: str) -> None:
         self.view, self.name, self.pos = view, name, 0
         self.order: Literal["<", ">"] = "<"
 
@@ -254,26 +267,3 @@ class _Header:
             raise ValueError("too many dimensions")
         shape = tuple(self._scalar("Q") for _ in range(n_dims))
         return name, shape, self._scalar("I"), self._scalar("Q")
-
-
-def _from_reader(reader: Any) -> GGUFSource:
-    """The view of a ``gguf.GGUFReader``: its fields' contents, its tensors dequantized by
-    ``gguf.quants`` when asked for."""
-    metadata: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer."):  # never read, and slow to decode
-            continue
-        try:
-            value = field.contents()
-        except Exception:  # a field the reader cannot decode: not one posenc reads
-            continue
-        metadata[key] = value
-    tensors = {t.name: t for t in reader.tensors}
-
-    def read(name: str) -> np.ndarray:
-        from gguf.quants import dequantize
-
-        item = tensors[name]
-        return np.asarray(dequantize(item.data, item.tensor_type))
-
-    return GGUFSource("the GGUFReader", metadata, set(tensors), read)

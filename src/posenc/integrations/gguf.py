@@ -7,10 +7,10 @@
 - :func:`gguf_rope_metadata`: the raw RoPE keys and tensors read, for printing.
 
 Only the header is read (its metadata and where each tensor lies, from a memory map; no
-tensor data but the small RoPE factor tensors). A path needs nothing beyond posenc; a
-``gguf.GGUFReader`` the caller holds is read through the ``gguf`` package (the
-``posenc[gguf]`` extra). These modules (with :mod:`._gguf_families`) are the only place
-that knows llama.cpp's spellings.
+tensor data but the small RoPE factor tensors), by posenc's own reader (:mod:`._gguf_file`):
+a path needs nothing beyond posenc, and a ``gguf.GGUFReader`` the caller holds is read from
+its memory map by the same reader. These modules (with :mod:`._gguf_families`) are the only
+place that knows llama.cpp's spellings.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ def _read(path_or_reader: Any) -> tuple[GGUFSource, GGUFRope]:
     src = open_gguf(path_or_reader)
     try:
         return src, read_rope(src)
-    except PosEncError as e:
-        raise PosEncError(f"{src.name}: {e}") from None
+    except PosEncError as e:  # a tensor's own error names the file already
+        named = str(e).startswith(src.name)
+        raise PosEncError(str(e) if named else f"{src.name}: {e}") from None
 
 
 def rotary_from_gguf(
@@ -56,48 +57,8 @@ def rotary_from_gguf(
 ) -> RotaryEmbedding:
     """The :class:`posenc.RotaryEmbedding` llama.cpp rotates a GGUF model's q/k with.
 
-    Read from the metadata as llama.cpp reads it (``src/llama-model.cpp``,
-    ``src/llama-context.cpp``): ``general.architecture``; ``{arch}.rope.dimension_count``
-    (the rotated channels, the first of each head; default the head size,
-    ``attention.key_length`` or ``embedding_length / attention.head_count``);
-    ``rope.freq_base`` (default 10000); ``rope.scaling.type`` in llama.cpp's names
-    (``none``, ``linear``, ``yarn``, ``longrope``; absent: ``linear``) with ``.factor``,
-    ``.original_context_length`` (default ``{arch}.context_length``), ``.attn_factor`` and
-    the YaRN keys (``yarn_beta_fast``, ``yarn_beta_slow``, ``yarn_log_multiplier``,
-    ``yarn_ext_factor``); the tensors ``rope_freqs.weight`` (Llama 3's scaling as the
-    converter stores it: read back as :class:`~posenc.rotary.frequencies.Llama3Scaling` when
-    its formula reproduces the factors, else the factors themselves) and
-    ``rope_factors_long`` / ``_short.weight`` (LongRoPE); ``rope.dimension_sections``
-    (M-RoPE: Qwen2-VL's contiguous sections, Qwen3-VL's interleaved ones; positions
-    ``[..., s, n_sections]``). Gemma 3's sliding-window layers (every layer but each 6th,
-    when ``attention.sliding_window`` is set) rotate with base 10000 (or
-    ``rope.freq_base_swa``) unscaled, gpt-oss' with ``rope.freq_base_swa`` where given;
-    Cohere2's full-attention layers do not rotate.
-
-    The layout, and which weights it is for. llama.cpp pairs channels per architecture
-    (``llama_model_rope_type``): ``NORM`` rotates adjacent channels ``(2i, 2i + 1)`` (posenc's
-    ``"interleaved"``: Llama, Mistral, Granite, Cohere, DeepSeek, ...), ``NEOX`` the halves
-    ``(i, i + n_rot / 2)`` (``"half"``: Qwen, Gemma, Phi-3, gpt-oss, ...). Llama's Hugging Face
-    checkpoints rotate halves, so ``convert_hf_to_gguf.py`` permutes the rows of every head
-    of ``attn_q`` / ``attn_k`` so that llama.cpp's adjacent-pair rotation of the permuted
-    projection equals transformers' half rotation of the original one; transformers' GGUF
-    loader permutes them back. One file, two right answers:
-
-    - ``layout_for="gguf"`` (default): the module for q/k computed with the tensors as the
-      file stores them, i.e. what llama.cpp does (Llama: ``"interleaved"``);
-    - ``layout_for="transformers"``: the module for q/k computed with the weights as
-      transformers' GGUF loader returns them (Llama: ``"half"``, the layout
-      :func:`posenc.integrations.transformers.rotary_from_config` gives for the config
-      transformers reads from the same file). Only the layout differs; for architectures
-      whose tensors transformers keeps as stored the two are the same module.
-
-    Either way ``q . k`` after rotation is the same number: the two layouts are one
-    permutation of each head's channels apart (:mod:`posenc.rotary.porting`).
-
-    Where posenc and llama.cpp differ by construction: posenc computes angles from float64
-    frequencies and exact positions (llama.cpp in float32); LongRoPE's long factors start
-    where a call's largest position passes ``original_context_length`` (transformers' rule),
-    while llama.cpp picks one set for the context size it runs with.
+    Read from the metadata as llama.cpp reads it (``{arch}.rope.*``, the head size, the RoPE
+    factor tensors); the keys, the layer types, where posenc and llama.cpp differ: ``docs/gguf.md``.
 
     Args:
         path_or_reader: a GGUF file's path, or a ``gguf.GGUFReader`` of one.
@@ -105,18 +66,20 @@ def rotary_from_gguf(
             layer index (``0 <= layer < block_count``) or a type name
             (``"sliding_attention"``, ``"full_attention"``); ``None`` where every layer
             that rotates rotates alike.
-        layout_for: ``"gguf"`` or ``"transformers"`` (above).
+        layout_for: whose q/k weights the module rotates: ``"gguf"``, the tensors as the
+            file stores them (what llama.cpp does; Llama: ``"interleaved"``), or
+            ``"transformers"``, as transformers' GGUF loader returns them (Llama:
+            ``"half"``). ``q . k`` after rotation is the same either way.
 
     Returns:
         The rotary module (float64 frequencies, no state; ``to_config()`` records it).
 
     Raises:
         PosEncError: (one line, naming the file) a file that is not GGUF or cannot be read;
-            an architecture without RoPE (GPT-2, BERT, BLOOM, Mamba, ...) or whose RoPE
-            posenc does not read (Llama 4's NoPE layers, ...); a missing key; an unknown
-            ``rope.scaling.type``; a scaling posenc cannot express; ``layer`` not one of
-            the file's layers or types, a layer without RoPE, or ``None`` where the layer
-            types differ.
+            an architecture without RoPE or whose RoPE posenc does not read; a missing key;
+            an unknown ``rope.scaling.type``; a scaling posenc cannot express; ``layer`` not
+            one of the file's layers or types, a layer without RoPE, or ``None`` where the
+            layer types differ.
 
     Examples:
         >>> import os, tempfile, gguf
@@ -130,8 +93,6 @@ def rotary_from_gguf(
         >>> rope = rotary_from_gguf(path)
         >>> rope.head_dim, rope.base, rope.layout, rope.scaling
         (64, 500000.0, 'interleaved', LinearScaling(factor=4.0, type='linear'))
-        >>> rotary_from_gguf(path, layout_for="transformers").layout
-        'half'
     """
     check_choice("layout_for", layout_for, LAYOUT_FOR)
     src, rope = _read(path_or_reader)
