@@ -1,19 +1,29 @@
 """The map's rules read from the code, for ``tests/test_architecture.py``.
 
-Pure ``ast``: nothing here imports posenc, so a broken import graph is reported, not crashed
-on. Everything works on a mapping ``{"posenc/x.py": source}`` (:func:`read_sources` reads
-the working tree), so the same checks can be run on the sources of any commit.
+The imports between rooms are import-linter's (the contracts of ``pyproject.toml``'s
+``[tool.importlinter]``, on grimp's graph); the rest is posenc's own, read with ``ast``.
+Nothing here imports posenc, so a broken import graph is reported, not crashed on. The
+scans work on a mapping ``{"posenc/x.py": source}`` (:func:`read_sources` reads the working
+tree), so they can be run on the sources of any commit.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeGuard
+from typing import Any, TypeGuard
+
+import grimp
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # import-linter installs tomli there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -34,31 +44,15 @@ class Module:
     tree: ast.Module
 
 
-@dataclass(frozen=True)
-class Edge:
-    """``importer`` needs ``target`` to run: one import statement, or what it starts."""
-
-    importer: str
-    target: str
-    path: str  # the importer's file
-    line: int
-    statement: str  # the import as written
-    type_checking: bool  # under ``if TYPE_CHECKING:``: never runs
-    why: str = ""  # empty: the statement names target; else how it reaches target
-
-    def where(self) -> str:
-        how = f" ({self.why})" if self.why else ""
-        return f"{self.path}:{self.line}: `{self.statement}`{how}"
-
-
 # --- reading the package ------------------------------------------------------------------
 
 
-def read_sources(src: Path = SRC) -> dict[str, str]:
-    """``{"posenc/rotary/apply.py": text}`` for every ``.py`` file under ``src/posenc``."""
+def read_sources(src: Path = SRC, suffix: str = ".py") -> dict[str, str]:
+    """``{"posenc/rotary/apply.py": text}`` for every file under ``src/posenc`` whose name
+    ends in ``suffix``."""
     return {
         p.relative_to(src).as_posix(): p.read_text(encoding="utf-8")
-        for p in sorted((src / TOP).rglob("*.py"))
+        for p in sorted((src / TOP).rglob(f"*{suffix}"))
     }
 
 
@@ -112,22 +106,6 @@ def parents(tree: ast.AST) -> dict[ast.AST, ast.AST]:
     return index(tree).up
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def under_type_checking(node: ast.AST, up: dict[ast.AST, ast.AST]) -> bool:
-    """Whether ``node`` sits in the body of an ``if TYPE_CHECKING:`` (code that never runs)."""
-    child, parent = node, up.get(node)
-    while parent is not None:
-        if isinstance(parent, ast.If) and _is_type_checking(parent.test) and child in parent.body:
-            return True
-        child, parent = parent, up.get(parent)
-    return False
-
-
 def enclosing_function(node: ast.AST, up: dict[ast.AST, ast.AST]) -> str:
     """The dotted name of the function or class ``node`` is in (``""`` at module level)."""
     names = []
@@ -139,237 +117,89 @@ def enclosing_function(node: ast.AST, up: dict[ast.AST, ast.AST]) -> str:
     return ".".join(reversed(names))
 
 
-# --- the import graph ---------------------------------------------------------------------
+# --- import-linter: the contracts and their graph ------------------------------------------
 
-
-def _owner(name: str, modules: dict[str, Module]) -> str | None:
-    """The longest prefix of the dotted ``name`` that is a module of the package."""
-    while name and name not in modules:
-        name = name.rpartition(".")[0]
-    return name or None
-
-
-def _from_base(module: Module, node: ast.ImportFrom) -> str:
-    """The absolute module a ``from X import ...`` reads from, relative imports resolved."""
-    if not node.level:
-        return node.module or ""
-    package = module.name.split(".") if module.is_package else module.name.split(".")[:-1]
-    package = package[: len(package) - (node.level - 1)]
-    return ".".join(package + ([node.module] if node.module else []))
-
-
-def hands_names_on(module: Module) -> bool:
-    """Whether a package ``__init__`` only hands names on, so that a child importing a name
-    from it depends on the module defining that name and not on the ``__init__``.
-
-    Only hands names on: every top-level statement is a docstring, an import, ``if
-    TYPE_CHECKING:`` with imports, an assignment whose value is a literal of constants and
-    names (``__all__``, ``__version__``, a table of deprecated names: nothing is called), or
-    the PEP 562 ``def __getattr__`` / ``def __dir__`` (they run only when a missing name is
-    looked up). Any other function or class definition, call, loop or ``try`` is code the
-    ``__init__`` runs, and a child importing it for a name then depends on it.
-    """
-
-    literal = (ast.Constant, ast.Name, ast.Attribute, ast.Tuple, ast.List, ast.Set, ast.Dict)
-
-    def plain_literal(value: ast.expr | None) -> bool:
-        return value is None or all(
-            isinstance(n, (*literal, ast.expr_context)) for n in ast.walk(value)
-        )
-
-    def hands_on(stmt: ast.stmt) -> bool:
-        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
-            return True
-        if isinstance(stmt, ast.Expr):
-            return isinstance(stmt.value, ast.Constant)
-        if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-            return plain_literal(stmt.value)
-        if isinstance(stmt, ast.If) and _is_type_checking(stmt.test):
-            return all(isinstance(s, (ast.Import, ast.ImportFrom)) for s in stmt.body)
-        if isinstance(stmt, ast.FunctionDef):
-            return stmt.name in ("__getattr__", "__dir__")
-        return False
-
-    return module.is_package and all(hands_on(s) for s in module.tree.body)
-
-
-def _defining_module(
-    package: str, name: str, modules: dict[str, Module], seen: frozenset[str] = frozenset()
-) -> str:
-    """The module that defines ``name`` which ``package`` hands on (``package`` itself when
-    it binds the name with no import, or imports it from outside posenc)."""
-    if package in seen or package not in modules:
-        return package
-    for stmt in modules[package].tree.body:
-        if not isinstance(stmt, ast.ImportFrom):
-            continue
-        base = _from_base(modules[package], stmt)
-        for alias in stmt.names:
-            if (alias.asname or alias.name) != name:
-                continue
-            if f"{base}.{alias.name}" in modules:
-                return f"{base}.{alias.name}"
-            if base in modules:
-                if modules[base].is_package and hands_names_on(modules[base]):
-                    return _defining_module(base, alias.name, modules, seen | {package})
-                return base
-            return package
-    return package
-
-
-def _targets(
-    module: Module, node: ast.Import | ast.ImportFrom, modules: dict[str, Module]
-) -> Iterator[tuple[str, str]]:
-    """``(target, why)`` for each posenc module one import statement names."""
-    if isinstance(node, ast.Import):
-        for alias in node.names:
-            target = _owner(alias.name, modules) if alias.name.split(".")[0] == TOP else None
-            if target:
-                yield target, ""
-        return
-    base = _from_base(module, node)
-    if base.split(".")[0] != TOP:
-        return
-    for alias in node.names:
-        sub = f"{base}.{alias.name}"
-        owner = _owner(base, modules)
-        if owner is None:
-            continue
-        inside = module.name.startswith(owner + ".")
-        if sub in modules:
-            yield sub, ""
-            if inside and owner == base and not hands_names_on(modules[owner]):
-                # the name is looked up in the package first: its __init__ must have run
-                why = f"reads `{alias.name}` from {modules[owner].path}, which runs code"
-                yield owner, why
-            continue
-        if inside and modules[owner].is_package and hands_names_on(modules[owner]):
-            # a child reading a name its own package only hands on: the defining module
-            defining = _defining_module(owner, alias.name, modules)
-            why = f"`{alias.name}` is defined in {defining}" if defining != owner else ""
-            yield defining, why
-        elif inside and modules[owner].is_package:
-            why = f"reads `{alias.name}` from {modules[owner].path}, which runs code"
-            yield owner, why
-        else:
-            yield owner, ""
-
-
-def module_edges(modules: dict[str, Module]) -> list[Edge]:
-    """Every import of a posenc module by a posenc module, wherever it is written (module
-    level, inside functions, under ``if TYPE_CHECKING:``), plus the package ``__init__``s
-    each import runs first: ``import posenc.a.b`` from outside ``posenc.a`` runs
-    ``posenc/a/__init__.py`` before ``b`` (the top ``posenc`` has always run already)."""
-    edges = []
-    for module in modules.values():
-        up = parents(module.tree)
-        for node in index(module.tree).nodes:
-            if not isinstance(node, (ast.Import, ast.ImportFrom)):
-                continue
-            tc = under_type_checking(node, up)
-            statement = ast.unparse(node)
-            for target, why in _targets(module, node, modules):
-                pieces = target.split(".")
-                for k in range(2, len(pieces)):  # the packages above target, below the top
-                    package = ".".join(pieces[:k])
-                    if module.name != package and not module.name.startswith(package + "."):
-                        run = f"importing {target} first runs {modules[package].path}"
-                        edges.append(
-                            Edge(module.name, package, module.path, node.lineno, statement, tc, run)
-                        )
-                if target != module.name:
-                    edges.append(
-                        Edge(module.name, target, module.path, node.lineno, statement, tc, why)
-                    )
-    unique: dict[tuple[str, str, int, bool], Edge] = {}
-    for e in edges:  # one edge per statement and target, the statement's own arrow first
-        key = (e.importer, e.target, e.line, e.type_checking)
-        if key not in unique or (unique[key].why.startswith("importing ") and not e.why):
-            unique[key] = e
-    return list(unique.values())
-
-
-def strongly_connected(nodes: list[str], edges: list[Edge]) -> list[list[str]]:
-    """Tarjan's strongly connected components of the graph (each sorted)."""
-    adjacent: dict[str, list[str]] = {n: [] for n in nodes}
-    for e in edges:
-        adjacent[e.importer].append(e.target)
-    order: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components = []
-    for root in nodes:
-        if root in order:
-            continue
-        work = [(root, iter(adjacent[root]))]  # iterative: no recursion limit
-        order[root] = low[root] = len(order)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in order:
-                    order[child] = low[child] = len(order)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(adjacent[child])))
-                elif child in on_stack:
-                    low[node] = min(low[node], order[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == order[node]:
-                component = []
-                while True:
-                    top = stack.pop()
-                    on_stack.discard(top)
-                    component.append(top)
-                    if top == node:
-                        break
-                components.append(sorted(component))
-    return components
-
-
-def shortest_cycle(start: str, members: set[str], edges: list[Edge]) -> list[Edge]:
-    """The shortest chain of imports from ``start`` back to itself inside ``members``."""
-    out: dict[str, list[Edge]] = {}
-    for e in edges:
-        if e.importer in members and e.target in members:
-            out.setdefault(e.importer, []).append(e)
-    came: dict[str, Edge] = {}
-    frontier = [start]
-    while frontier:
-        nxt = []
-        for node in frontier:
-            for e in out.get(node, []):
-                if e.target == start:
-                    chain = [e]
-                    while chain[0].importer != start:
-                        chain.insert(0, came[chain[0].importer])
-                    return chain
-                if e.target not in came:
-                    came[e.target] = e
-                    nxt.append(e.target)
-        frontier = nxt
-    return []
-
-
-def external_imports(module: Module) -> Iterator[tuple[int, str, str]]:
-    """``(line, top-level package, statement)`` of every import of something outside posenc."""
-    for node in index(module.tree).nodes:
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] != TOP:
-                    yield node.lineno, alias.name.split(".")[0], ast.unparse(node)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            if node.module.split(".")[0] != TOP:
-                yield node.lineno, node.module.split(".")[0], ast.unparse(node)
-
-
+PYPROJECT = ROOT / "pyproject.toml"
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
+
+
+def read_contracts(config: Path = PYPROJECT) -> list[dict[str, Any]]:
+    """The contracts of ``config``'s ``[tool.importlinter]`` as written, read as TOML
+    (import-linter's own reader would import import-linter into the test run, which takes
+    longer than a whole ``lint-imports``)."""
+    with config.open("rb") as f:
+        return list(tomllib.load(f)["tool"]["importlinter"]["contracts"])
+
+
+def start_lint_imports() -> subprocess.Popen[str]:
+    """Start ``lint-imports`` on the contracts of this repository's ``pyproject.toml``,
+    reading ``src/posenc`` (first on the path: the working tree, not an installed copy) and
+    writing no cache; :func:`lint_result` waits for it."""
+    path = os.pathsep.join(p for p in (str(SRC), os.environ.get("PYTHONPATH", "")) if p)
+    command = "from importlinter.cli import lint_imports_command as c; c()"
+    return subprocess.Popen(
+        [sys.executable, "-c", command, "--no-cache"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path, "COLUMNS": "200", "NO_COLOR": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def lint_result(run: subprocess.Popen[str]) -> tuple[int, str]:
+    """The exit status and the report of a ``lint-imports`` run (waited for once)."""
+    report, _ = run.communicate(timeout=300)
+    return run.returncode, report
+
+
+def broken(report: str, name: str) -> bool:
+    """Whether ``lint-imports``' report marks the contract named ``name`` broken."""
+    return re.search(rf"^{re.escape(name)}\s+BROKEN\s*$", report, re.MULTILINE) is not None
+
+
+def import_graph(package: str = TOP) -> grimp.ImportGraph:
+    """import-linter's graph of ``package`` (grimp; imports inside functions and under ``if
+    TYPE_CHECKING:`` included, as the contracts see them), with the packages it imports from
+    outside as single nodes (``numpy``, ``math``)."""
+    return grimp.build_graph(package, include_external_packages=True, cache_dir=None)
+
+
+def inside(name: str, package: str) -> bool:
+    """``name`` is ``package`` or a module under it."""
+    return name == package or name.startswith(package + ".")
+
+
+def cycles_through_own_package(
+    graph: grimp.ImportGraph, root: str = TOP
+) -> list[tuple[str, list[str]]]:
+    """``(importer, chain back)`` for each module of ``root`` that imports a package it is
+    in whose ``__init__`` imports it back, however indirectly: the one import cycle that the
+    ``acyclic_siblings`` contract does not see (it compares the children of a package,
+    never a package with its own children)."""
+    found = []
+    for importer in sorted(m for m in graph.modules if inside(m, root)):
+        for imported in sorted(graph.find_modules_directly_imported_by(importer)):
+            if importer.startswith(imported + "."):
+                chain = graph.find_shortest_chain(importer=imported, imported=importer)
+                if chain:
+                    found.append((importer, list(chain)))
+    return found
+
+
+def import_lines(graph: grimp.ImportGraph, importer: str, imported: str) -> list[int]:
+    """The lines of ``importer`` that import ``imported`` (each one once)."""
+    details = graph.get_import_details(importer=importer, imported=imported)
+    return sorted({d["line_number"] for d in details})
+
+
+def import_statement(module: Module, line: int) -> ast.Import | ast.ImportFrom:
+    """The import statement of ``module`` that starts on ``line``."""
+    return next(
+        node
+        for node in index(module.tree).nodes
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno == line
+    )
 
 
 # --- the rooms table ------------------------------------------------------------------------
@@ -443,6 +273,28 @@ def room_of(name: str, rooms: list[Room]) -> Room | None:
             if (name == p or name.startswith(p + ".")) and len(p) > length:
                 best, length = room, len(p)
     return best
+
+
+def floor_layers(rooms: list[Room]) -> list[str]:
+    """The ``layers`` of the contract ``floors`` that the rooms table asks for, top floor
+    first, ``__main__`` above every room: the paths of a floor of several rooms are
+    independent (``a | b``: import-linter cannot nest a room of two paths among them, so an
+    import between that room's own paths goes to the contract's ``ignore_imports``); a
+    floor of one room is its paths, ``a : b``."""
+    layers = [m.removeprefix(TOP + ".") for m in ABOVE_ALL if m != TOP]
+    for floor in sorted({r.floor for r in rooms}, reverse=True):
+        on = [r for r in rooms if r.floor == floor]
+        paths = [p.removeprefix(TOP + ".") for r in on for p in r.paths]
+        layers.append((" | " if len(on) > 1 else " : ").join(paths))
+    return layers
+
+
+def parse_layer(layer: str) -> tuple[str, frozenset[str]]:
+    """A layer of a layers contract as ``(joiner, paths)``: ``"|"`` (independent), ``":"``,
+    or ``""`` for a layer of one path."""
+    joiner = "|" if "|" in layer else ":" if ":" in layer else ""
+    paths = layer.split(joiner) if joiner else [layer]
+    return joiner, frozenset(p.strip() for p in paths)
 
 
 # --- scans of the code ----------------------------------------------------------------------
