@@ -88,33 +88,22 @@ def resample_table(
     """Interpolate a learned position table to a new length or grid.
 
     The first ``num_prefix_tokens`` rows (``[CLS]``, register tokens) are copied as they
-    are; the rest are resampled:
-
-    - 1-D (``grid=None``): ``size`` is the new total number of rows (prefix included);
-      ``mode="linear"``, as ``F.interpolate(mode="linear")``.
-    - 2-D: the rows form ``grid = (H, W)`` row-major and ``size`` is the new grid
-      ``(H', W')``; ``mode="bicubic"`` (default) or ``"bilinear"``, with
-      ``antialias=True`` by default: exactly timm's ``resample_abs_pos_embed``. Pass
-      ``antialias=False`` for the plain bicubic of Hugging Face ViT's
-      ``interpolate_pos_encoding``.
-
-    ``align_corners`` has ``F.interpolate``'s meaning: ``False`` (default, what timm and
-    Hugging Face use) treats rows as cells and matches their centres, so the end rows
-    are not reproduced exactly; ``True`` maps the first and last rows onto the first and
-    last new rows (``src = dst * (n - 1) / (n' - 1)``).
-
-    Interpolation runs in float32 (float64 for a float64 table) and the result is cast
-    back to the table's dtype.
+    are; the rest are resampled: 1-D (``grid=None``) linearly to ``size`` rows in all, 2-D
+    from the row-major ``grid = (H, W)`` to ``size = (H', W')``, bicubic with antialiasing
+    by default, exactly timm's ``resample_abs_pos_embed`` (the modes and the corner rule
+    compared with timm's and Hugging Face ViT's: ``docs/additive.md``). Interpolation runs
+    in float32 (float64 for a float64 table); the result has the table's dtype.
 
     Args:
         table: ``[n, dim]`` floating tensor, ``n >= 1`` and ``dim >= 1``.
         size: new total length (1-D) or new grid ``(H', W')`` (2-D).
         grid: the current grid ``(H, W)``; ``None`` for a 1-D table.
         num_prefix_tokens: leading rows kept as they are.
-        mode: ``"linear"`` (1-D), ``"bicubic"`` or ``"bilinear"`` (2-D).
-        align_corners: see above.
-        antialias: filter when shrinking a 2-D grid (default ``True`` for 2-D); 1-D
-            linear interpolation has no antialiasing.
+        mode: ``"linear"`` (1-D), ``"bicubic"`` (2-D default) or ``"bilinear"`` (2-D).
+        align_corners: ``F.interpolate``'s: ``False`` (default, timm's and Hugging Face's)
+            matches cell centres; ``True`` maps the end rows onto the new end rows.
+        antialias: filter when shrinking a 2-D grid (default ``True`` for 2-D; ``False``:
+            Hugging Face ViT's ``interpolate_pos_encoding``); not for 1-D.
 
     Shape:
         ``[n, dim]`` -> ``[size, dim]`` (1-D) or ``[num_prefix_tokens + H' * W', dim]`` (2-D).

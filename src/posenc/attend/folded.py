@@ -9,7 +9,7 @@ wants equal head dims), ``softmax(q' k'^T) v'`` is the attention with the term, 
 SDPA's fused kernels. The queries' channel adds a row constant, which changes nothing
 forward; it is for the backward pass, where the gradient of ``c`` (so of the gates) then
 takes each pair's share from both of SDPA's sums, over keys and over queries, as the eager
-path's does (from the column sums alone it was 8x further from float64).
+path's does (from the column sums alone it would be far less precise).
 
 Precision: the channel holds ``r - c_j``, and a float32 logit of magnitude ``M`` carries
 an error of about ``M * 6e-8``. So the queries are cut into blocks within which ``c``
@@ -24,21 +24,19 @@ rounded once. A block of one row serves any gate, so every call is served:
   self-attention); the others one call per block, with the causal rule as an additive mask
   (:func:`~posenc.positions.causal_pairs`' one fill and ``triu_``; the caller's
   ``attn_mask`` merged in as a bool one), but for a block whose first query sees no key
-  before its own (self-attention's first block): that block is square and its rule is
-  SDPA's ``is_causal``, so no mask is built (a ``[1498, 1498]`` one took 22 ms);
+  before its own (self-attention's first block): square, it takes SDPA's ``is_causal``;
 - a block skips the keys whose weight is below ``e^-u`` of the row's largest in each of
-  its rows: a term below ``-(2 scale max|q| max|k| + u)``, as the row's own key (term 0)
-  sits at most ``2 scale max|q| max|k|`` below the largest logit (``u`` in
-  :func:`_horizon`: in float32 small enough that no weight SDPA computes is a subnormal,
-  large enough that the skipped weights are below float32's rounding of the sum). A head
-  that forgets fast so attends in a band; many short blocks are padded to one size and
-  sent as one batch when that costs less than the calls (:data:`CALL_PAIRS`);
+  its rows (:func:`_horizon`: in float32 no weight SDPA computes is then a subnormal, and
+  the skipped ones are below float32's rounding of the sum). A head that forgets fast so
+  attends in a band; many short blocks are padded to one size and sent as one batch when
+  that costs less than the calls (:data:`CALL_PAIRS`);
 - blocks whose pairs reach :data:`CHUNK_SCORES` in all are recomputed in the backward pass
   instead of keeping their masks.
 
 Blocks need the host to see ``c`` (one synchronisation, after the one that checks the
 gates), so under ``torch.compile`` the bias is materialised instead
-(:func:`posenc.attend.paths.sdpa`), as it is for 16-bit queries off the CPU.
+(:func:`posenc.attend.paths.sdpa`), as it is for 16-bit queries off the CPU. The path's
+costs, measured: ``benchmarks/RESULTS.md``; in words: ``docs/contextual.md``.
 """
 
 from __future__ import annotations
@@ -133,8 +131,8 @@ def _horizon(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
 
     float64: ``u = 760`` (``exp(-u)`` is 0). float32: the kept keys' logits then lie within
     ``2 B + u`` of the row's largest, so ``u = 87 - 2 B`` keeps every weight SDPA computes
-    a normal float (``e^-87``, not a subnormal: the CPU's subnormal arithmetic made
-    SDPA's backward 10x slower on the blocks that reached them), as long as the skipped
+    a normal float (``e^-87``, not a subnormal, which the CPU's arithmetic is much slower
+    on: ``benchmarks/RESULTS.md``), as long as the skipped
     weights stay below ``2^-24`` of the row's sum (``u >= 17 + ln k``); within ``[17 + ln
     k, 110]`` in any case (110: every skipped weight 0)."""
     qn = q.detach().to(torch.float64).norm(dim=-1).max()
@@ -237,8 +235,8 @@ def _attend(qp, kp, vp, c, call: Any, d: int, horizon: float | None) -> torch.Te
 class _Windows(torch.autograd.Function):
     """Windows ``t[:, :, lo:hi]`` of one tensor (views), whose gradients are summed into
     one tensor of ``t``'s shape: a slice's own backward fills a tensor of ``t``'s whole
-    shape for each window (the largest cost of a folded backward pass: 36 fills of ``[1,
-    4, 2048, 34]`` for twelve blocks)."""
+    shape for each window (the largest cost of a folded backward pass, measured in
+    ``benchmarks/RESULTS.md``)."""
 
     generate_vmap_rule = True
 

@@ -11,9 +11,9 @@ for the query-dependent Shaw keys, ``score_mod`` (validating) and ``score_mod_at
 Terms that depend on the tokens are not biases of positions and live with their own
 protocols: CoPE in :mod:`posenc.contextual`, forgetting attention in :mod:`posenc.gated`.
 
-Deprecated for one release, with a ``DeprecationWarning``: the names of posenc 0.1.0
-(``ALiBi``, ``FIRE``, ``Kerple``, ``ShawRelative``), and CoPE's and forgetting attention's
-names here and in ``posenc.bias.cope`` / ``posenc.bias.fox`` (they moved).
+Deprecated for one release, with a ``DeprecationWarning``: the old class names (``ALiBi``,
+``FIRE``, ``Kerple``, ``ShawRelative``), and CoPE's and forgetting attention's names here
+and in ``posenc.bias.cope`` / ``posenc.bias.fox`` (they live in their own rooms).
 """
 
 from typing import Any

@@ -143,9 +143,8 @@ def check_integer_positions(encoding: str, qpos: torch.Tensor, kpos: torch.Tenso
 
 def causal_option(causal: Any, bidirectional: Any, *, default: bool) -> bool:
     """The direction option ``causal`` (True: a query sees only keys at or before it, as in a
-    decoder; False: both directions, an encoder), or ``not bidirectional``, the spelling of
-    posenc 0.1.0, which is still accepted with a ``DeprecationWarning``. ``None``: not given
-    (``default`` when neither is)."""
+    decoder; False: both directions, an encoder), or ``not bidirectional``, its deprecated
+    spelling (a ``DeprecationWarning``). ``None``: not given (``default`` when neither is)."""
     if bidirectional is not None:
         if causal is not None:
             raise PosEncError(

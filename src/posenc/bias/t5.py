@@ -94,8 +94,8 @@ def t5_relative_bucket(
             (encoders); ``True`` for causal decoders.
         num_buckets: ``>= 2`` (``>= 4`` when ``causal=False``).
         max_distance: ``>= num_buckets / 2``; distances from here on share the last bucket.
-        bidirectional: deprecated spelling of ``causal=not bidirectional`` (posenc 0.1.0),
-            accepted with a ``DeprecationWarning``; giving both raises ``PosEncError``.
+        bidirectional: deprecated spelling of ``causal=not bidirectional``, accepted with
+            a ``DeprecationWarning``; giving both raises ``PosEncError``.
 
     Shape:
         ``[*]`` -> ``[*]`` int64 buckets in ``[0, num_buckets)``.
@@ -221,8 +221,8 @@ class T5RelativeBias(ExactConstants, PositionBias):
         num_buckets, max_distance, causal: as in :func:`t5_relative_bucket`
             (``causal=True`` for decoders; the default ``False`` is T5's encoder).
         device, dtype: of the table (initialised from ``N(0, 0.02^2)``).
-        bidirectional: deprecated spelling of ``causal=not bidirectional`` (posenc 0.1.0),
-            accepted with a ``DeprecationWarning``; saved 0.1.0 configs load without one
+        bidirectional: deprecated spelling of ``causal=not bidirectional``, accepted with
+            a ``DeprecationWarning``; saved configs that hold it load without one
             (:meth:`upgrade_config`).
 
     Shape:
@@ -289,7 +289,7 @@ class T5RelativeBias(ExactConstants, PositionBias):
 
     @property
     def bidirectional(self) -> bool:
-        """Deprecated: ``not causal`` (the option's name in posenc 0.1.0)."""
+        """Deprecated: ``not causal`` (the option's old name)."""
         warnings.warn(
             "T5RelativeBias.bidirectional is deprecated, use causal (causal=not bidirectional)",
             DeprecationWarning,

@@ -73,7 +73,8 @@ _built: dict[tuple[int, int], Any] = {}
 
 def _command() -> Any:
     """The click command of ``app``, built once per process (typer rebuilds it on every
-    call, about 30 ms; ``main`` runs in-process many times in the tests)."""
+    call, at a cost ``benchmarks/RESULTS.md`` records; ``main`` runs in-process many times in
+    the tests)."""
     key = (len(app.registered_commands), len(app.registered_groups))
     if key not in _built:
         _built.clear()

@@ -310,8 +310,8 @@ def table_bytes(positions: int, dim: int, shown: int, fmt: str) -> int:
     """A generous estimate of what ``posenc table`` allocates for ``positions`` rows of
     ``dim`` channels, ``shown`` of them printed in ``fmt``: the float64 table, its Python
     floats and their text (48 bytes a value), each channel's labels and frequency (400
-    bytes), and for text rich's columns (4 kB each) and cells (1.5 kB each; measured
-    about 3.7 kB and 0.7 kB)."""
+    bytes), and for text rich's columns (4 kB each) and cells (1.5 kB each; above what
+    ``benchmarks/RESULTS.md`` records)."""
     nbytes = 48 * positions * dim + 400 * dim
     if fmt == "text":
         nbytes += 4000 * shown + 1500 * positions * shown

@@ -41,9 +41,9 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError, check_bool, check_choice, check_int
+from posenc._files import lock_out_dir, make_out_dir
 from posenc.experiments.comparisons import Comparison, check_comparisons
 from posenc.experiments.distributed import Dist, setup
-from posenc.experiments.outdir import lock_out_dir, make_out_dir
 from posenc.experiments.parallel import (
     UnitContext,
     default_jobs,
@@ -107,55 +107,33 @@ def run_study(
 ) -> dict[str, Any]:
     """Train a model per encoding at ``train_len``, evaluate it at ``eval_lens``.
 
-    The study is ``settings`` (:meth:`StudySettings.from_options
-    <posenc.experiments.settings.StudySettings.from_options>`: the task, the encodings, a
-    preset and its overrides, every one checked there); the other arguments say how this
-    run goes, and change none of its numbers.
+    The study is ``settings``; the others change none of its numbers (``docs/lengthgen.md``).
 
     Args:
-        settings: the study; None: ``StudySettings.from_options()``, the documented default
-            (6 encodings on ``lm``). Deprecated: the task's name, with the encodings next
-            and the study's options as keywords (``run_study("copy", ["rope"], steps=3)``),
-            as in 0.1: they are passed to ``StudySettings.from_options``, with a
-            DeprecationWarning.
+        settings: the study (:meth:`StudySettings.from_options
+            <posenc.experiments.settings.StudySettings.from_options>`); None: its defaults.
+            Deprecated: the task's name, with the encodings and options after it.
         out_dir: where ``results.json``, ``lengthgen.png`` and ``checkpoints/`` go;
             None keeps everything in memory (no checkpoints).
         device: ``"cpu"`` or ``"cuda"``.
-        jobs: worker processes the ``(seed, encoding)`` units are spread over (1: all in
-            this process; ``posenc lengthgen`` uses :func:`default_jobs`). The numbers do not
-            depend on it. Not with ``torchrun`` (its ranks already share every step).
+        jobs: worker processes for the ``(seed, encoding)`` units (1: this process only).
         resume: continue from the checkpoints in ``out_dir`` (same configuration only).
-        threads: torch intra-op threads per process while the study runs (restored after);
-            None keeps the current setting (in workers: the cores shared out among them).
-            Models this small gain little from a second thread, and one thread per process
-            stays fast on a busy CPU (``posenc lengthgen`` uses 1).
+        threads: torch threads per process while the study runs; None: unchanged.
         plot: write ``lengthgen.png`` (needs matplotlib, ``pip install 'posenc[plot]'``).
         on_event: progress callback, see :data:`Event`.
-        max_bytes: refuse a study whose estimated peak memory
-            (:func:`~posenc.experiments.settings.study_bytes`, times the worker processes) is
-            above this many bytes, before anything is allocated (``posenc lengthgen`` passes
-            its limit); None: no limit.
-        study: the named study (:data:`~posenc.experiments.studies.STUDIES`) these
-            settings are, recorded in ``results.json`` with its comparisons, which are
-            measured over the seeds and read against its paper (``posenc lengthgen
-            --study`` passes it); None: none.
-        comparisons: the comparisons to measure (``Comparison`` objects of
-            :mod:`~posenc.experiments.comparisons`), in place of the study's; None: the
-            study's, or without a study each run label against the first on the task's
-            main metric.
+        max_bytes: refuse a study whose estimated peak memory is above this; None: no limit.
+        study: the named study (:data:`~posenc.experiments.studies.STUDIES`) the settings
+            are, recorded with its comparisons; None: none.
+        comparisons: the comparisons to measure in place of the study's; None: the study's.
 
     Returns:
-        The results dict (see the module docstring); also written to
-        ``out_dir/results.json`` by rank 0.
+        The results dict (see the module docstring), written to ``out_dir/results.json`` too.
 
     Raises:
-        PosEncError: bad settings, a study over ``max_bytes``, an ``out_dir`` that is empty,
-            a file or under a file, an ``out_dir`` another live run holds
-            (``OUT/.posenc.lock``), or a checkpoint that is damaged, crafted or from another
-            configuration (all checked before anything trains).
-        OSError: ``out_dir`` cannot be written (permissions, a read-only or full file
-            system); files written before (``results.json``, checkpoints, the figure) are
-            left whole, every one is written atomically.
+        PosEncError: bad settings, a study over ``max_bytes``, an ``out_dir`` that cannot
+            hold a study or that another live run holds, or a bad checkpoint (all checked
+            before anything trains).
+        OSError: ``out_dir`` cannot be written; the files already written are left whole.
 
     Examples:
         >>> from posenc.experiments import StudySettings, run_study

@@ -100,46 +100,30 @@ class StudySettings:
 
         The preset's RoPE extension (and its fine-tune) is dropped when the study has no
         ``rope`` or nothing past ``train_len`` to extend to; only a conflict the caller wrote
-        is an error.
+        is an error. Every option in full: ``docs/lengthgen.md``.
 
         Args:
             task: ``"lm"``, ``"copy"``, ``"reverse"``, ``"recall"``, ``"addition"``,
                 ``"counting"`` or ``"flipflop"``.
-            encodings: registry names (or config dicts), e.g. ``["none", "rope", "alibi"]``
-                or ``"none,rope,alibi"``, study variants (``"prope-0.75"``, ``"drope"``:
-                :data:`~posenc.experiments.models.VARIANTS`), each optionally with a
-                per-layer schedule, ``"rope@nope-every-4"``
-                (:data:`posenc.models.schedules.SCHEDULES`).
+            encodings: registry names or config dicts (``["none", "rope"]`` or
+                ``"none,rope"``), study variants (``"prope-0.75"``, ``"drope"``), each
+                optionally with a per-layer schedule (``"rope@nope-every-4"``).
             preset: ``"default"`` or ``"quick"`` (:data:`PRESETS`).
-            train_len: training sequence length ``L``.
-            eval_lens: evaluation lengths (``L, 2L, 4L, 8L`` in the presets).
-            steps: training steps per encoding.
-            seed: seeds initialisation, data, eval sets and randomized positions (default 0).
-            seeds: several seeds (``[0, 1, 2]`` or ``"0,1,2"``), each training every
-                encoding; excludes ``seed``. Each run records its ``seed``; ``summary`` the
-                spread.
-            batch_size, dim, num_layers, num_heads, lr: model and optimizer sizes.
-            warmup: warmup steps of the learning rate (default: a tenth of ``steps``).
-            optimizer: ``"adamw"`` or ``"muon"`` (Muon on the hidden matrices, AdamW on the
-                rest: :mod:`posenc.experiments.optim`).
-            random_positions: train on randomized positions drawn from ``[0, L_max)``
-                (Ruoss et al., 2023); ``L_max >= train_len``.
-            extend: RoPE context extension methods evaluated on the trained ``rope`` model:
-                ``"pi"``, ``"ntk"``, ``"yarn"``.
-            extend_factor: their scaling factor (default ``max(eval_lens) / train_len``).
-            finetune_steps: with ``extend``, also fine-tune each extended model for this
-                many steps at ``max(eval_lens)`` (0: no fine-tune).
-            checkpoint_every: checkpoint every this many steps (with an ``out_dir``).
-            eval_tokens: validation bytes scored per eval length (``lm``).
-            eval_examples: examples per eval length (synthetic tasks).
-            num_vars: the ``counting`` task's variables (1-5; default 3).
-            eval_split: the ``flipflop`` task's main eval split (``"sparse"``, the default;
-                the other splits are reported under ``"splits"``).
-            qk_norm: every layer of every model normalises its queries and keys.
-            temperature: every layer's query temperature, ``"llama4"`` or ``"ssmax"`` (or a
-                dict, :mod:`posenc.models.layers`).
-            drope_at: the ``drope`` variant drops RoPE after this fraction of the steps
-                (0.85).
+            train_len, eval_lens, steps: the training length ``L``, the evaluation lengths,
+                the training steps per encoding.
+            seed, seeds: one seed (default 0), or several (``"0,1,2"``), each training every
+                encoding.
+            batch_size, dim, num_layers, num_heads, lr, warmup, optimizer: the models and
+                their training (``optimizer``: ``"adamw"`` or ``"muon"``).
+            random_positions: train on positions drawn from ``[0, L_max)``, ``L_max >= L``.
+            extend, extend_factor, finetune_steps: RoPE extension methods (``"pi"``,
+                ``"ntk"``, ``"yarn"``) evaluated on the trained ``rope`` model, their
+                factor, and an optional fine-tune at ``max(eval_lens)``.
+            checkpoint_every, eval_tokens, eval_examples: checkpoints, and how much is
+                evaluated per length.
+            num_vars, eval_split: the ``counting`` and ``flipflop`` tasks' own options.
+            qk_norm, temperature, drope_at: every layer's QK-norm and query temperature;
+                when the ``drope`` variant drops RoPE.
 
         Raises:
             PosEncError: a bad or unknown option, naming it, the rule and the value.

@@ -44,41 +44,28 @@ MAX_NEW_TOKENS = 1 << 20
 class TinyTransformer(nn.Module):
     """A pre-norm transformer language model (``causal=True``) or encoder (``causal=False``).
 
+    How an encoding is built and shared across layers, the gates of a gated encoding, and
+    the initialisation: ``docs/attention.md``.
+
     Args:
         vocab_size: number of token ids.
         dim: model width; must be divisible by ``num_heads``.
         num_layers, num_heads, mlp_ratio: depth, heads per layer, MLP width / ``dim``.
-        encoding: a registry name, a config dict or an :class:`~posenc._base.Encoding`.
-            Names and configs are built with what the model knows: additive encodings
-            get ``dim`` (and ``max_len`` when they take it: ``"learned"``), rotary ones
-            ``head_dim = dim // num_heads``, bias ones ``num_heads`` (and ``head_dim``),
-            plus ``causal=causal`` where they take it and the config does not set it
-            (ALiBi, T5). Everything is built by :func:`posenc.build`.
+        encoding: a registry name, a config dict or an :class:`~posenc._base.Encoding`;
+            names and configs are built by :func:`posenc.build` with the sizes the model
+            knows (``dim``, ``head_dim``, ``num_heads``, ``max_len``, ``causal``).
         causal: causal self-attention (a decoder LM) or full (an encoder).
         dropout: dropout on embeddings, attention probabilities and residual branches.
         max_len: table length for encodings that need one (``"learned"``; CoPE's
             ``npos_max`` defaults to ``max_len + 1``, its paper's choice).
         tie_embeddings: the output projection shares the token embedding matrix.
-        layers: per-layer settings, one dict per layer (or None: every layer alike). A
-            dict's ``"encoding"`` (a rotary, bias or ``"none"`` spec, built as ``encoding``
-            is) replaces the model's encoding in that layer: ``"none"`` every 4th layer is
-            Llama 4's NoPE schedule, two RoPE bases Gemma 3's local / global layers.
-            Layers with the same spec share one module. A dict may also set the layer's
-            ``"window"`` (sliding-window attention), ``"qk_norm"`` and ``"temperature"``
-            (Llama 4's, SSMax): see :mod:`posenc.models.layers`, and
+        layers: per-layer settings, one dict per layer (or None: every layer alike): its
+            ``"encoding"`` (a rotary, bias or ``"none"`` spec), ``"window"``, ``"qk_norm"``
+            and ``"temperature"``; see :mod:`posenc.models.layers`, and
             :mod:`posenc.models.schedules` for the published schedules.
 
-    One encoding module serves every layer that uses it, except for encodings whose
-    class asks for one per layer (``per_layer``: CoPE, a table per layer as its paper).
-    A gated encoding (``"fox"``) gets, in each layer that uses it, a forget-gate
-    projection ``attn.forget`` (``dim -> num_heads``, with a bias), whose log-sigmoid is
-    passed to attention as ``gates``.
-
-    Token embeddings are scaled by ``sqrt(dim)`` (initialised with std ``dim**-0.5``,
-    so each channel has unit scale like the sinusoidal table); linear layers start at
-    std 0.02, residual output projections at ``0.02 / sqrt(2 * num_layers)`` (GPT-2).
-    Tied output logits are ``(h / sqrt(dim)) @ embed.T`` (as T5), so an untrained model
-    predicts near-uniformly rather than echoing its input token.
+    Raises:
+        PosEncError: a bad argument, naming it (sizes estimated before allocation).
 
     Shape:
         ``tokens [b, s]`` (int64), ``positions [s]`` or ``[b, s]`` -> logits ``[b, s, vocab]``.

@@ -91,7 +91,7 @@ def alibi_bias(q_positions, k_positions, slopes, *, causal: bool = True) -> np.n
 
 
 def _causal(causal: bool | None, bidirectional: bool | None) -> bool:
-    """``causal`` (default False), or ``not bidirectional``: posenc 0.1.0's spelling, still
+    """``causal`` (default False), or ``not bidirectional``: its deprecated spelling,
     accepted with a DeprecationWarning."""
     if bidirectional is None:
         return bool(causal)

@@ -7,7 +7,7 @@ re-exports) <- ``apply`` (cos/sin and :func:`apply_rotary`) and ``rotation``
 (:class:`~posenc.rotary.rotation.Rotation`, its checks, the rotation of q and k) <-
 ``module`` (:class:`RotaryEmbedding`, which also takes ``cache`` (the cos/sin table),
 ``call_frequencies`` (the frequencies of each call) and ``fast`` (the common CPU call,
-handed a :class:`~posenc.rotary.fast.FastRotation`)) <- ``nd`` and ``xpos`` (its
+handed a :class:`~posenc.rotary.kernels.planned.FastRotation`)) <- ``nd`` and ``xpos`` (its
 subclasses); ``porting`` needs only ``layout``, and ``frequencies`` (with ``scalings/``)
 nothing of the rest. M-RoPE is ``RotaryEmbedding(head_dim, sections=...)``.
 """

@@ -52,34 +52,11 @@ class CountingTask(Task):
         pass; a = 0 ; pass; a ++; b = 0 ; pass; a ++; print a 2
 
     The answer (the last word, the only scored token) is the asked variable's value after
-    the program. As the paper's generator, ``projects/cope/scripts/count_data_gen.py`` of
-    facebookresearch/RAM, draws it:
-
-    - each statement is ``v = 0 ;`` (set: weight 1, ``v`` uniform over the ``num_vars``
-      names, an already set one reset to 0), ``pass;`` (weight 50) or ``v ++;``
-      (increment: weight 7, ``v`` uniform over the variables set so far); a draw that
-      cannot be done (an increment before any set, or of a variable already at
-      ``MAX_VAL = 10``) is drawn again (``OP_WEIGHTS``, ``MAX_VAL``, ``generate_op``,
-      ``generate_statement``). Here that rejection is done exactly in one draw: weights 1,
-      50 and ``7 m / k`` with ``k`` variables set, ``m`` of them below 10;
-    - the question ``print v`` asks a variable uniform over those set, so a program with
-      no set is discarded whole and drawn again, size included (``try_generate_sample``,
-      ``generate_sample``). Here the size is drawn with weight ``1 - (50/51)^n`` (the
-      chance that ``n`` statements set something) and the first set's place from its
-      truncated geometric law (only ``pass;`` and sets can come before it), which is the
-      same distribution without the retries;
-    - sizes: ``n`` uniform in ``3..max_steps`` (``--max-steps 512``) there; ``--nvars``
-      defaults to 3 (``run.sh`` trains 3 and 5 variables); no BOS (the word tokenizer of
-      ``src/data/tokenizer.py`` ignores ``add_bos``); training scores the answer only
-      (``--train-on answer``).
-
-    Length: statements take 1, 4 or 2 tokens, so a program's length is random. Training
-    at length ``L`` draws ``n`` in ``1..n_max(L)`` (``n_max(L) = L - 5``: ``n`` statements
-    all ``pass;`` but one set, plus ``print v``), and evaluation at ``E`` draws
-    ``n_max(E)`` statements (more statements at longer lengths: the generalization axis);
-    a program is cut after its last statement that fits (the paper's loader cuts rows
-    past its ``block_size`` 512 too, from the left; cutting from the right keeps the set
-    the answer depends on, which always fits) and padded on the right.
+    the program. Programs are drawn from the same distribution as the paper's generator
+    (``count_data_gen.py`` of facebookresearch/RAM), its rejections done exactly in one
+    draw. Training at length ``L`` draws up to ``L - 5`` statements, evaluation at ``E``
+    exactly ``E - 5``, cut after the last statement that fits and padded on the right. How
+    each is drawn, beside the paper's code: ``docs/lengthgen.md``.
 
     Args:
         num_vars: how many variables (1..5; the paper's default 3).
