@@ -119,24 +119,8 @@ def main() -> None:
                         rope(q, k, positions)
                         times[label].append(time.perf_counter() - t)
                 gc.enable()
-                ratios = sorted(n / b_ for n, b_ in zip(times["new"], times["base"]))
-                q1, med, q3 = statistics.quantiles(ratios, n=4)
-                faster = sum(r < 1 for r in ratios) / len(ratios)
                 cell = f"{size} {str(dtype).removeprefix('torch.')} {path}"
-                base_s = statistics.median(times["base"])
-                summary[cell] = {
-                    "median": med,
-                    "q1": q1,
-                    "q3": q3,
-                    "faster": faster,
-                    "base_s": base_s,
-                    "rounds": len(ratios),
-                }
-                print(
-                    f"{cell:<28} {med:7.3f} {q1:6.3f} {q3:6.3f} {faster:7.0%}  "
-                    f"{base_s * 1e6:9.1f} us",
-                    flush=True,
-                )
+                summary.update(_paired(cell, times))
     for name in args.contextual:
         summary.update(_contextual(name, trees, args, order))
     if args.out is not None:
@@ -177,22 +161,19 @@ def _contextual(name: str, trees: dict, args, order: random.Random) -> dict:
             t = time.perf_counter()
             steps[label]()
             times[label].append(time.perf_counter() - t)
-    ratios = sorted(n / b_ for n, b_ in zip(times["new"], times["base"]))
+    return _paired(f"{name} s{s} fwd+bwd", times)
+
+
+def _paired(cell: str, times: dict[str, list[float]]) -> dict:
+    """Print and return one cell: each round's new / base, its median, quartiles and the
+    share of rounds the new tree was the faster, and the base's median time."""
+    ratios = sorted(n / b for n, b in zip(times["new"], times["base"]))
     q1, med, q3 = statistics.quantiles(ratios, n=4)
-    cell = f"{name} s{s} fwd+bwd"
-    base_s = statistics.median(times["base"])
     faster = sum(r < 1 for r in ratios) / len(ratios)
+    base_s = statistics.median(times["base"])
     print(f"{cell:<28} {med:7.3f} {q1:6.3f} {q3:6.3f} {faster:7.0%}  {base_s * 1e6:9.1f} us")
-    return {
-        cell: {
-            "median": med,
-            "q1": q1,
-            "q3": q3,
-            "faster": faster,
-            "base_s": base_s,
-            "rounds": len(ratios),
-        }
-    }
+    keys = ("median", "q1", "q3", "faster", "base_s", "rounds")
+    return {cell: dict(zip(keys, (med, q1, q3, faster, base_s, len(ratios))))}
 
 
 if __name__ == "__main__":

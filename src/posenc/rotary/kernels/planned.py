@@ -161,13 +161,7 @@ def _torch_engine(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The torch engine on the table's rows, as the general path ends (the same tensors,
     the same bits), or ``None`` where the table does not hold the positions."""
-    table = rotation.table
-    axis = 2 if seq_dim == -2 else 1
-    rows = (
-        table.leading(q.shape[axis], torch.float32)
-        if positions is None
-        else table.lookup(positions, torch.float32)
-    )
+    rows = _rows(rotation.table, positions, q.shape[2 if seq_dim == -2 else 1])
     if rows is None:
         return None
     layout = "interleaved" if rotation.interleaved else "half"
@@ -195,11 +189,8 @@ def _table_plan(
         return NOT_SERVED
     if not fused:  # the general path's checks all pass: its rotation, without them
         return Plan(_EMPTY, 0, "torch")
-    table = rotation.table  # grows as the call needs
-    rows = table.leading(seq, torch.float32) if positions is None else None
-    if positions is not None:
-        rows = table.lookup(positions, torch.float32)
-    if rows is None or table.current(torch.float32) is None:
+    rows = _rows(rotation.table, positions, seq)  # grows the table as the call needs
+    if rows is None or rotation.table.current(torch.float32) is None:
         return None
     cos, sin = rows
     check_launch("cpu", [q, k], cos, sin, seq_dim=seq_dim, inplace=False)
@@ -217,6 +208,14 @@ def _table_plan(
         layout,  # type: ignore[arg-type]
     )
     return Plan(template, r2)
+
+
+def _rows(table: Any, positions: torch.Tensor | None, seq: int) -> Any:
+    """The table's float32 cos/sin of ``positions`` (``None``: ``arange(seq)``), or ``None``
+    where the table does not hold them."""
+    if positions is None:
+        return table.leading(seq, torch.float32)  # arange(s): the table's first rows
+    return table.lookup(positions, torch.float32)
 
 
 def _positions_layout(positions: torch.Tensor | None, batch: int, seq: int) -> Any:
