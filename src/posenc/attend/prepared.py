@@ -381,7 +381,7 @@ def prepare_encoding(
     qpos, kpos = _positions.resolve_pair(
         q_len, k_len, q_positions, k_positions, batch=batch, device=device, coords=coords
     )  # validated even when no encoding reads them
-    return _prepared(enc, qpos, kpos, q_positions is not None or k_positions is not None)
+    return _prepared(enc, qpos, kpos, q_positions is not None or k_positions is not None, coords)
 
 
 def prepare_at(
@@ -410,10 +410,7 @@ def prepare_at(
     qpos, kpos = _positions.resolve_pair_at(
         q_len, k_len, q_positions, k_positions, batch, device, coords
     )
-    given = q_positions is not None or k_positions is not None
-    if isinstance(enc, BiasEncoding) and given:
-        _positions.check_distances(qpos, kpos)  # a bias of positions forms k - q
-    return None if enc is None else PreparedEncoding._resolved(enc, qpos, kpos, coords)
+    return _prepared(enc, qpos, kpos, q_positions is not None or k_positions is not None, coords)
 
 
 def _check_encoding(enc: Encoding | None, num_heads: int) -> int | None:
@@ -426,7 +423,9 @@ def _check_encoding(enc: Encoding | None, num_heads: int) -> int | None:
     return enc.position_coords if isinstance(enc, RotaryEncoding) else None
 
 
-def _prepared(enc: Encoding | None, qpos, kpos, given: bool) -> PreparedEncoding | None:
+def _prepared(enc: Encoding | None, qpos, kpos, given: bool, coords) -> PreparedEncoding | None:
+    """The prepared encoding of positions :func:`~posenc.positions.resolve_pair` resolved
+    (None: no encoding), the distances checked for a bias of given positions."""
     if isinstance(enc, BiasEncoding) and given:
         _positions.check_distances(qpos, kpos)  # a bias of positions forms k - q
-    return None if enc is None else PreparedEncoding(enc, qpos, kpos)
+    return None if enc is None else PreparedEncoding._resolved(enc, qpos, kpos, coords)
