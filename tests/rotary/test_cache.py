@@ -12,6 +12,7 @@ import torch
 import posenc
 from posenc.rotary.apply import rotary_cos_sin
 from posenc.rotary.cache import CosSinTable
+from posenc.rotary.kernels.torch_engine import paired
 
 
 def computed(rope: posenc.RotaryEmbedding, positions: torch.Tensor, dtype: torch.dtype):
@@ -192,15 +193,40 @@ def test_a_table_already_built_serves_what_it_holds_and_nothing_else(positions):
     assert grown == (8192 if int(positions.max()) >= rows else rows)
 
 
-def test_the_table_is_capped_dropped_and_not_carried():
-    """Past ``max_bytes`` the table answers None; lowering the cap drops it; a pickled
-    module carries none."""
-    rope = posenc.RotaryEmbedding(16)  # float32 rows: 16 numbers (64 bytes)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("scaling", ["none", "yarn"], ids=str)
+@pytest.mark.parametrize(
+    "positions",
+    [torch.arange(7), torch.tensor([[3, 9000, 0], [131071, 17, 5]])],
+    ids=["arange", "batched-far"],
+)
+def test_the_paired_table_holds_the_pairs_of_the_table(layout, scaling, positions):
+    """``lookup_paired`` / ``leading_paired``: the bits of :func:`torch_engine.paired` of the
+    float32 rows, from a table of their own (no float32 table is built for them)."""
+    rope = posenc.RotaryEmbedding(16, scaling=SCALINGS[scaling])
+    table = rope.cos_sin_table
+    got = table.lookup_paired(positions, layout)
+    assert table.rows == {} and table.paired_rows[layout] > positions.max()
+    want = paired(*computed(rope, positions, torch.float32), layout)
+    for a, b in zip(got, want):
+        assert a.shape == (*positions.shape, 16) and torch.equal(a, b)
+    leading = table.leading_paired(7, layout)
+    for a, b in zip(leading, paired(*computed(rope, torch.arange(7), torch.float32), layout)):
+        assert torch.equal(a, b)
+
+
+def test_the_paired_table_is_capped_dropped_and_not_carried():
+    """The paired table holds the positions the float32 table holds under ``max_bytes``
+    (in twice its bytes): past them both answer None; lowering the cap drops both; a
+    pickled module carries none."""
+    rope = posenc.RotaryEmbedding(16)  # float32 rows: 16 numbers (64 bytes); paired: 32
     table = rope.cos_sin_table
     table.max_bytes = 64 * 5000
+    assert table.lookup_paired(torch.tensor([4999]), "half") is not None
+    assert table.lookup_paired(torch.tensor([5000]), "interleaved") is None
     assert table.lookup(torch.tensor([4999]), torch.float32) is not None
     assert table.lookup(torch.tensor([5000]), torch.float32) is None
-    assert table.rows == {torch.float32: 5000}
-    assert pickle.loads(pickle.dumps(rope)).cos_sin_table.rows == {}
+    assert table.paired_rows == {"half": 5000} and table.rows == {torch.float32: 5000}
+    assert pickle.loads(pickle.dumps(rope)).cos_sin_table.paired_rows == {}
     table.max_bytes = 64 * 4999
-    assert table.rows == {}
+    assert table.paired_rows == {} and table.rows == {}

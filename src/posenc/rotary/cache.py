@@ -18,6 +18,12 @@ When it serves a call (:meth:`CosSinTable.lookup`), and when the call computes i
   (default :data:`DEFAULT_MAX_BYTES`, 64 MiB: 131 072 positions of a 128-wide float32
   head); a call past that computes, and nothing grows.
 
+With the fused CPU path off, the module's common call gathers cos and the partners' signed
+sin per channel instead (:meth:`CosSinTable.lookup_paired`, what the torch engine rotates
+with), from a float32 table of their own per layout, built from the same values. It holds the positions the float32 table
+holds under ``max_bytes``, in twice the bytes (each row is twice as wide), so that the two
+serve and step aside at the same positions.
+
 The table is a plain attribute of its module, never a buffer: ``state_dict()`` stays
 empty and ``module.to(torch.bfloat16)`` cannot round it.
 """
@@ -30,6 +36,7 @@ import torch
 
 from posenc._angles import reduced_angles
 from posenc._errors import check_int
+from posenc.rotary.kernels.torch_engine import paired
 
 __all__ = ["DEFAULT_MAX_BYTES", "CosSinTable"]
 
@@ -55,7 +62,7 @@ class CosSinTable:
         self._inv_freq = inv_freq.detach().to("cpu", torch.float64)
         self._scale = float(scale)
         self.max_bytes = max_bytes
-        self._tables: dict[torch.dtype, torch.Tensor] = {}  # [rows, r] per dtype
+        self._tables: dict[torch.dtype | str, torch.Tensor] = {}  # a dtype's; a layout's paired
         self._grow_lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -73,7 +80,8 @@ class CosSinTable:
 
     @property
     def max_bytes(self) -> int:
-        """The most one dtype's table may hold, in bytes (0: the table is off). Lowering it
+        """The most one dtype's table may hold, in bytes (0: the table is off; a paired
+        table holds as many positions as the float32 one, in twice the bytes). Lowering it
         drops tables that no longer fit."""
         return self._max_bytes
 
@@ -86,8 +94,14 @@ class CosSinTable:
 
     @property
     def rows(self) -> dict[torch.dtype, int]:
-        """Positions held per dtype (for tests and curious users)."""
-        return {key: t.shape[0] for key, t in self._tables.items()}
+        """Positions held per dtype (for tests and curious users); the paired tables are in
+        :attr:`paired_rows`."""
+        return {key: t.shape[0] for key, t in self._tables.items() if isinstance(key, torch.dtype)}
+
+    @property
+    def paired_rows(self) -> dict[str, int]:
+        """Positions held per layout by the paired tables of :meth:`lookup_paired`."""
+        return {key: t.shape[0] for key, t in self._tables.items() if isinstance(key, str)}
 
     def lookup(
         self, positions: torch.Tensor, dtype: torch.dtype
@@ -96,8 +110,18 @@ class CosSinTable:
         ``[*P]``, or ``None`` where the call must compute them (see the module docstring)."""
         return self._gather(positions, dtype)
 
+    def lookup_paired(
+        self, positions: torch.Tensor, layout: str
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``lookup(positions, torch.float32)`` as
+        :func:`posenc.rotary.kernels.torch_engine.paired` makes it for ``layout``: cos and
+        the partners' signed sin per channel, ``[*P, r]`` each, from one gather of a table of
+        its own (twice as wide, as many positions); what the module's common call rotates
+        with on the torch engine (:mod:`posenc.rotary.kernels.planned`)."""
+        return self._gather(positions, layout)
+
     def _gather(
-        self, positions: torch.Tensor, key: torch.dtype
+        self, positions: torch.Tensor, key: torch.dtype | str
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Both halves of the rows of ``key``'s table at ``positions`` (see :meth:`lookup`)."""
         if (
@@ -131,7 +155,11 @@ class CosSinTable:
         gather), or ``None`` past ``max_bytes`` or while tracing."""
         return self._first(n, dtype)
 
-    def _first(self, n: int, key: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def leading_paired(self, n: int, layout: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`leading` as :meth:`lookup_paired` gives it: ``[n, r]`` each."""
+        return self._first(n, layout)
+
+    def _first(self, n: int, key: torch.dtype | str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Both halves of the first ``n`` rows of ``key``'s table (see :meth:`leading`)."""
         if n < 1 or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return None
@@ -149,14 +177,18 @@ class CosSinTable:
         reads its rows itself (:mod:`posenc.rotary.kernels.planned`) holds on to during the read."""
         return self._tables.get(dtype)
 
-    def _row_bytes(self, dtype: torch.dtype) -> int:
-        """The bytes a position of ``dtype``'s table counts against ``max_bytes``."""
+    def _row_bytes(self, key: torch.dtype | str) -> int:
+        """The bytes a position of ``key``'s table counts against ``max_bytes``: its cos and
+        sin in the dtype (float32 for a paired table, which so holds the float32 table's
+        positions in twice its bytes)."""
+        dtype = key if isinstance(key, torch.dtype) else torch.float32
         return 2 * self._inv_freq.numel() * torch.empty((), dtype=dtype).element_size()
 
-    def _grow(self, key: torch.dtype, needed: int) -> torch.Tensor | None:
-        """The table ``[cos | sin]`` in dtype ``key`` with at least ``needed`` rows, or
+    def _grow(self, key: torch.dtype | str, needed: int) -> torch.Tensor | None:
+        """The table for ``key`` (a dtype: ``[cos | sin]`` in it; a layout: the paired
+        float32 ``[cos per channel | signed sin]``) with at least ``needed`` rows, or
         ``None`` past ``max_bytes``."""
-        dtype = key
+        dtype = key if isinstance(key, torch.dtype) else torch.float32
         row_bytes = self._row_bytes(key)
         rows = max(_MIN_ROWS, 1 << (needed - 1).bit_length())
         if rows * row_bytes > self._max_bytes:
@@ -172,6 +204,8 @@ class CosSinTable:
                 cos, sin = torch.cos(theta), torch.sin(theta)
                 if self._scale != 1.0:
                     cos, sin = cos * self._scale, sin * self._scale
+                if isinstance(key, str):  # the same float32 values, paired for the layout
+                    cos, sin = paired(cos.to(dtype), sin.to(dtype), key)
                 table = torch.cat([cos.to(dtype), sin.to(dtype)], dim=-1)  # [rows, width]
             self._tables[key] = table
             return table

@@ -47,7 +47,7 @@ from posenc.rotary.kernels.cpu import (
 )
 from posenc.rotary.kernels.dispatch import _check_k, _check_options
 from posenc.rotary.kernels.ops import _COMPUTE, _tables, check_launch
-from posenc.rotary.kernels.torch_engine import rotate_torch
+from posenc.rotary.kernels.torch_engine import rotate_paired
 
 __all__ = ["NOT_SERVED", "PLANS_MAX", "FastRotation", "Plan", "fast_forward", "rotate_planned"]
 
@@ -159,13 +159,20 @@ def _torch_engine(
     positions: torch.Tensor | None,
     seq_dim: int,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The torch engine on the table's rows, as the general path ends (the same tensors,
-    the same bits), or ``None`` where the table does not hold the positions."""
-    rows = _rows(rotation.table, positions, q.shape[2 if seq_dim == -2 else 1])
-    if rows is None:
-        return None
+    """The torch engine on the paired table's rows (cos and the partners' signed sin per
+    channel, :meth:`~posenc.rotary.cache.CosSinTable.lookup_paired`: the values the general
+    path pairs on every call, the same bits), or ``None`` where the table does not hold the
+    positions."""
     layout = "interleaved" if rotation.interleaved else "half"
-    q_out, k_out = rotate_torch([q, k], *rows, layout=layout, seq_dim=seq_dim)
+    table = rotation.table
+    pairs = (
+        table.leading_paired(q.shape[2 if seq_dim == -2 else 1], layout)
+        if positions is None
+        else table.lookup_paired(positions, layout)
+    )
+    if pairs is None:
+        return None
+    q_out, k_out = rotate_paired([q, k], *pairs, layout=layout, seq_dim=seq_dim)
     return q_out, k_out
 
 
