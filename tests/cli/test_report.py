@@ -140,16 +140,21 @@ def test_validate_report_names_the_first_problem(quick):
     broken = copy.deepcopy(data)
     del broken["encodings"][0]["summary"]["bounded"]
     with pytest.raises(
-        PosEncError, match=r"report\['encodings'\]\[0\]\['summary'\] must hold the key 'bounded'"
+        PosEncError,
+        match=r"report field encodings\[0\]\['summary'\]\['bounded'\] must be present",
     ):
         validate_report(broken)
     broken = copy.deepcopy(data)
     broken["settings"]["positions"] = "many"
-    with pytest.raises(PosEncError, match=r"report\['settings'\]\['positions'\] must be integer"):
+    with pytest.raises(
+        PosEncError, match=r"report field settings\['positions'\] must be an integer"
+    ):
         validate_report(broken)
     broken = copy.deepcopy(data)
     broken["extra"] = 1
-    with pytest.raises(PosEncError, match=r"report has unknown keys \['extra'\]"):
+    with pytest.raises(
+        PosEncError, match=r"report field extra must be absent \(not a key of report\)"
+    ):
         validate_report(broken)
 
 

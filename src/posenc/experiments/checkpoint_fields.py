@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
+from posenc._fields import At, fail, integer, keys_known, number
 from posenc.experiments.optim import MuonAdamW
 from posenc.experiments.schedule import warmup_cosine
 
@@ -34,59 +35,27 @@ _PY_VERSION = random.getstate()[0]
 _PY_STATE_LEN = len(random.getstate()[1])  # 625 for the Mersenne Twister
 
 
-def _fail(where: str, field: str, rule: str, value: Any) -> PosEncError:
-    shown = repr(value)
-    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-    return PosEncError(f"{where} field {field} must be {rule}, got {shown}")
-
-
-def _known_keys(where: str, field: str, value: Mapping[Any, Any], allowed: Any) -> None:
-    """``value`` holds no key but ``allowed``: an unknown one is refused by name (torch
-    and posenc would ignore it, so a crafted file would resume as if it were not there)."""
-    unknown = [k for k in value if type(k) is not str or k not in allowed]
-    if unknown:
-        key = unknown[0]
-        raise _fail(where, f"{field}[{key!r}]", f"absent (not a key of {field})", value[key])
-
-
-def _int(where: str, field: str, value: Any, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _fail(where, field, f"an integer in [{low}, {high}]", value)
-    return value
-
-
-def _finite(
-    where: str, field: str, value: Any, *, low: float = -math.inf, high: float = math.inf
-) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(where, field, "a number", value)
-    if not math.isfinite(value) or not low <= value <= high:
-        rule = f"a finite number >= {low}" + ("" if high == math.inf else f" and <= {high:g}")
-        raise _fail(where, field, rule, value)
-    return float(value)
-
-
-def _tensors(where: str, field: str, value: Any, limit: float = math.inf) -> None:
+def _tensors(at: At, value: Any, limit: float = math.inf) -> None:
     """Every tensor nested in ``value`` is finite (floating ones), of magnitude at most
     ``limit``, and on no meta device."""
     if isinstance(value, torch.Tensor):
         if value.is_meta:
-            raise _fail(where, field, "a tensor with data", "a meta tensor")
+            raise fail(at, "a tensor with data", "a meta tensor")
         if value.is_floating_point() or value.is_complex():
             if not bool(torch.isfinite(value).all()):
-                raise _fail(where, field, "finite", "a tensor holding NaN or inf")
+                raise fail(at, "finite", "a tensor holding NaN or inf")
             if value.numel() and float(value.abs().max()) > limit:
                 largest = float(value.abs().max())
-                raise _fail(where, field, f"of magnitude <= {limit:g}", f"an entry of {largest:g}")
+                raise fail(at, f"of magnitude <= {limit:g}", f"an entry of {largest:g}")
     elif isinstance(value, Mapping):
         for k, v in value.items():
-            _tensors(where, f"{field}[{k!r}]", v, limit)
+            _tensors(at[k], v, limit)
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _tensors(where, f"{field}[{i}]", v, limit)
+            _tensors(at[i], v, limit)
 
 
-def _torch_state(where: str, field: str, cpu: Any) -> None:
+def _torch_state(at: At, cpu: Any) -> None:
     """A CPU generator state torch takes, its cached normal samples finite (tried on a
     generator of its own: the global one is not touched)."""
     reference = torch.get_rng_state()
@@ -99,24 +68,22 @@ def _torch_state(where: str, field: str, cpu: Any) -> None:
         shown = (
             f"a tensor on {cpu.device}" if isinstance(cpu, torch.Tensor) and cpu.is_meta else cpu
         )
-        raise _fail(
-            where, field, f"a uint8 tensor of shape {list(reference.shape)} on the CPU", shown
-        )
+        raise fail(at, f"a uint8 tensor of shape {list(reference.shape)} on the CPU", shown)
     try:
         torch.Generator().set_state(cpu.clone())
     except (RuntimeError, TypeError) as e:
-        raise _fail(where, field, "a torch generator state", str(e).splitlines()[0]) from None
+        raise fail(at, "a torch generator state", str(e).splitlines()[0]) from None
     normals = cpu[5016:5040].clone().view(torch.float64), cpu[5048:5052].clone().view(torch.float32)
     if not all(bool(torch.isfinite(t).all()) for t in normals):
-        raise _fail(where, field, "a state with finite normal samples", "NaN or inf")
+        raise fail(at, "a state with finite normal samples", "NaN or inf")
 
 
-def _python_state(where: str, field: str, py: Any) -> None:
+def _python_state(at: At, py: Any) -> None:
     """Python's ``random`` state as ``random.getstate()`` gives it, taken by a generator of
     its own."""
     if not isinstance(py, Mapping) or set(py) != {"version", "state", "gauss"}:
-        raise _fail(where, field, "a dict of version, state and gauss", py)
-    _int(where, f"{field}['version']", py["version"], _PY_VERSION, _PY_VERSION)
+        raise fail(at, "a dict of version, state and gauss", py)
+    integer(at["version"], py["version"], _PY_VERSION, _PY_VERSION)
     words = py["state"]
     if (
         not isinstance(words, list)
@@ -128,21 +95,21 @@ def _python_state(where: str, field: str, py: Any) -> None:
         or not isinstance(words[-1], int)
         or not 0 <= words[-1] <= _PY_STATE_LEN - 1
     ):
-        raise _fail(where, f"{field}['state']", f"{_PY_STATE_LEN} 32-bit words", words)
+        raise fail(at["state"], f"{_PY_STATE_LEN} 32-bit words", words)
     if py["gauss"] is not None:
-        _finite(where, f"{field}['gauss']", py["gauss"])
+        number(at["gauss"], py["gauss"])
     try:
         random.Random().setstate((py["version"], tuple(words), py["gauss"]))
     except (ValueError, TypeError, OverflowError) as e:
-        raise _fail(where, field, "a state random.setstate takes", str(e)) from None
+        raise fail(at, "a state random.setstate takes", str(e)) from None
 
 
-def _rng(where: str, field: str, state: Any) -> None:
+def _rng(at: At, state: Any) -> None:
     if not isinstance(state, Mapping) or "torch" not in state or "python" not in state:
-        raise _fail(where, field, "a dict with 'torch' and 'python' generator states", state)
-    _known_keys(where, field, state, ("torch", "python", "cuda"))
-    _torch_state(where, f"{field}['torch']", state["torch"])
-    _python_state(where, f"{field}['python']", state["python"])
+        raise fail(at, "a dict with 'torch' and 'python' generator states", state)
+    keys_known(at, state, ("torch", "python", "cuda"))
+    _torch_state(at["torch"], state["torch"])
+    _python_state(at["python"], state["python"])
     if "cuda" in state:
         cuda = state["cuda"]
         if (
@@ -157,17 +124,17 @@ def _rng(where: str, field: str, state: Any) -> None:
                 for t in cuda
             )
         ):
-            raise _fail(where, f"{field}['cuda']", "a list of uint8 generator states", cuda)
+            raise fail(at["cuda"], "a list of uint8 generator states", cuda)
         if torch.cuda.is_available():  # set_rng_state restores them here: each must take
             count = torch.cuda.device_count()
             if len(cuda) > count:
-                raise _fail(where, f"{field}['cuda']", f"at most {count} states", len(cuda))
+                raise fail(at["cuda"], f"at most {count} states", len(cuda))
             for i, t in enumerate(cuda):
                 try:
                     torch.Generator(device=f"cuda:{i}").set_state(t.clone())
                 except (RuntimeError, TypeError) as e:
                     reason = str(e).splitlines()[0]
-                    raise _fail(where, f"{field}['cuda'][{i}]", "a CUDA state", reason) from None
+                    raise fail(at["cuda"][i], "a CUDA state", reason) from None
 
 
 def _steps(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], int]:
@@ -197,91 +164,87 @@ def _scheduled_lr(train: Mapping[str, Any], step: int) -> float | None:
         return None
 
 
-def _groups_lr(where: str, field: str, part: Mapping[str, Any], wanted: float | None) -> None:
+def _groups_lr(at: At, part: Mapping[str, Any], wanted: float | None) -> None:
     for i, group in enumerate(part["param_groups"]):
-        name = f"{field}['param_groups'][{i}]['lr']"
-        lr = _finite(where, name, group.get("lr"), low=0.0)
+        name = at["param_groups"][i]["lr"]
+        lr = number(name, group.get("lr"), low=0.0)
         if wanted is not None and not math.isclose(lr, wanted, rel_tol=1e-9, abs_tol=1e-300):
-            raise _fail(where, name, f"the schedule's lr at this step ({wanted!r})", lr)
+            raise fail(name, f"the schedule's lr at this step ({wanted!r})", lr)
 
 
 def check_fields(where: str, state: Mapping[str, Any], config: Mapping[str, Any]) -> None:
     """Check every field of a loaded checkpoint ``state`` of the run ``config``: types,
     and ranges the run's settings give (steps, the schedule's lr, the loss window)."""
+    at = At(where)
     train, steps = _steps(config)
-    step = _int(where, "step", state["step"], 1, steps)
+    step = integer(at["step"], state["step"], 1, steps)
     every = train.get("checkpoint_every")
     if type(every) is int and every > 0 and step != steps and step % every:
-        raise _fail(where, "step", f"a multiple of checkpoint_every ({every}) or {steps}", step)
+        raise fail(at["step"], f"a multiple of checkpoint_every ({every}) or {steps}", step)
     data = state["data"]
     if not isinstance(data, Mapping) or "next_step" not in data:
-        raise _fail(where, "data", "a dict holding next_step", data)
-    _known_keys(where, "data", data, ("next_step",))
-    next_step = _int(where, "data['next_step']", data["next_step"], 1, steps)
+        raise fail(at["data"], "a dict holding next_step", data)
+    keys_known(at["data"], data, ("next_step",))
+    next_step = integer(at["data"]["next_step"], data["next_step"], 1, steps)
     if next_step != step:
-        raise _fail(where, "data['next_step']", f"equal to step ({step})", next_step)
-    _finite(where, "seconds", state["seconds"], low=0.0, high=MAX_SECONDS)
+        raise fail(at["data"]["next_step"], f"equal to step ({step})", next_step)
+    number(at["seconds"], state["seconds"], low=0.0, high=MAX_SECONDS)
     loss = state["loss"]
     window = min(step, LOSS_WINDOW)
     if not isinstance(loss, list) or len(loss) != window:
         rule = f"a list of the last {window} training losses (step {step})"
-        raise _fail(where, "loss", rule, loss if not isinstance(loss, list) else len(loss))
+        raise fail(at["loss"], rule, loss if not isinstance(loss, list) else len(loss))
     for i, value in enumerate(loss):
-        _finite(where, f"loss[{i}]", value, low=0.0, high=_MAX_LOSS)
+        number(at["loss"][i], value, low=0.0, high=_MAX_LOSS)
     model = state["model"]
     if (
         not isinstance(model, Mapping)
         or not model
         or any(not isinstance(k, str) or not isinstance(v, torch.Tensor) for k, v in model.items())
     ):
-        raise _fail(where, "model", "a non-empty dict of parameter names to tensors", model)
-    _tensors(where, "model", model, MAX_WEIGHT)
+        raise fail(at["model"], "a non-empty dict of parameter names to tensors", model)
+    _tensors(at["model"], model, MAX_WEIGHT)
     muon = train.get("optimizer") == "muon"
     opt = state["optimizer"]
     if muon and (not isinstance(opt, Mapping) or sorted(opt) != ["adamw", "muon"]):
-        raise _fail(where, "optimizer", "a dict of the 'adamw' and 'muon' states", opt)
+        raise fail(at["optimizer"], "a dict of the 'adamw' and 'muon' states", opt)
     lr = _scheduled_lr(train, step)
-    for field, part in _parts(opt) if muon else [("optimizer", opt)]:
+    for part_at, part in _parts(at, opt) if muon else [(at["optimizer"], opt)]:
         if (
             not isinstance(part, Mapping)
             or not isinstance(part.get("state"), Mapping)
             or not isinstance(part.get("param_groups"), list)
             or any(not isinstance(g, Mapping) for g in part["param_groups"])
         ):
-            raise _fail(where, field, "an optimizer state_dict (state, param_groups)", part)
-        _known_keys(where, field, part, ("state", "param_groups"))
-        _groups_lr(where, field, part, lr)
-    _tensors(where, "optimizer", opt)
+            raise fail(part_at, "an optimizer state_dict (state, param_groups)", part)
+        keys_known(part_at, part, ("state", "param_groups"))
+        _groups_lr(part_at, part, lr)
+    _tensors(at["optimizer"], opt)
     rng = state["rng"]
     world = config.get("world_size", 1)
     if not isinstance(rng, list) or (isinstance(world, int) and len(rng) != world):
-        raise _fail(where, "rng", f"a list of {world} generator states (one per rank)", rng)
+        raise fail(at["rng"], f"a list of {world} generator states (one per rank)", rng)
     for rank, entry in enumerate(rng):
-        _rng(where, f"rng[{rank}]", entry)
+        _rng(at["rng"][rank], entry)
 
 
-def _same_shapes(
-    where: str, field: str, saved: Mapping[str, Any], wanted: Mapping[str, torch.Tensor]
-) -> None:
+def _same_shapes(at: At, saved: Mapping[str, Any], wanted: Mapping[str, torch.Tensor]) -> None:
     missing = sorted(set(wanted) - set(saved))
     extra = sorted(set(saved) - set(wanted))
     if missing or extra:
-        raise _fail(
-            where, field, f"the model's entries (missing {missing}, unexpected {extra})", ""
-        )
+        raise fail(at, f"the model's entries (missing {missing}, unexpected {extra})", "")
     for name, tensor in wanted.items():
         got = saved[name]
         if got.shape != tensor.shape or got.dtype != tensor.dtype:
-            raise _fail(
-                where,
-                f"{field}[{name!r}]",
+            raise fail(
+                at[name],
                 f"a {tensor.dtype} tensor of shape {list(tensor.shape)}",
                 f"{got.dtype} {list(got.shape)}",
             )
 
 
-def _parts(opt: Mapping[str, Any]) -> list[tuple[str, Any]]:
-    return [(f"optimizer[{key!r}]", opt[key]) for key in ("adamw", "muon")]
+def _parts(at: At, opt: Mapping[str, Any]) -> list[tuple[At, Any]]:
+    return [(at["optimizer"][key], opt[key]) for key in ("adamw", "muon")]
 
 
 # What each optimizer keeps: numbers in every param group, tensors the shape of the
@@ -305,20 +268,20 @@ def check_fits(
     optimizer keeps, moments of sane magnitude, step counts within the checkpoint's step."""
     step = state.get("step")
     steps = step if type(step) is int and step >= 0 else 0
-    _same_shapes(where, "model", state["model"], model.state_dict())
+    at = At(where)
+    _same_shapes(at["model"], state["model"], model.state_dict())
     if isinstance(optimizer, MuonAdamW):
         saved = state["optimizer"]
         if not isinstance(saved, Mapping) or sorted(saved) != ["adamw", "muon"]:
-            raise _fail(where, "optimizer", "a dict of the 'adamw' and 'muon' states", saved)
-        _fits(where, "optimizer['adamw']", saved["adamw"], optimizer.adamw, "adamw", steps)
-        _fits(where, "optimizer['muon']", saved["muon"], optimizer.muon, "muon", steps)
+            raise fail(at["optimizer"], "a dict of the 'adamw' and 'muon' states", saved)
+        _fits(at["optimizer"]["adamw"], saved["adamw"], optimizer.adamw, "adamw", steps)
+        _fits(at["optimizer"]["muon"], saved["muon"], optimizer.muon, "muon", steps)
     else:
-        _fits(where, "optimizer", state["optimizer"], optimizer, "adamw", steps)
+        _fits(at["optimizer"], state["optimizer"], optimizer, "adamw", steps)
 
 
 def _fits(
-    where: str,
-    field: str,
+    at: At,
     saved: Mapping[str, Any],
     optimizer: torch.optim.Optimizer,
     kind: str,
@@ -329,60 +292,56 @@ def _fits(
     ids = [g.get("params") for g in groups]
     exact = all(isinstance(i, list) and all(type(p) is int for p in i) for i in ids)
     if not exact or len(groups) != len(wanted) or ids != [g["params"] for g in wanted]:
-        raise _fail(
-            where,
-            f"{field}['param_groups']",
+        raise fail(
+            at["param_groups"],
             f"{len(wanted)} groups of the model's parameters (int indices)",
             ids,
         )
     for i, (g, w) in enumerate(zip(groups, wanted)):
-        _group(where, f"{field}['param_groups'][{i}]", g, w, kind)
+        _group(at["param_groups"][i], g, w, kind)
     params: dict[Any, torch.Tensor] = {}
     for w, live in zip(wanted, optimizer.param_groups):
         params.update(zip(w["params"], live["params"]))
     for index, entry in saved["state"].items():
         if type(index) is not int or index not in params or not isinstance(entry, Mapping):
-            raise _fail(where, f"{field}['state'][{index!r}]", "the state of a parameter", entry)
-        _param_state(where, f"{field}['state'][{index}]", entry, params[index], kind, steps)
+            raise fail(at["state"][index], "the state of a parameter", entry)
+        _param_state(at["state"][index], entry, params[index], kind, steps)
     # Every parameter has a gradient at every step of a run posenc trains, so each has its
     # state from the first step on; torch would quietly start a missing one afresh.
     missing = [i for i in params if i not in saved["state"]]
     if missing:
         rule = f"the state of every parameter (0 to {len(params) - 1})"
-        raise _fail(where, f"{field}['state']", rule, f"no entry {missing[0]}")
+        raise fail(at["state"], rule, f"no entry {missing[0]}")
 
 
-def _group(
-    where: str, field: str, group: Mapping[str, Any], fresh: Mapping[str, Any], kind: str
-) -> None:
+def _group(at: At, group: Mapping[str, Any], fresh: Mapping[str, Any], kind: str) -> None:
     """A saved param group: its numbers are numbers, and it has exactly the settings the
     run's optimizer has (none missing, none unknown), each but ``lr`` (the schedule's,
     :func:`check_fields`) equal to the run's."""
     # torch would fill in a missing setting with its default, not necessarily the run's
     absent = [key for key in fresh if key not in group and key not in ("params", "lr")]
     if absent:
-        raise _fail(where, f"{field}[{absent[0]!r}]", f"the run's {fresh[absent[0]]!r}", "absent")
+        raise fail(at[absent[0]], f"the run's {fresh[absent[0]]!r}", "absent")
     for key in _GROUP_NUMBERS[kind]:
         value = group.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _fail(where, f"{field}[{key!r}]", "a number", value)
+            raise fail(at[key], "a number", value)
     if kind == "adamw" and (
         not isinstance(group.get("betas"), (list, tuple)) or len(group["betas"]) != 2
     ):
-        raise _fail(where, f"{field}['betas']", "a pair", group.get("betas"))
+        raise fail(at["betas"], "a pair", group.get("betas"))
     for key, value in group.items():
         if key in ("params", "lr"):
             continue
         if key not in fresh:
-            raise _fail(where, f"{field}[{key!r}]", "a setting of the run's optimizer", value)
+            raise fail(at[key], "a setting of the run's optimizer", value)
         same = type(value) is type(fresh[key]) and value == fresh[key]
         if not same or (isinstance(value, float) and math.isnan(value)):
-            raise _fail(where, f"{field}[{key!r}]", f"the run's {fresh[key]!r}", value)
+            raise fail(at[key], f"the run's {fresh[key]!r}", value)
 
 
 def _param_state(
-    where: str,
-    field: str,
+    at: At,
     entry: Mapping[str, Any],
     param: torch.Tensor,
     kind: str,
@@ -391,17 +350,15 @@ def _param_state(
     """One parameter's optimizer state: tensors of its shape, of sane magnitude (AdamW's
     second moment not negative), and AdamW's step count within the checkpoint's steps."""
     shape = param.shape
-    _known_keys(
-        where, field, entry, (*_STATE_TENSORS[kind], *(("step",) if kind == "adamw" else ()))
-    )
+    keys_known(at, entry, (*_STATE_TENSORS[kind], *(("step",) if kind == "adamw" else ())))
     for key in _STATE_TENSORS[kind]:
         t = entry.get(key)
         if not isinstance(t, torch.Tensor) or t.shape != shape or not t.is_floating_point():
-            raise _fail(where, f"{field}[{key!r}]", f"a floating tensor of shape {list(shape)}", t)
+            raise fail(at[key], f"a floating tensor of shape {list(shape)}", t)
         squared = key == "exp_avg_sq"
-        _tensors(where, f"{field}[{key!r}]", t, MAX_WEIGHT**2 if squared else MAX_WEIGHT)
+        _tensors(at[key], t, MAX_WEIGHT**2 if squared else MAX_WEIGHT)
         if squared and t.numel() and float(t.min()) < 0:
-            raise _fail(where, f"{field}[{key!r}]", ">= 0 (a mean of squares)", float(t.min()))
+            raise fail(at[key], ">= 0 (a mean of squares)", float(t.min()))
     if kind == "muon":
         return
     step = entry.get("step")
@@ -415,9 +372,11 @@ def _param_state(
             if isinstance(step, torch.Tensor)
             else step
         )
-        raise _fail(
-            where, f"{field}['step']", "a one-element float32 or float64 tensor (shape [])", shown
+        raise fail(
+            at["step"],
+            "a one-element float32 or float64 tensor (shape [])",
+            shown,
         )
     value = float(step.item())
     if not (math.isfinite(value) and value == int(value) and 0 <= value <= steps):
-        raise _fail(where, f"{field}['step']", f"a whole number in [0, {steps}]", value)
+        raise fail(at["step"], f"a whole number in [0, {steps}]", value)

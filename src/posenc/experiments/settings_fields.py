@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from posenc._errors import PosEncError, check_choice, check_float, check_int
+from posenc._errors import check_float, check_int
+from posenc._fields import At, choice, fail, mapping, sequence
 from posenc.experiments.extension import EXTENSIONS
 from posenc.experiments.models import ModelSettings, check_distinct
 from posenc.experiments.options import int_sequence
@@ -26,63 +27,55 @@ __all__ = ["check_study_fields"]
 def _pairs(name: str, value: Any) -> tuple[tuple[str, Any], ...]:
     """``value`` as ``((key, value), ...)``: a tuple of string-keyed pairs, or a dict."""
     items = list(value.items()) if isinstance(value, Mapping) else value
-    if isinstance(items, (str, bytes)) or not isinstance(items, (list, tuple)):
-        raise PosEncError(f"{name} must be a tuple of (name, value) pairs, got {value!r:.80}")
-    for item in items:
+    sequence(name, items, "a tuple of (name, value) pairs", types=(list, tuple))
+    for i, item in enumerate(items):
         if not isinstance(item, (list, tuple)) or len(item) != 2 or not isinstance(item[0], str):
-            raise PosEncError(f"{name} must hold (name, value) pairs, got {item!r:.80}")
+            raise fail(At(path=name)[i], "a (name, value) pair", item)
     return tuple((k, v) for k, v in items)
 
 
 def _labels(labels: Any, specs: Any) -> tuple[tuple[str, ...], tuple[dict[str, Any], ...]]:
-    if isinstance(labels, (str, bytes)) or not isinstance(labels, (list, tuple)) or not labels:
-        raise PosEncError(f"labels must be a non-empty tuple of run names, got {labels!r:.80}")
-    for label in labels:
+    sequence("labels", labels, "a non-empty tuple of run names", low=1, types=(list, tuple))
+    for i, label in enumerate(labels):
         if not isinstance(label, str) or not label.strip():
-            raise PosEncError(f"labels must hold run names (strings), got {label!r:.80}")
+            raise fail(At(path="labels")[i], "a run name (a string)", label)
     check_distinct(labels)
-    if not isinstance(specs, (list, tuple)) or len(specs) != len(labels):
-        raise PosEncError(
-            f"specs must be a tuple of {len(labels)} encoding configs (one per label), got "
-            f"{specs!r:.80}"
-        )
-    for spec in specs:
-        if not isinstance(spec, Mapping):
-            raise PosEncError(f"specs must hold config dicts, got {spec!r:.80}")
+    n = len(labels)
+    rule = f"a tuple of {n} encoding configs (one per label)"
+    sequence("specs", specs, rule, low=n, high=n, types=(list, tuple))
+    for i, spec in enumerate(specs):
+        mapping(At(path="specs")[i], spec, "a config dict")
     return tuple(labels), tuple(dict(spec) for spec in specs)
 
 
 def _lengths(name: str, values: Any) -> tuple[int, ...]:
     out = int_sequence(name, values, low=1, high=MAX_LENGTH)
     if not out or len(set(out)) != len(out):
-        raise PosEncError(f"{name} must hold distinct lengths, at least one, got {list(out)}")
+        raise fail(name, "distinct lengths, at least one", list(out))
     return out
 
 
 def check_study_fields(s: Any) -> dict[str, Any]:
     """The checked (and normalized: lists become tuples) fields of the study ``s``."""
-    task = check_choice("task", s.task, tuple(TASKS))
+    task = choice("task", s.task, tuple(TASKS))
     labels, specs = _labels(s.labels, s.specs)
     train_len = check_int("train_len", s.train_len, min=1, max=MAX_LENGTH)
     if not isinstance(s.model, ModelSettings):
-        raise PosEncError(f"model must be a ModelSettings, got {type(s.model).__name__}")
+        raise fail("model", "a ModelSettings", s.model)
     if not isinstance(s.train, TrainSettings):
-        raise PosEncError(f"train must be a TrainSettings, got {type(s.train).__name__}")
+        raise fail("train", "a TrainSettings", s.train)
     if s.train.seq_len != train_len:
-        raise PosEncError(
-            f"train must train at train_len ({train_len}), got train.seq_len={s.train.seq_len}"
-        )
-    extend = s.extend
-    if isinstance(extend, (str, bytes)) or not isinstance(extend, (list, tuple)):
-        raise PosEncError(f"extend must be a tuple of extension names, got {extend!r:.80}")
-    extend = tuple(check_choice("extend", m, tuple(EXTENSIONS)) for m in extend)
+        raise fail("train.seq_len", f"train_len ({train_len})", s.train.seq_len)
+    extend = sequence("extend", s.extend, "a tuple of extension names", types=(list, tuple))
+    extend = tuple(choice("extend", m, tuple(EXTENSIONS)) for m in extend)
     if extend and "rope" not in labels:
-        raise PosEncError(f"extend needs 'rope' among the labels, got {', '.join(labels)}")
+        rule = f"empty unless 'rope' is among the labels ({', '.join(labels)})"
+        raise fail("extend", rule, extend)
     seeds = int_sequence("seeds", s.seeds, low=-(2**63), high=2**63 - 1)
     if not seeds or len(seeds) > MAX_SEEDS or len(set(seeds)) != len(seeds):
-        raise PosEncError(f"seeds must hold 1 to {MAX_SEEDS} distinct seeds, got {list(seeds)}")
+        raise fail("seeds", f"1 to {MAX_SEEDS} distinct seeds", list(seeds))
     if s.train.seed not in seeds:
-        raise PosEncError(f"train.seed must be one of seeds {list(seeds)}, got {s.train.seed}")
+        raise fail("train.seed", f"one of seeds {list(seeds)}", s.train.seed)
     task_options = _pairs("task_options", s.task_options)
     if task_options:
         make_task(task, **dict(task_options))  # the task checks its own options

@@ -34,15 +34,18 @@
 
 Numbers that would be infinite or NaN are written as ``null``. :func:`validate_report`
 checks a loaded report against :data:`REPORT_SCHEMA` (a JSON Schema subset: ``type``,
-``required``, ``properties``, ``additionalProperties``, ``items``, ``enum``, ``minimum``).
+``required``, ``properties``, ``additionalProperties``, ``items``, ``enum``, ``minimum``),
+each keyword a field rule of ``posenc._fields``, the vocabulary every record's checks use.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any
 
-from posenc._errors import PosEncError
+from posenc._fields import At, boolean, choice, integer, mapping, number, sequence, string
 from posenc.analysis.demonstrations import OrderSensitivity
 from posenc.analysis.properties import Boundedness, Uniqueness
 from posenc.analysis.relative import Decay, ShiftStructure
@@ -230,48 +233,48 @@ REPORT_SCHEMA: dict[str, Any] = {
     },
 }
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,),
-    "array": (list,),
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "null": (type(None),),
+
+def _object(at: At, value: Any, schema: dict[str, Any]) -> None:
+    props = schema.get("properties", {})
+    closed = schema.get("additionalProperties") is False
+    mapping(at, value, required=schema.get("required", ()), allowed=props if closed else None)
+    for key, sub in props.items():
+        if key in value:
+            _check(value[key], sub, at[key])
+
+
+def _array(at: At, value: Any, schema: dict[str, Any]) -> None:
+    sequence(at, value)
+    if "items" in schema:
+        for i, item in enumerate(value):
+            _check(item, schema["items"], at[i])
+
+
+# Each JSON type of the schema as a rule of posenc._fields (with its ``minimum``).
+_RULES: dict[str, Callable[[At, Any, dict[str, Any]], Any]] = {
+    "object": _object,
+    "array": _array,
+    "string": lambda at, value, schema: string(at, value),
+    "integer": lambda at, value, schema: integer(at, value, schema.get("minimum")),
+    "number": lambda at, value, schema: number(
+        at, value, schema.get("minimum", -math.inf), finite=False
+    ),
+    "boolean": lambda at, value, schema: boolean(at, value),
 }
 
 
-def _is(value: Any, type_name: str) -> bool:
-    if type_name in ("integer", "number") and isinstance(value, bool):
-        return False
-    return isinstance(value, _TYPES[type_name])
-
-
-def _check(value: Any, schema: dict[str, Any], path: str) -> None:
-    types = schema.get("type")
-    if types is not None:
-        names = [types] if isinstance(types, str) else list(types)
-        if not any(_is(value, t) for t in names):
-            raise PosEncError(f"report{path} must be {' or '.join(names)}, got {value!r:.80}")
-    if "enum" in schema and value not in schema["enum"]:
-        raise PosEncError(f"report{path} must be one of {schema['enum']!r}, got {value!r:.80}")
-    if "minimum" in schema and _is(value, "number") and value < schema["minimum"]:
-        raise PosEncError(f"report{path} must be >= {schema['minimum']}, got {value!r}")
-    if isinstance(value, dict):
-        for key in schema.get("required", ()):
-            if key not in value:
-                raise PosEncError(f"report{path} must hold the key {key!r}")
-        props = schema.get("properties", {})
-        if schema.get("additionalProperties") is False:
-            extra = sorted(set(value) - set(props))
-            if extra:
-                raise PosEncError(f"report{path} has unknown keys {extra}")
-        for key, sub in props.items():
-            if key in value:
-                _check(value[key], sub, f"{path}[{key!r}]")
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            _check(item, schema["items"], f"{path}[{i}]")
+def _check(value: Any, schema: dict[str, Any], at: At) -> None:
+    """``value`` held to ``schema``: its ``type`` (one JSON type, or one and ``"null"``)
+    through :data:`_RULES`, its ``enum`` through :func:`posenc._fields.choice`."""
+    types = schema.get("type", ())
+    names = [types] if isinstance(types, str) else list(types)
+    if value is None and "null" in names:
+        return
+    if "enum" in schema:
+        choice(at, value, schema["enum"])
+    for name in names:
+        if name != "null":
+            _RULES[name](at, value, schema)
 
 
 def validate_report(data: Any) -> None:
@@ -282,6 +285,6 @@ def validate_report(data: Any) -> None:
         >>> validate_report({"schema_version": 1})
         Traceback (most recent call last):
         ...
-        posenc._errors.PosEncError: report must hold the key 'posenc_version'
+        posenc._errors.PosEncError: report field posenc_version must be present (a key of report), got 'absent'
     """
-    _check(data, REPORT_SCHEMA, "")
+    _check(data, REPORT_SCHEMA, At("report"))
