@@ -72,3 +72,14 @@ def test_a_rule_returns_what_it_checked() -> None:
 
 def test_a_long_value_is_cut() -> None:
     assert shown("x" * 200).endswith("...") and len(shown("x" * 200)) == 80
+
+
+def test_a_tensor_is_shown_by_shape_and_dtype_not_its_values():
+    import torch
+
+    from posenc import _fields
+
+    with pytest.raises(PosEncError) as info:
+        _fields.integer(_fields.At("checkpoint 'x.pt'", "step"), torch.arange(3), 0, 10)
+    assert "tensor(" not in str(info.value)
+    assert "a tensor of shape (3,) and dtype torch.int64" in str(info.value)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Mapping, Sized
 from typing import Any, cast
 
-from posenc._errors import PosEncError, check_choice
+from posenc._errors import PosEncError, check_choice, describe
 
 __all__ = [
     "At",
@@ -60,8 +60,9 @@ class At:
 
 
 def shown(value: Any) -> str:
-    """``value`` as a message shows it: its ``repr``, cut to 80 characters."""
-    text = repr(value)
+    """``value`` as a message shows it: a tensor or array by shape and dtype
+    (:func:`~posenc._errors.describe`), anything else by its ``repr``, cut to 80 characters."""
+    text = describe(value)
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
 
