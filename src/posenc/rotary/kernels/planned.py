@@ -152,13 +152,7 @@ def fast_forward(
     return q_out, k_out
 
 
-def _torch_engine(
-    rotation: FastRotation,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    positions: torch.Tensor | None,
-    seq_dim: int,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _torch_engine(rotation: FastRotation, q, k, positions, seq_dim: int) -> tuple | None:
     """The torch engine on the paired table's rows (cos and the partners' signed sin per
     channel, :meth:`~posenc.rotary.cache.CosSinTable.lookup_paired`: the values the general
     path pairs on every call, the same bits), or ``None`` where the table does not hold the
