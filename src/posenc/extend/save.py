@@ -31,13 +31,17 @@ __all__ = ["rope_parameters_for", "save_extended"]
 
 def rope_parameters_for(loaded: Loaded, name: str, factor: float) -> dict[str, Any]:
     """The ``rope_parameters`` of one scaled layer type, in transformers' spelling
-    (:func:`posenc.integrations.spelling.to_rope_parameters`: static NTK as its base)."""
+    (:func:`posenc.integrations.spelling.to_rope_parameters`: static NTK as its base);
+    ``config`` is the config's own, or a GGUF file's own scaling (which transformers'
+    GGUF reader drops)."""
     config = loaded.model.config.get_text_config()
     layer = loaded.scaled_types[0]
     old = config.rope_parameters if layer is None else config.rope_parameters[layer]
-    if name == "config":
-        return dict(old)
     rope = rotary_from_config(config, layer_type=layer)
+    if name == "config" and not (loaded.path.is_file() and loaded.configured is not None):
+        return dict(old)
+    # a GGUF file's own scaling is one transformers' GGUF reader dropped: spell the one
+    # measured (``Loaded.configured``), not the config's unscaled dict
     return to_rope_parameters(
         scaling_for(name, factor, loaded),
         base=float(rope.base),
