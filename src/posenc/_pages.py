@@ -68,7 +68,11 @@ th.theirs, td.theirs { background: #f3f0fa; }
 ul.checks { padding-left: 18px; } ul.checks li.yes b { color: var(--yes); }
 ul.checks li.no b { color: var(--no); }
 p.answer { font-size: 18px; max-width: 900px; }
-pre { white-space: pre-wrap; font-size: 12px; color: var(--muted); }
+pre { white-space: pre-wrap; overflow-wrap: anywhere; font-size: 12px; color: var(--muted); }
+pre.command { color: var(--fg); background: #eef1f7; padding: 8px 10px; border-radius: 6px; }
+td.wrap { white-space: normal; }
+table.pairs th { vertical-align: top; } table.pairs td { overflow-wrap: anywhere; }
+.scroll + figure, figure + .scroll { margin-top: 12px; }
 """
 
 

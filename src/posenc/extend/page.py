@@ -1,178 +1,325 @@
-"""The figures and the one self-contained ``index.html`` of a ``posenc extend`` run.
+"""The one self-contained ``index.html`` of a ``posenc extend`` run, and its figures.
 
-- ``ppl_by_position.png``: perplexity against position, one line per scaling, one panel per
-  length past ``L`` (and ``L`` itself), the trained context marked;
-- ``passkey.png``: passkey accuracy, depth x length, one heat map per scaling.
+The page is the report's shell and style (:mod:`posenc._pages`), and shows only what was
+measured, in the order a user needs it: the answer's lead line first (``answer["lead"]``),
+then the effective length of each setting, each probe task's bar, the probe scores with
+their 95 % Wilson intervals, perplexity, the cost, the setting written for each engine
+(``results["emit"]``) and the model's identity and settings as a table. A section, a
+figure or a column with nothing measured behind it is left out (no probe ran: no probe
+table, no ``probes.png``).
 
-The page leads with the answer (:mod:`posenc.extend.answer`), then the table of every
-unit, the figures (embedded), the cost, and the model's identity and settings. It is the
-report's page shell and style (:mod:`posenc._pages`); every file is written atomically
+Two settings are ordered only where the answer's verdicts (the project's one comparison
+rule, :func:`posenc.experiments.comparisons.paired_verdict`) say so; anything else is
+``level``. No machine path reaches the page: the model is named by its name and its files'
+SHA-256, text files by their names, and any absolute path left in a string (the model's,
+the texts', the output folder's) is cut to its last part. Every file is written atomically
 (:func:`posenc._files.atomic_write`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from posenc._files import atomic_write
 from posenc._pages import escape as _e
-from posenc._pages import figure_html, page, pyplot, rendered
-from posenc._pages import number as _num
-from posenc.extend.answer import RULE
-from posenc.extend.settings import CONFIG, FACTOR_SCALINGS, NONE, UNSCALED
+from posenc._pages import figure_html, page
+from posenc.extend.page_figures import (
+    display_name,
+    measured_lengths,
+    png,
+    ppl_plot,
+    probe_plot,
+    probe_tasks,
+    setting_name,
+)
+from posenc.extend.page_sections import (
+    bar_section,
+    cost_section,
+    effective_section,
+    lengths_text,
+    ppl_section,
+    probe_section,
+)
 
 __all__ = ["write_page"]
 
-_DPI = 110
-#: One color per scaling: ``none``, then the registry's in their order, and the config's own.
-_PALETTE = ("#444444", "#1f77b4", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2")
-_COLORS = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate((NONE, *FACTOR_SCALINGS))}
-_COLORS[CONFIG] = "#ff7f0e"
+PPL_FIGURE, PROBE_FIGURE, INDEX = "ppl_by_position.png", "probes.png", "index.html"
+#: Figures an earlier run may have left that this page does not draw (``passkey.png``:
+#: before the probes).
+_FIGURES = (PPL_FIGURE, PROBE_FIGURE, "passkey.png")
 
 
-def _pyplot() -> Any:
-    return pyplot("extend", "posenc extend's figures")
-
-
-def _n(value: Any) -> str:
-    return _num(value, 4)
-
-
-def _units_at(
-    records: Sequence[Mapping[str, Any]], length: int, trained: int
-) -> list[Mapping[str, Any]]:
-    return [
-        r
-        for r in records
-        if r["length"] == length
-        and r.get("by_bucket")
-        and (length != trained or r["factor"] != 1 or r["scaling"] in UNSCALED)
-    ]
-
-
-def _ppl_figure(results: Mapping[str, Any]) -> bytes:
-    plt = _pyplot()
-    lengths, trained = results["lengths"], results["trained_context"]
-    fig, axes = plt.subplots(
-        1, len(lengths), figsize=(4.2 * len(lengths), 3.4), squeeze=False, sharey=True
-    )
-    for ax, length in zip(axes[0], lengths):
-        for r in _units_at(results["records"], length, trained):
-            mids = [(b["start"] + b["stop"]) / 2 for b in r["by_bucket"]]
-            style = "--" if length == trained and r["scaling"] != NONE else "-"
-            ax.plot(
-                mids,
-                [b["ppl"] for b in r["by_bucket"]],
-                style,
-                marker="o",
-                ms=3,
-                color=_COLORS.get(r["scaling"]),
-                label=f"{r['scaling']} x{r['factor']:g}",
-            )
-        ax.axvline(trained, color="k", lw=0.8, ls=":")
-        ax.set_yscale("log")
-        ax.set_xlabel("position")
-        ax.set_title(f"length {length}")
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("perplexity (bucket)")
-    fig.suptitle(
-        f"{results['model']['name']}: perplexity by position (trained context {trained}, dotted)"
-    )
-    fig.tight_layout()
-    return rendered(fig, dpi=_DPI)
-
-
-def _passkey_figure(results: Mapping[str, Any]) -> bytes:
-    plt = _pyplot()
-    depths = list(results["settings"]["depths"])
-    scalings = [
-        s
-        for s in results["settings"]["scalings"]
-        if any(r["scaling"] == s for r in results["records"])
-    ]
-    lengths = results["lengths"]
-    fig, axes = plt.subplots(
-        1, len(scalings), figsize=(2.6 * len(scalings) + 1, 3.0), squeeze=False
-    )
-    image = None
-    for ax, name in zip(axes[0], scalings):
-        grid = [[float("nan")] * len(lengths) for _ in depths]
-        for r in results["records"]:
-            if r["scaling"] != name or r["length"] not in lengths or not r.get("passkey"):
-                continue
-            for row in r["passkey"]:
-                if row["trials"]:
-                    grid[depths.index(row["depth"])][lengths.index(r["length"])] = (
-                        row["hits"] / row["trials"]
-                    )
-        image = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
-        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45, fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("length", fontsize=8)
-    axes[0][0].set_ylabel("depth of the key")
-    if image is not None:
-        fig.colorbar(image, ax=axes[0].tolist(), label="passkey accuracy")
-    return rendered(fig, dpi=_DPI)
-
-
-def _table(results: Mapping[str, Any]) -> str:
-    head = "<tr><th>scaling</th><th>factor</th><th>length</th><th>ppl</th><th>ppl, last quarter</th><th>passkey</th><th>seconds</th><th>peak MiB</th><th>note</th></tr>"
-    rows = []
-    for r in results["records"]:
-        note = f"same as {r['same_as']}" if r.get("same_as") else ""
-        peak = r.get("peak_bytes")
-        rows.append(
-            f"<tr><td>{_e(r['scaling'])}</td><td>{r['factor']:g}</td><td>{r['length']}</td><td>{_n(r.get('ppl'))}</td>"
-            f"<td>{_n(r.get('ppl_last_quarter'))}</td><td>{_n(r.get('passkey_accuracy'))}</td><td>{_n(r.get('seconds'))}</td>"
-            f"<td>{_n(None if peak is None else peak / 2**20)}</td><td>{_e(note)}</td></tr>"
+def _lead(results: Mapping[str, Any]) -> str:
+    answer = results["answer"]
+    lead = answer.get("lead") or answer.get("sentence") or "Nothing was measured."
+    choice = answer.get("choice")
+    if choice:
+        where = " (below: the setting for each engine)" if results.get("emit") else ""
+        chosen = (
+            f"The setting chosen to write: {setting_name(choice['scaling'], choice['factor'])}"
+            f" for {choice['length']} tokens{where}."
         )
-    return f'<div class="scroll"><table>{head}{"".join(rows)}</table></div>'
+    else:
+        chosen = "No setting was chosen to write: see each setting's effective length below."
+    return f'<p class="answer" id="lead"><b>{_e(lead)}</b></p><p class="lead">{_e(chosen)}</p>'
 
 
-def _interval(interval: Sequence[float] | None) -> str:
-    if interval is None:
-        return "no interval: fewer than two documents"
-    return f"95% interval of the difference {interval[0]:+.3g} to {interval[1]:+.3g}"
+# --- the setting for each engine ----------------------------------------------------------------
 
 
-def _cost_lines(results: Mapping[str, Any]) -> str:
-    rows = results["answer"]["cost_at_L"]
-    if not rows:
-        return ""
-    items = "".join(
-        f"<li>{_e(c['scaling'])} (factor {c['factor']:g}) at L: ppl {_n(c['ppl'])} against "
-        f"{_n(c['ppl_none'])} with none: {_e(c['verdict'])} ({_e(_interval(c.get('interval')))})</li>"
-        for c in rows
+def _engine(name: str, e: Mapping[str, Any]) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    head = f'<div class="demo engine" id="engine-{_e(slug)}"><h3>{_e(name)}</h3>'
+    if "refused" in e:
+        return f'{head}<p class="absent"><b>Refused:</b> {_e(e["refused"])}</p></div>'
+    parts = [head]
+    if e.get("command"):
+        parts.append(f'<pre class="command">{_e(e["command"])}</pre>')
+    if e.get("files"):
+        files = ", ".join(f"<code>{_e(f)}</code>" for f in e["files"])
+        parts.append(f"<p>Files: {files}</p>")
+    if e.get("settings"):
+        data = json.dumps(e["settings"], indent=2, default=str)
+        parts.append(
+            f'<details><summary>settings as data</summary><pre class="command">{_e(data)}</pre>'
+            "</details>"
+        )
+    warnings = "".join(
+        f'<li class="no"><b>warning</b>: {_e(w)}</li>' for w in e.get("warnings") or ()
     )
-    return f"<h2>What each scaling set for --to costs at L</h2><ul>{items}</ul>"
+    if warnings:
+        parts.append(f'<ul class="checks">{warnings}</ul>')
+    if e.get("checked"):
+        parts.append(f'<p class="verdict">Checked: {_e(e["checked"])}</p>')
+    return "".join(parts) + "</div>"
+
+
+def _engines_section(results: Mapping[str, Any]) -> str:
+    emit = results.get("emit") or {}
+    if not emit:
+        return ""
+    choice = results["answer"].get("choice")
+    what = (
+        f"{setting_name(choice['scaling'], choice['factor'])} for {choice['length']} tokens"
+        if choice
+        else "the chosen setting"
+    )
+    return (
+        '<section id="engines"><h2>The setting for each engine</h2>'
+        f'<p class="lead">{_e(what)}, in each engine\'s own spelling; files are in this '
+        "folder. A warning is a known silent failure of that engine with this scaling.</p>"
+        + "".join(_engine(name, e) for name, e in emit.items())
+        + "</section>"
+    )
+
+
+# --- the model and the settings ---------------------------------------------------------------
+
+
+def _unpath(text: str) -> str:
+    return Path(text).name if os.path.isabs(text) or text.startswith("~") else text
+
+
+def _plain(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_plain(v) for v in value) or "none"
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {_plain(v)}" for k, v in value.items()) or "none"
+    return _unpath(str(value))
+
+
+_LABELS = {
+    "to": "longest length (multiple of L)",
+    "multiples": "lengths (multiples of L)",
+    "scalings": "scalings",
+    "texts": "text files",
+    "documents": "documents (at most)",
+    "depths": "needle depths",
+    "trials": "haystacks per setting and length",
+    "seed": "seed",
+    "dtype": "dtype",
+    "device": "device asked for",
+    "context": "trained context given",
+    "quick": "quick run",
+    "tasks": "probe tasks",
+    "bar": "bar (share of the unscaled score at the shortest length)",
+    "ppl_tolerance": "perplexity tolerance (rise over none at L)",
+    "emit": "engines written",
+}
+
+
+def _pairs(rows: Sequence[tuple[str, str]]) -> str:
+    body = "".join(
+        f'<tr><th class="text" scope="row">{_e(k)}</th><td class="text wrap">{_e(v)}</td></tr>'
+        for k, v in rows
+    )
+    return f'<div class="scroll"><table class="pairs">{body}</table></div>'
+
+
+def _model_rows(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    model = results["model"]
+    rows = [("model", display_name(model)), ("model type", str(model.get("model_type", "?")))]
+    if isinstance(model.get("parameters"), int):
+        rows.append(("parameters", f"{model['parameters']:,}"))
+    rows.append(("trained context (L)", f"{results['trained_context']} tokens"))
+    types = [t for t in results.get("layer_types_scaled") or () if t is not None]
+    if types:
+        rows.append(("layer types scaled", ", ".join(map(str, types))))
+    rows += [("file", f"{n}: SHA-256 {h[:16]}") for n, h in (model.get("files") or {}).items()]
+    rows += [
+        (
+            "document",
+            f"{d['name']}: {d['tokens']:,} tokens, SHA-256 {str(d.get('sha256', ''))[:16]}",
+        )
+        for d in results.get("documents") or ()
+    ]
+    rows.append(("lengths measured", lengths_text(measured_lengths(results))))
+    if results.get("estimated_peak_bytes"):
+        rows.append(
+            ("estimated peak memory", f"{results['estimated_peak_bytes'] / 2**20:,.0f} MiB")
+        )
+    rows.append(("ran on", f"{results['device']}, {results['threads']} threads"))
+    rows.append(("posenc", str(results["posenc"])))
+    return rows
+
+
+def _settings_rows(results: Mapping[str, Any]) -> list[tuple[str, str]]:
+    rows = []
+    for key, value in results["settings"].items():
+        if key == "model":
+            continue  # the model is named above, by its name and its files' hashes
+        if key == "texts":
+            text = _plain([Path(str(t)).name for t in value]) if value else ""
+            rows.append((_LABELS[key], text or "the longest Python standard-library sources"))
+        elif key == "context" and value is None:
+            rows.append((_LABELS[key], f"no: the config's ({results['trained_context']})"))
+        else:
+            rows.append((_LABELS.get(key, key), _plain(value)))
+    return rows
+
+
+def _model_section(results: Mapping[str, Any]) -> str:
+    return (
+        '<section id="model"><h2>The model, and where it ran</h2>'
+        + _pairs(_model_rows(results))
+        + "</section>"
+    )
+
+
+def _settings_section(results: Mapping[str, Any]) -> str:
+    return (
+        '<section id="settings"><h2>Settings of this run</h2>'
+        + _pairs(_settings_rows(results))
+        + "</section>"
+    )
+
+
+# --- the page -----------------------------------------------------------------------------------
+
+
+def _scrubber(results: Mapping[str, Any], out: Path) -> Callable[[str], str]:
+    """A function that cuts every machine path this run knows of to its last part."""
+    short: dict[str, str] = {}
+    model, settings = results["model"], results["settings"]
+    texts = settings.get("texts") or ()
+    for path in (model.get("path"), settings.get("model"), model.get("name"), *texts):
+        if path and os.path.isabs(str(path)):
+            short[str(path)] = Path(str(path)).name
+    for folder in {str(out.absolute()), str(out.resolve())}:
+        short[folder + os.sep], short[folder] = "", "OUT"
+    home = str(Path.home())
+    if len(home) > 1:
+        short[home + os.sep] = "~" + os.sep
+    order = sorted((p for p in short if len(p) > 1), key=len, reverse=True)
+
+    def scrub(html: str) -> str:
+        for p in order:
+            html = html.replace(_e(p), _e(short[p])).replace(p, short[p])
+        return html
+
+    return scrub
+
+
+def _header(results: Mapping[str, Any], sections: Sequence[tuple[str, str]]) -> str:
+    model = results["model"]
+    nav = "".join(f'<a href="#{anchor}">{_e(title)}</a>' for anchor, title in sections)
+    return (
+        f"<header><h1>posenc extend: {_e(display_name(model))}</h1>"
+        f'<p class="meta">{_e(model.get("model_type", "?"))} &middot; trained context '
+        f"{results['trained_context']} tokens &middot; measured at "
+        f"{_e(lengths_text(measured_lengths(results)))} &middot; posenc {_e(results['posenc'])} &middot; "
+        'every number in <a href="results.json" style="color:#fff">results.json</a></p>'
+        f"<nav>{nav}</nav></header>"
+    )
+
+
+_NAV = {
+    "effective": "Effective length",
+    "bars": "Bars",
+    "probes": "Probes",
+    "perplexity": "Perplexity",
+    "cost": "Cost",
+    "engines": "Engines",
+    "model": "Model",
+    "settings": "Settings",
+}
+
+
+def _figure(out: Path, name: str, fig: Any, written: list[Path]) -> str:
+    if fig is None:
+        return ""
+    atomic_write(out / name, png(fig))
+    written.append(out / name)
+    return "\x00" + name + "\x00"
 
 
 def write_page(results: Mapping[str, Any], out: Path) -> list[Path]:
-    """Write the two figures and ``index.html`` into ``out``, each atomically; returns
-    their paths."""
-    ppl_png, passkey_png, index = (
-        out / "ppl_by_position.png",
-        out / "passkey.png",
-        out / "index.html",
-    )
-    atomic_write(ppl_png, _ppl_figure(results))
-    atomic_write(passkey_png, _passkey_figure(results))
-    model, settings = results["model"], results["settings"]
-    docs = ", ".join(f"{d['name']} ({d['tokens']} tokens)" for d in results["documents"])
+    """Write the figures of what was measured (``ppl_by_position.png``, and
+    ``probes.png`` when a probe ran) and ``index.html`` into ``out``, each atomically;
+    returns their paths, the page last. A figure of an earlier run that this one does not
+    draw is removed."""
+    written: list[Path] = []
+    tasks = probe_tasks(results)
+    titles = {
+        PPL_FIGURE: "perplexity by position per scaling, one panel per length",
+        PROBE_FIGURE: "probe score by length per setting, 95% Wilson intervals",
+    }
+    ppl = _figure(out, PPL_FIGURE, ppl_plot(results), written)
+    probes = _figure(out, PROBE_FIGURE, probe_plot(results), written)
+    for stale in set(_FIGURES) - {p.name for p in written}:
+        (out / stale).unlink(missing_ok=True)
+    sections = {
+        "effective": effective_section(results, bool(tasks)),
+        "bars": bar_section(results, tasks) if tasks else "",
+        "probes": probe_section(results, tasks, probes) if tasks else "",
+        "perplexity": ppl_section(results, ppl),
+        "cost": cost_section(results, bool(tasks)),
+        "engines": _engines_section(results),
+        "model": _model_section(results),
+        "settings": _settings_section(results),
+    }
+    shown = [(k, _NAV[k]) for k, html in sections.items() if html]
     body = (
-        f"<header><h1>posenc extend: {_e(model['name'])}</h1></header><main>"
-        f'<p class="answer"><b>{_e(results["answer"]["sentence"])}</b></p>'
-        f'<p class="lead">{_e(RULE)}</p>'
-        f"{_table(results)}{_cost_lines(results)}"
-        f"{figure_html(ppl_png, 'perplexity by position per scaling')}"
-        f"{figure_html(passkey_png, 'passkey accuracy, depth x length')}"
-        f"<h2>Model and settings</h2><p>{_e(model['model_type'])}, {model['parameters']} parameters, trained context "
-        f"{results['trained_context']}, scaled layer types {_e(results['layer_types_scaled'])}; files "
-        f"{_e(model['files'])}</p><p>Documents: {_e(docs)}</p><pre>{_e(settings)}</pre>"
-        f"<p>Device {_e(results['device'])}, {results['threads']} threads, posenc {_e(results['posenc'])}.</p></main>"
+        _header(results, shown)
+        + "<main>"
+        + _lead(results)
+        + "".join(sections.values())
+        + "<footer>Made by <code>posenc extend</code>. Figures are also in this folder as "
+        "PNG files; every number is in <code>results.json</code>.</footer></main>"
     )
-    atomic_write(index, page("posenc extend", body).encode("utf-8"))
-    return [ppl_png, passkey_png, index]
+    body = _scrubber(results, out)(body)
+    for p in written:
+        body = body.replace("\x00" + p.name + "\x00", figure_html(p, titles[p.name]))
+    atomic_write(out / INDEX, page("posenc extend", body).encode("utf-8"))
+    return [*written, out / INDEX]
