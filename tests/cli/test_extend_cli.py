@@ -56,7 +56,11 @@ def test_extend_writes_results_page_and_a_loadable_copy(
         "none-512-1",
         "yarn-512-2",
     }
-    assert results["answer"]["sentence"] in stdout and "wrote" in stdout
+    assert results["answer"]["lead"] in stdout and "wrote" in stdout
+    for engine, item in results["emit"].items():  # every engine's command, or why not
+        assert f"{engine}: " in stdout
+        for name in item.get("files", ()):
+            assert (out / name).is_file()
     assert "saved yarn (factor 2) for 512 tokens" in stdout
     config = json.loads((saved / "config.json").read_text())
     assert config["rope_parameters"] == {
@@ -81,6 +85,11 @@ def test_extend_writes_results_page_and_a_loadable_copy(
         (["extend", "MODEL", "--dtype", "int8"], "--dtype must be one of"),
         (["extend", "MODEL", "--scaling", "rope"], "--scaling must be one of"),
         (["extend", "MODEL", "--context", "1e10"], "--context"),
+        (["extend", "MODEL", "--emit", "tgi"], "--emit entries must be among"),
+        (["extend", "MODEL", "--tasks", "niah"], "--tasks entries must be among"),
+        (["extend", "MODEL", "--emit", "vllm", "--scaling", "dynamic"], "vllm"),
+        (["extend", "MODEL", "--emit", "gguf", "--scaling", "yarn"], "gguf"),
+        (["extend", "MODEL", "--bar", "0"], "--bar"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(

@@ -296,9 +296,14 @@ def _quick_extend(settings: Any, *, out_dir: Any, **kwargs: Any) -> dict[str, An
     and tests/cli/test_extend_cli.py run it on tiny ones); here only the options matter."""
     (Path(out_dir) / "index.html").write_text("<html></html>")
     return {
-        "answer": {"sentence": "measured nothing", "per_length": [{"best": "none"}]},
+        "answer": {
+            "lead": "measured nothing",
+            "sentence": "measured nothing",
+            "choice": {"scaling": "none", "factor": 1.0, "length": 16},
+        },
         "lengths": [16],
         "trained_context": 16,
+        "emit": {},
     }
 
 

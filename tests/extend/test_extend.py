@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 
 import pytest
@@ -23,9 +22,8 @@ from tests.extend._tiny import byte_tokenizer, tiny_gemma3, tiny_llama
 
 from posenc import PosEncError
 from posenc.extend import measure
-from posenc.extend.data import passkey_prompt
 from posenc.extend.model import load_model, scaled, scaling_for
-from posenc.extend.run import plan_units, run_extend
+from posenc.extend.run import execution_order, plan_units, run_extend
 from posenc.extend.save import save_extended
 from posenc.extend.settings import ExtendSettings
 from posenc.integrations.transformers import PatchedRotaryEmbedding, unpatch
@@ -37,7 +35,8 @@ REQUIRED = (
     "length",
     "ppl",
     "ppl_last_quarter",
-    "passkey_accuracy",
+    "probes",
+    "scores",
     "seconds",
     "peak_bytes",
 )
@@ -61,7 +60,7 @@ def text_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _settings(model: Path, text: Path, **options: object) -> ExtendSettings:
-    defaults = {"to": 2.0, "texts": [str(text)], "depths": (0.5,), "trials": 1}
+    defaults = {"to": 2.0, "texts": [str(text)], "trials": 1}
     return ExtendSettings.from_options(model, **{**defaults, **options})
 
 
@@ -92,18 +91,20 @@ def test_plan_units_none_everywhere_each_scaling_at_its_factor(llama: Path) -> N
     ]
 
 
-def test_quick_is_none_at_L_and_each_scaling_at_1_5_L(llama: Path) -> None:
+def test_quick_is_none_at_L_and_each_scaling_but_linear_at_1_5_L(llama: Path) -> None:
     settings = ExtendSettings.from_options(llama, quick=True)
-    assert (settings.to, settings.documents, settings.depths, settings.trials) == (
-        1.5,
-        1,
-        (0.5,),
-        0,
-    )
+    assert (settings.to, settings.documents, settings.trials) == (1.5, 1, 1)
     units = plan_units(settings, settings.lengths_for(8192), 8192, configured=False)
     assert units == [("none", 8192, 1.0), ("none", 12288, 1.0)] + [
-        (s, 12288, 1.5) for s in ("linear", "ntk", "dynamic", "yarn")
+        (s, 12288, 1.5) for s in ("ntk", "dynamic", "yarn")
     ]
+    given = ExtendSettings.from_options(llama, quick=True, scalings=["none", "linear"])
+    assert given.scalings == ("none", "linear")  # what is given wins over --quick's
+
+
+def test_units_run_longest_first_within_a_scaling_and_factor() -> None:
+    units = [("none", 10, 1.0), ("yarn", 10, 2.0), ("none", 20, 1.0), ("yarn", 20, 2.0)]
+    assert execution_order(units) == [2, 0, 3, 1]
 
 
 def test_results_hold_one_record_per_unit_with_every_field(run: tuple[Path, dict]) -> None:
@@ -118,7 +119,10 @@ def test_results_hold_one_record_per_unit_with_every_field(run: tuple[Path, dict
         assert record["peak_bytes"] > 0 and record["seconds"] >= 0
     assert results["model"]["files"]["config.json"] and results["trained_context"] == 512
     html = (out / "index.html").read_text()
-    assert html.count("data:image/png;base64,") == 2 and results["answer"]["sentence"] in html
+    # 512 byte tokens are too short for the probes' needles: no probe figure, only perplexity
+    assert all("probes_skipped" in r for r in results["records"])
+    assert html.count("data:image/png;base64,") == 1 and results["answer"]["lead"] in html
+    assert str(out) not in html and "emit" in results
 
 
 def test_dynamic_at_L_is_no_scaling_and_takes_its_numbers(run: tuple[Path, dict]) -> None:
@@ -223,29 +227,59 @@ def test_resume_keeps_every_unit_and_other_settings_do_not(
     assert steps  # a different seed is another run: every unit measured again
 
 
-# --- passkeys -----------------------------------------------------------------------------------
+# --- one forward pass for the lengths of a scaling and factor ---------------------------------
 
 
-@pytest.mark.parametrize("depth", [0.1, 0.5, 0.9])
-def test_passkey_prompt_has_the_length_and_the_key_at_its_depth(depth: float) -> None:
-    tokenizer = byte_tokenizer()
-    prompt = passkey_prompt(tokenizer, 1000, depth, random.Random(3))
-    again = passkey_prompt(tokenizer, 1000, depth, random.Random(3))
-    assert len(prompt.ids) == 1000 and prompt == again
-    text = tokenizer.decode(prompt.ids[prompt.at :], skip_special_tokens=True)
-    assert text.startswith(f" The pass key is {prompt.key}.")
-    assert text.endswith("What is the pass key? The pass key is")
-    from posenc.extend import data
+def test_the_longer_pass_gives_the_shorter_lengths_their_perplexity(
+    llama: Path, text_file: Path, tmp_path: Path
+) -> None:
+    settings = _settings(llama, text_file, scalings=["none", "yarn", "dynamic"], trials=0)
+    records = {r["key"]: r for r in run_extend(settings, out_dir=tmp_path, plot=False)["records"]}
+    assert records["none-512-1"]["shared_pass"] == "none-1024-1"
+    assert records["yarn-512-2"]["shared_pass"] == "yarn-1024-2"
+    assert records["dynamic-1024-2"]["shared_pass"] is None  # its angles depend on the length
+    assert records["dynamic-512-2"]["same_as"] == "none-512-1"
+    loaded = load_model(llama, dtype="float32", device="cpu", context=None)
+    ids = loaded.tokenizer(text_file.read_text())["input_ids"][:512]
+    for key, name in (("none-512-1", "none"), ("yarn-512-2", "yarn")):
+        model = scaled(loaded, scaling_for(name, 2.0, loaded))
+        try:
+            alone = measure.nll_by_position(model, ids)
+        finally:
+            unpatch(model)
+        assert records[key]["ppl"] == pytest.approx(math.exp(alone.mean().item()), rel=1e-5)
 
-    head = len(tokenizer(data._INSTRUCTION)["input_ids"])
-    needle = len(
-        tokenizer(
-            f" The pass key is {prompt.key}. Remember it. {prompt.key} is the pass key.",
-            add_special_tokens=False,
-        )["input_ids"]
-    )
-    tail = len(tokenizer(data._QUESTION, add_special_tokens=False)["input_ids"])
-    assert prompt.at - head == round(depth * (1000 - head - needle - tail))
+
+def test_a_haystacks_perplexity_leaves_its_needles_out(
+    llama: Path, text_file: Path, tmp_path: Path
+) -> None:
+    # byte tokens: every task's needles need about 2,400 of them
+    settings = _settings(llama, text_file, scalings=["none", "yarn"], context=1536, multiples=[1])
+    results = run_extend(settings, out_dir=tmp_path, plot=False)
+    records = {r["key"]: r for r in results["records"]}
+    record = records["none-3072-1"]
+    assert record["probes"] and set(record["scores"]) == {
+        "passkey",
+        "multikey",
+        "multivalue",
+        "vartrack",
+    }
+    assert "probes_skipped" in records["none-1536-1"]  # too short for the needles
+    assert 0 < record["tokens"] < 3071 - 500  # the needles' and the instruction's not counted
+    ids = {p["id"] for p in record["probes"]}
+    assert ids == {p["id"] for p in records["yarn-3072-2"]["probes"]}  # the same prompts
+    assert records["none-1536-1"]["shared_pass"] is None  # doc 0 is the haystack: no pass
+
+
+def test_filler_losses_are_nan_on_the_needles() -> None:
+    from types import SimpleNamespace
+
+    from posenc.extend.run import _filler_losses
+
+    nll = torch.arange(9, dtype=torch.float64)  # predicts tokens 1..9 of a 10-token haystack
+    got = _filler_losses(nll, SimpleNamespace(needles=((3, 5),)), 12)
+    want = torch.tensor([0, 1, math.nan, math.nan, 4, 5, 6, 7, 8, math.nan, math.nan])
+    torch.testing.assert_close(got, want.double(), equal_nan=True)
 
 
 # --- --save: transformers loads it, and its RoPE is posenc's ------------------------------------
@@ -288,10 +322,18 @@ def test_save_refuses_a_folder_that_holds_files(llama: Path, tmp_path: Path) -> 
     [
         ({"to": 0.5}, "to must be"),
         ({"to": float("nan")}, "to must be"),
-        ({"scalings": []}, "at least one scaling"),
+        ({"scalings": []}, "scalings must name at least one"),
         ({"scalings": ["yarn", "yarn"]}, "must not repeat"),
         ({"scalings": ["rope"]}, "scalings must be one of"),
         ({"depths": (0.0,)}, "strictly between 0 and 1"),
+        ({"tasks": []}, "tasks must name at least one"),
+        ({"tasks": ["niah"]}, "tasks must be one of"),
+        ({"emit": ["vllm", "vllm"]}, "emit must not repeat"),
+        ({"emit": ["tgi"]}, "emit must be one of"),
+        ({"bar": 0.0}, "bar must be > 0"),
+        ({"bar": 1.5}, "bar must be <= 1"),
+        ({"ppl_tolerance": -0.1}, "ppl_tolerance must be >= 0"),
+        ({"scaling": "rope"}, "scaling must be one of"),
         ({"multiples": (3.0,), "to": 2.0}, "multiples"),
         ({"multiples": "1,2"}, "must be a list or tuple"),
         ({"trials": -1}, "trials must be"),
@@ -340,7 +382,7 @@ def test_a_length_beyond_memory_is_refused_before_it_runs(
 def test_no_document_long_enough_is_one_line(llama: Path, tmp_path: Path) -> None:
     short = tmp_path / "short.txt"
     short.write_text("def f(): pass\n")
-    with pytest.raises(PosEncError, match="no document has 512 tokens"):
+    with pytest.raises(PosEncError, match="no document has 1024 tokens"):
         run_extend(_settings(llama, short), out_dir=tmp_path / "out")
 
 
@@ -352,7 +394,7 @@ def test_no_document_long_enough_is_one_line(llama: Path, tmp_path: Path) -> Non
 def test_smollm2_gguf_runs_end_to_end(tmp_path: Path) -> None:
     path = _real_models.require("smollm2")
     settings = ExtendSettings.from_options(
-        path, context=256, to=2.0, scalings=["none", "yarn"], documents=1, depths=(0.5,), trials=1
+        path, context=256, to=2.0, scalings=["none", "yarn"], documents=1, trials=1
     )
     results = run_extend(settings, out_dir=tmp_path)
     assert results["model"]["model_type"] == "llama" and results["model"]["files"][path.name]

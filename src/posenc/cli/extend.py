@@ -4,6 +4,7 @@ scaling, with no fine-tuning.
 posenc extend .cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf          # L, 1.5L, 2L
 posenc extend MODEL_DIR --to 4 --out runs/extend                            # up to 4L
 posenc extend MODEL.gguf --quick                                            # a few minutes
+posenc extend MODEL.gguf --emit vllm,llama.cpp                              # two engines
 posenc extend MODEL.gguf --save extended/ --scaling yarn                    # a loadable copy
 """
 
@@ -19,8 +20,8 @@ import typer
 from posenc._errors import PosEncError, check_float
 from posenc.cli._app import app, fail
 from posenc.cli._checks import check_out_dir, choice, integer, number, option, text
+from posenc.extend.settings import ENGINE_NAMES, TASK_NAMES
 from posenc.extend.settings import SCALING_NAMES as _SCALINGS
-from posenc.extend.settings import UNSCALED
 
 __all__ = ["extend"]
 
@@ -32,7 +33,7 @@ def _number(option_name: str, text: str) -> float:
         raise PosEncError(f"{option_name} entries must be numbers, got {text!r}") from None
 
 
-def _list(option_name: str, kind: type) -> Any:
+def _list(option_name: str, kind: type, known: tuple[str, ...] = _SCALINGS) -> Any:
     def check(value: Any) -> Any:
         if value is None:
             return None
@@ -44,9 +45,9 @@ def _list(option_name: str, kind: type) -> Any:
         if kind is float:
             return [check_float(option_name, _number(option_name, p), min=1.0) for p in parts]
         for p in parts:
-            if p not in _SCALINGS:
+            if p not in known:
                 raise PosEncError(
-                    f"{option_name} entries must be among {', '.join(_SCALINGS)}, got {p!r}"
+                    f"{option_name} entries must be among {', '.join(known)}, got {p!r}"
                 )
         return parts
 
@@ -86,11 +87,41 @@ Documents = Annotated[
 Trials = Annotated[
     int | None,
     option(
-        "Passkeys per depth and length [2; --quick 0; 0: none].",
+        "Haystacks per scaling and length, each prefilled once with needles of every task [2; --quick 1; 0: no probe].",
         integer("--trials", min=0, max=100),
     ),
 ]
-Seed = Annotated[int, option("Seed of the passkeys.", integer("--seed", min=0, max=2**31 - 1))]
+Tasks = Annotated[
+    str | None,
+    option(
+        f"Probe tasks, e.g. passkey,vartrack [{','.join(TASK_NAMES)}].",
+        _list("--tasks", str, TASK_NAMES),
+    ),
+]
+Bar = Annotated[
+    float,
+    option(
+        "A scaling holds a task where it keeps this fraction of the model's unscaled score at the shortest length.",
+        number("--bar", min=0.0, max=1.0, exclusive=True),
+    ),
+]
+PplTolerance = Annotated[
+    float,
+    option(
+        "A scaling holds where its perplexity is at most (1 + this) x none's at L.",
+        number("--ppl-tolerance", min=0.0, max=100.0),
+    ),
+]
+Emit = Annotated[
+    str | None,
+    option(
+        f"Engines to write the chosen setting for [{','.join(ENGINE_NAMES)}; gguf and ollama only for a .gguf model].",
+        _list("--emit", str, ENGINE_NAMES),
+    ),
+]
+Seed = Annotated[
+    int, option("Seed of the probes' needles.", integer("--seed", min=0, max=2**31 - 1))
+]
 Dtype = Annotated[
     str,
     option(
@@ -112,7 +143,7 @@ Quick = Annotated[
     bool,
     typer.Option(
         "--quick",
-        help="Perplexity on one document, none at L and each scaling at 1.5L, no passkey (unless --trials): a few minutes for SmolLM2-135M on 2 cores.",
+        help="One document and one haystack; none at L, and none, ntk, dynamic, yarn at 1.5L: a few minutes for SmolLM2-135M on 2 cores.",
     ),
 ]
 Resume = Annotated[
@@ -132,7 +163,7 @@ Save = Annotated[
 Scaling = Annotated[
     str | None,
     option(
-        "The scaling --save writes [the answer at the longest length].",
+        "The scaling --emit and --save write, set for the longest length [the answer's choice].",
         choice("--scaling", _SCALINGS),
     ),
 ]
@@ -148,6 +179,10 @@ def extend(
     texts: Texts = None,
     documents: Documents = None,
     trials: Trials = None,
+    tasks: Tasks = None,
+    bar: Bar = 0.9,
+    ppl_tolerance: PplTolerance = 0.1,
+    emit: Emit = None,
     seed: Seed = 0,
     dtype: Dtype = "float32",
     device: Device = "cpu",
@@ -157,9 +192,11 @@ def extend(
     save: Save = None,
     scaling: Scaling = None,
 ) -> None:
-    """Measure MODEL past its trained context: perplexity by position and passkey
-    retrieval under each RoPE scaling, with the cost; write OUT/results.json, figures and
-    OUT/index.html, which leads with the answer.
+    """Measure MODEL past its trained context under each RoPE scaling: perplexity by
+    position, RULER-style probes (passkey, multi-key and multi-value needles, variable
+    tracking), the effective length of each scaling, and the cost; write the chosen
+    setting for each engine (OUT/emit/), OUT/results.json, figures and OUT/index.html,
+    which leads with the answer.
 
     Exit codes: 0 written, 2 a bad option or a model that cannot be measured, 1 the
     environment refused (a folder that cannot be written, out of memory)."""
@@ -175,6 +212,11 @@ def extend(
             texts=texts or None,
             documents=documents,
             trials=trials,
+            tasks=tasks,
+            bar=bar,
+            ppl_tolerance=ppl_tolerance,
+            emit=emit,
+            scaling=scaling,
             seed=seed,
             dtype=dtype,
             device=device,
@@ -182,25 +224,37 @@ def extend(
             quick=quick,
         )
         path = check_out_dir(out)
+        if settings.emit and settings.scaling is not None:
+            from posenc.extend.emit import check_emit
+
+            check_emit(settings.emit, settings.scaling, settings.model.endswith(".gguf"))
     except PosEncError as e:
         fail(str(e))
         return
     with _progress() as on_event:
         results = run_extend(settings, out_dir=path, resume=resume, on_event=on_event)
-    typer.echo(results["answer"]["sentence"])
+    typer.echo(results["answer"]["lead"])
+    for engine, item in results.get("emit", {}).items():
+        typer.echo(f"{engine}: {item.get('command') or item.get('refused') or ''}")
+        for warning in item.get("warnings", ()):
+            typer.echo(f"  warning: {warning}")
     if save:
-        _save(settings, results, save, scaling)
-    typer.echo(f"wrote {path / 'index.html'}, {path / 'results.json'} and 2 figures")
+        _save(settings, results, save)
+    typer.echo(
+        f"wrote {path / 'index.html'}, {path / 'results.json'}, the figures and {path / 'emit'}"
+    )
 
 
-def _save(settings: Any, results: dict[str, Any], save: str, scaling: str | None) -> None:
+def _save(settings: Any, results: dict[str, Any], save: str) -> None:
     from posenc.extend.model import load_model
+    from posenc.extend.run import chosen
     from posenc.extend.save import save_extended
 
-    last = results["answer"]["per_length"][-1]
-    name = scaling or last["best"]
-    target = max(results["lengths"])
-    factor = 1.0 if name in UNSCALED else target / results["trained_context"]
+    choice = chosen(settings, results)
+    if choice is None:
+        fail("--save: no measured setting holds the bar; pass --scaling to save one anyway")
+        return
+    name, factor, target = choice
     loaded = load_model(
         settings.model, dtype=settings.dtype, device=settings.device, context=settings.context
     )

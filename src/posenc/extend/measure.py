@@ -1,9 +1,12 @@
-"""The measurements of one ``(scaling, length)`` unit: perplexity by position, passkey
-retrieval, and what it cost (wall time, peak memory), with the memory estimated first.
+"""The measurements of one ``(scaling, length)`` unit: perplexity by position, the
+forward pass a haystack's probes continue from, and what it cost (wall time, peak
+memory), with the memory estimated first.
 
 Perplexity never builds the ``[length, vocab]`` logits at once: the decoder's last hidden
 states are taken once, then the output head, any final soft-capping, and the negative
-log-likelihood run over chunks of 1024 positions. Losses are summed in float64.
+log-likelihood run over chunks of 1024 positions. Losses are summed in float64. A loss
+not counted (a needle's token in a haystack, a position past a shorter text) is NaN, and
+every mean skips it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 import torch
 
 from posenc._errors import PosEncError
-from posenc.extend.data import Document, Passkey
+from posenc.extend.data import Document
 
 __all__ = [
     "Cost",
@@ -27,8 +30,8 @@ __all__ = [
     "estimate_bytes",
     "measured",
     "nll_by_position",
-    "passkey_hit",
     "perplexities",
+    "prefill",
 ]
 
 _CHUNK = 1024
@@ -46,12 +49,7 @@ def _logits(model: Any, hidden: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-@torch.inference_mode()
-def nll_by_position(model: Any, ids: Sequence[int]) -> torch.Tensor:
-    """The negative log-likelihood (float64, nats) of each token ``ids[1:]`` given those
-    before it: ``[len(ids) - 1]``, entry ``i`` is the loss of predicting position ``i + 1``."""
-    x = torch.tensor([list(ids)], device=_device(model))
-    hidden = model.get_decoder()(input_ids=x, use_cache=False).last_hidden_state[0]
+def _nll(model: Any, x: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     out = []
     for start in range(0, x.shape[1] - 1, _CHUNK):
         stop = min(start + _CHUNK, x.shape[1] - 1)
@@ -60,6 +58,26 @@ def nll_by_position(model: Any, ids: Sequence[int]) -> torch.Tensor:
             torch.nn.functional.cross_entropy(logits, x[0, start + 1 : stop + 1], reduction="none")
         )
     return torch.cat(out).double().cpu()
+
+
+@torch.inference_mode()
+def nll_by_position(model: Any, ids: Sequence[int]) -> torch.Tensor:
+    """The negative log-likelihood (float64, nats) of each token ``ids[1:]`` given those
+    before it: ``[len(ids) - 1]``, entry ``i`` is the loss of predicting position ``i + 1``."""
+    x = torch.tensor([list(ids)], device=_device(model))
+    hidden = model.get_decoder()(input_ids=x, use_cache=False).last_hidden_state[0]
+    return _nll(model, x, hidden)
+
+
+@torch.inference_mode()
+def prefill(model: Any, ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
+    """One forward of ``ids`` that keeps its KV cache: the losses of
+    :func:`nll_by_position` and the cache (transformers' ``Cache``) the probes continue
+    from, so one pass gives a haystack's perplexity and answers its probes."""
+    x = torch.tensor([list(ids)], device=_device(model))
+    out = model.get_decoder()(input_ids=x, use_cache=True)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    return _nll(model, x, out.last_hidden_state[0]), cache
 
 
 def bucket_edges(length: int, width: int) -> list[int]:
@@ -71,23 +89,27 @@ def bucket_edges(length: int, width: int) -> list[int]:
 def perplexities(nlls: Sequence[torch.Tensor], length: int, width: int) -> dict[str, Any]:
     """``ppl`` (all predicted tokens), ``ppl_last_quarter`` (positions in the last quarter)
     and ``by_bucket`` (``[{start, stop, ppl}]``) over documents whose losses are ``nlls``
-    (each ``[length - 1]``: entry ``i`` predicts position ``i + 1``)."""
+    (each ``[length - 1]``: entry ``i`` predicts position ``i + 1``; NaN: not counted);
+    also ``ppl_by_bucket_document``: per document, its perplexity in each bucket (None
+    where it counts no token there)."""
     stacked = torch.stack(list(nlls))  # [docs, length - 1]
     positions = torch.arange(1, length, dtype=torch.long)
 
-    def ppl(mask: torch.Tensor) -> float:
-        return math.exp(float(stacked[:, mask].mean()))
+    def ppl(values: torch.Tensor) -> float | None:
+        kept = values[~torch.isnan(values)]
+        return math.exp(float(kept.mean())) if kept.numel() else None
 
     edges = bucket_edges(length, width)
-    buckets = [
-        {"start": a, "stop": b, "ppl": ppl((positions >= a) & (positions < b))}
+    masks = [
+        (a, b, (positions >= a) & (positions < b))
         for a, b in itertools.pairwise(edges)
         if ((positions >= a) & (positions < b)).any()
     ]
     return {
-        "ppl": ppl(torch.ones_like(positions, dtype=torch.bool)),
-        "ppl_last_quarter": ppl(positions >= length - length // 4),
-        "by_bucket": buckets,
+        "ppl": ppl(stacked),
+        "ppl_last_quarter": ppl(stacked[:, positions >= length - length // 4]),
+        "by_bucket": [{"start": a, "stop": b, "ppl": ppl(stacked[:, m])} for a, b, m in masks],
+        "bucket_ppl_by_document": [[ppl(row[m]) for _, _, m in masks] for row in stacked],
     }
 
 
@@ -101,38 +123,11 @@ def _cache_of(model: Any, out: Any) -> dict[str, Any]:
     return {"past_key_values": out.past_key_values}
 
 
-@torch.inference_mode()
-def passkey_hit(
-    model: Any, tokenizer: Any, prompt: Passkey, new_tokens: int = 6
-) -> tuple[bool, str]:
-    """Greedy-decode ``new_tokens`` tokens after ``prompt`` with the KV cache (the prompt's
-    logits only at its last position): whether the first digits produced are the key,
-    and the text produced."""
-    x = torch.tensor([prompt.ids], device=_device(model))
-    out = model(input_ids=x, use_cache=True, logits_to_keep=1)
-    produced: list[int] = []
-    for step in range(new_tokens):
-        token = int(out.logits[0, -1].argmax())
-        produced.append(token)
-        if token == tokenizer.eos_token_id or step == new_tokens - 1:
-            break
-        position = torch.tensor([[x.shape[1] + step]], device=x.device)
-        out = model(
-            input_ids=torch.tensor([[token]], device=x.device),
-            position_ids=position,
-            cache_position=position[0],
-            use_cache=True,
-            **_cache_of(model, out),
-        )
-    text = tokenizer.decode(produced, skip_special_tokens=True)
-    digits = "".join(c for c in text if c.isdigit())[: len(prompt.key)]
-    return digits == prompt.key, text
-
-
 def estimate_bytes(model: Any, length: int) -> int:
     """Peak memory of one forward of ``length`` tokens, estimated before it runs: the
     weights, the decoder's activations (a few ``[length, hidden]`` and ``[length,
-    intermediate]`` tensors of one layer at a time, kept hidden states), a logits chunk,
+    intermediate]`` tensors of one layer at a time, kept hidden states), the KV cache a
+    haystack's probes continue from, a logits chunk,
     and ``[length, length]`` per head where attention is eager (or masked on a sliding
     window: the mask itself)."""
     config = model.config.get_text_config()
@@ -142,7 +137,11 @@ def estimate_bytes(model: Any, length: int) -> int:
     inter = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
     heads = int(getattr(config, "num_attention_heads", 1))
     vocab = int(getattr(config, "vocab_size", 0))
-    acts = length * (12 * hidden + 4 * inter) * size + _CHUNK * vocab * 12
+    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(config, "head_dim", None) or hidden // max(heads, 1))
+    cache = 2 * layers * kv_heads * head_dim * length * size  # a haystack's KV cache
+    acts = length * (12 * hidden + 4 * inter) * size + _CHUNK * vocab * 12 + cache
     square = length * length
     attention = 0
     if getattr(config, "_attn_implementation", "sdpa") == "eager":

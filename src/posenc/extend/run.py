@@ -13,9 +13,9 @@ settings and model hash match, so a killed run goes on where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,12 +28,12 @@ from posenc._version import __version__
 from posenc.experiments.results import write_results
 from posenc.extend import measure
 from posenc.extend.answer import answer
-from posenc.extend.data import Document, documents, passkey_prompt
+from posenc.extend.data import Document, documents
 from posenc.extend.model import Loaded, load_model, scaled, scaling_for
-from posenc.extend.settings import CONFIG, NONE, ExtendSettings
+from posenc.extend.settings import CONFIG, NONE, UNSCALED, ExtendSettings
 from posenc.integrations.transformers import PatchedRotaryEmbedding, unpatch
 
-__all__ = ["Event", "plan_units", "run_extend", "unit_fingerprint"]
+__all__ = ["Event", "chosen", "execution_order", "plan_units", "run_extend", "unit_fingerprint"]
 
 #: ``on_event(kind, info)``: ``"loaded"`` (model, lengths, units), ``"unit"`` (a unit
 #: starts: scaling, length, factor, index, total), ``"step"`` (one forward done inside a
@@ -61,6 +61,16 @@ def plan_units(
     return units
 
 
+def execution_order(units: Sequence[tuple[str, int, float]]) -> list[int]:
+    """The order the units run in: grouped by ``(scaling, factor)`` (in order of first
+    appearance), the longest length of a group first, so its forward pass can give the
+    group's shorter lengths their perplexity (see :func:`run_extend`)."""
+    groups: dict[tuple[str, float], list[int]] = {}
+    for i, (name, _, factor) in enumerate(units):
+        groups.setdefault((name, factor), []).append(i)
+    return [i for group in groups.values() for i in sorted(group, key=lambda i: -units[i][1])]
+
+
 def _tables(model: Any, length: int) -> list[torch.Tensor]:
     """The cos/sin of every patched rotary module over positions ``0..length-1``."""
     positions = torch.arange(length)[None]
@@ -72,84 +82,150 @@ def _tables(model: Any, length: int) -> list[torch.Tensor]:
     return out
 
 
+def _prefix_equal(long: list[torch.Tensor], short: list[torch.Tensor]) -> bool:
+    """Whether the tables of a longer pass, cut to the shorter's positions, are the
+    shorter's bit for bit (so are the logits below it: a causal model's position ``i``
+    sees only positions ``<= i``)."""
+    return len(long) == len(short) and all(
+        torch.equal(a.narrow(-2, 0, b.shape[-2]), b) for a, b in zip(long, short)
+    )
+
+
 def _key(scaling: str, length: int, factor: float) -> str:
     return f"{scaling}-{length}-{factor:g}"
 
 
-def _passkeys(
-    loaded: Loaded, settings: ExtendSettings, length: int, step: Callable[[], None]
-) -> list[dict[str, Any]]:
-    rows = []
-    for i, depth in enumerate(settings.depths):
-        hits, outputs = 0, []
-        for trial in range(settings.trials):
-            rng = random.Random(f"{settings.seed}-{length}-{i}-{trial}")  # same for every scaling
-            prompt = passkey_prompt(loaded.tokenizer, length, depth, rng)
-            hit, text = measure.passkey_hit(loaded.model, loaded.tokenizer, prompt)
-            hits += hit
-            outputs.append({"key": prompt.key, "output": text, "hit": hit})
-            step()
-        rows.append({"depth": depth, "trials": settings.trials, "hits": hits, "outputs": outputs})
-    return rows
+@dataclasses.dataclass
+class _Pass:
+    """A forward pass over the documents at one ``(scaling, factor)``, kept so a shorter
+    length at the same scaling and factor takes its losses instead of running again."""
+
+    key: str
+    length: int
+    tables: list[torch.Tensor]
+    nlls: dict[str, torch.Tensor]
+
+
+def _haystacks(loaded: Loaded, settings: ExtendSettings, docs: list[Document], length: int) -> Any:
+    """The probes' haystacks at ``length`` (the same for every scaling), or the reason
+    there are none (``trials`` 0, or a length too short for the needles)."""
+    if not settings.trials:
+        return []
+    from posenc.extend.probes import haystacks
+
+    try:
+        return haystacks(
+            loaded.tokenizer,
+            docs[0].ids,
+            length,
+            seed=settings.seed,
+            tasks=settings.tasks,
+            count=settings.trials,
+            depths=settings.depths,
+        )
+    except PosEncError as error:
+        return str(error)
+
+
+def _filler_losses(nll: torch.Tensor, haystack: Any, length: int) -> torch.Tensor:
+    """A haystack's losses as a document's: NaN where the token predicted is a needle's,
+    padded with NaN to ``length - 1`` positions."""
+    out = torch.full((length - 1,), math.nan, dtype=torch.float64)
+    out[: nll.shape[0]] = nll
+    for start, stop in haystack.needles:
+        out[max(start - 1, 0) : stop - 1] = math.nan  # entry i predicts token i + 1
+    return out
 
 
 def _measure(
     loaded: Loaded,
     settings: ExtendSettings,
     docs: list[Document],
-    length: int,
+    unit: tuple[str, int, float],
+    tables: list[torch.Tensor],
+    passes: dict[tuple[str, float], _Pass],
+    hays: Any,
     on_step: Callable[[int, int], None],
 ) -> dict[str, Any]:
-    """Perplexity, passkeys and cost of the model as patched now, at ``length``."""
+    """Perplexity, probes and cost of the model as patched now, at ``length``: one prefill
+    per haystack answers its probes and gives the first document's losses (its needles
+    left out); the other documents take a longer pass's losses at the same scaling and
+    factor where its tables agree, else run."""
+    name, length, factor = unit
     device = next(loaded.model.parameters()).device
-    texts = [(d.name, ids) for d in docs if (ids := measure.ids_of(d, length)) is not None]
-    if not texts:
-        raise PosEncError(
-            f"no document has {length} tokens; pass longer --text files or a lower --to"
-        )
-    total = len(texts) + len(settings.depths) * settings.trials
+    stacks = hays if isinstance(hays, list) else []
+    longer = passes.get((name, factor))
+    shared = longer if longer and _prefix_equal(longer.tables, tables) else None
+    total = len(stacks) + sum(1 for d in docs if shared is None or d.name not in shared.nlls)
     done = [0]
 
     def step() -> None:
         done[0] += 1
         on_step(done[0], total)
 
-    with measure.measured(device) as cost:
-        nlls = []
-        for _, ids in texts:
-            nlls.append(measure.nll_by_position(loaded.model, ids))
+    nlls: dict[str, torch.Tensor] = {}
+    rows: list[dict[str, Any]] = []
+    with measure.measured(device) as probe_cost:
+        from posenc.extend.asking import answer_haystack
+
+        for h in stacks:
+            nll, cache = measure.prefill(loaded.model, h.ids)
+            if h.index == 0 and len(docs[0].ids) >= length:
+                nlls[docs[0].name] = _filler_losses(nll, h, length)
+            rows.extend(answer_haystack(loaded.model, loaded.tokenizer, h, cache))
+            del cache
             step()
-    record = measure.perplexities(nlls, length, max(1, loaded.trained // 4))
+    fresh: dict[str, torch.Tensor] = {}
+    took = False
+    with measure.measured(device) as cost:
+        for d in docs:
+            if d.name in nlls or (ids := measure.ids_of(d, length)) is None:
+                continue
+            if shared is not None and d.name in shared.nlls:
+                nlls[d.name] = shared.nlls[d.name][: length - 1]
+                took = True
+                continue
+            nlls[d.name] = fresh[d.name] = measure.nll_by_position(loaded.model, ids)
+            step()
+    if not nlls:
+        raise PosEncError(
+            f"no document has {length} tokens; pass longer --text files or a lower --to"
+        )
+    if fresh and (longer is None or longer.length < length):
+        passes[(name, factor)] = _Pass(_key(*unit), length, tables, fresh)
+    names = [d.name for d in docs if d.name in nlls]
+    record = measure.perplexities([nlls[n] for n in names], length, max(1, loaded.trained // 4))
+    record["ppl_by_bucket_document"] = dict(zip(names, record.pop("bucket_ppl_by_document")))
     record["ppl_by_document"] = {
-        name: math.exp(float(nll.mean())) for (name, _), nll in zip(texts, nlls)
+        n: math.exp(float(nlls[n][~torch.isnan(nlls[n])].mean())) for n in names
     }
-    record["tokens"] = len(texts) * (length - 1)
-    with measure.measured(device) as passkey_cost:
-        try:
-            rows = _passkeys(loaded, settings, length, step)
-        except PosEncError as error:  # a prompt longer than the length: no passkey here
-            rows, record["passkey_skipped"] = [], str(error)
-    trials = sum(r["trials"] for r in rows)
-    record["passkey"] = rows
-    record["passkey_accuracy"] = sum(r["hits"] for r in rows) / trials if trials else None
+    record["tokens"] = int(sum(int((~torch.isnan(nlls[n])).sum()) for n in names))
+    record["shared_pass"] = shared.key if took and shared is not None else None
+    from posenc.extend.probes import summarize
+
+    record["probes"] = rows
+    record["scores"] = summarize(rows)
+    if isinstance(hays, str):
+        record["probes_skipped"] = hays
     record["seconds_ppl"] = cost.seconds
-    record["seconds_passkey"] = passkey_cost.seconds
-    record["seconds"] = cost.seconds + passkey_cost.seconds
-    record["peak_bytes"] = max(cost.peak_bytes, passkey_cost.peak_bytes)
-    record["base_bytes"] = cost.base_bytes
+    record["seconds_probes"] = probe_cost.seconds
+    record["seconds"] = cost.seconds + probe_cost.seconds
+    record["peak_bytes"] = max(cost.peak_bytes, probe_cost.peak_bytes)
+    record["base_bytes"] = probe_cost.base_bytes if stacks else cost.base_bytes
     return record
 
 
-#: Settings that choose which units run, not what one unit measures: a resumed run may
-#: add a scaling or a length and keep every unit already measured.
-_PLAN_ONLY = ("to", "multiples", "scalings", "quick")
+#: Settings that choose which units run or what is made of them, not what one unit
+#: measures: a resumed run may add a scaling or a length, or change the bar, and keep every
+#: unit already measured.
+_PLAN_ONLY = ("to", "multiples", "scalings", "quick", "bar", "ppl_tolerance", "emit", "scaling")
 
 
 def unit_fingerprint(
     settings: ExtendSettings, files: dict[str, str], docs: list[Document]
 ) -> dict[str, Any]:
     """What a saved unit must match to be kept by ``--resume``: the settings that change a
-    unit's numbers (model, texts, documents, passkey depths and trials, seed, dtype,
+    unit's numbers (model, texts, documents, haystacks, tasks, depths, seed, dtype,
     device, context), the SHA-256 of the model's files and of the documents; as JSON gives
     it back (tuples are lists there), so a saved one compares equal."""
     record = {k: v for k, v in settings.to_record().items() if k not in _PLAN_ONLY}
@@ -157,7 +233,7 @@ def unit_fingerprint(
     return json.loads(json.dumps({"settings": record, "files": files, "documents": documents}))
 
 
-_UNIT_MAX_BYTES = 16 * MIB  # a unit's record: a few numbers per bucket and passkey
+_UNIT_MAX_BYTES = 16 * MIB  # a unit's record: a few numbers per bucket and probe
 
 
 def _saved_unit(path: Path, fingerprint: dict[str, Any]) -> dict[str, Any] | None:
@@ -204,6 +280,10 @@ def run_extend(
         lengths = settings.lengths_for(loaded.trained)
         estimate = measure.check_memory(loaded.model, max(lengths))
         docs = documents(loaded.tokenizer, settings.texts, settings.documents)
+        if len(docs[0].ids) < max(lengths):  # checked before any unit runs
+            raise PosEncError(
+                f"no document has {max(lengths)} tokens; pass longer --text files or a lower --to"
+            )
         units = plan_units(settings, lengths, loaded.trained, loaded.configured is not None)
         emit(
             "loaded",
@@ -231,6 +311,7 @@ def run_extend(
             "records": records,
         }
         results["answer"] = answer(results)
+        results["emit"] = _emit(loaded, settings, results, out)
         paths = [write_results(results, out)]
         if plot:
             from posenc.extend.page import write_page
@@ -250,9 +331,13 @@ def _run_units(
     resume: bool,
     emit: Event,
 ) -> list[dict[str, Any]]:
-    records: list[dict[str, Any]] = []
+    """Every unit's record, in the order of ``units`` (run in :func:`execution_order`)."""
+    records: dict[int, dict[str, Any]] = {}
     seen: dict[int, list[tuple[list[torch.Tensor], dict[str, Any]]]] = {}
-    for index, (name, length, factor) in enumerate(units):
+    passes: dict[tuple[str, float], _Pass] = {}
+    hays: dict[int, Any] = {}
+    for done, index in enumerate(execution_order(units)):
+        name, length, factor = units[index]
         key = _key(name, length, factor)
         emit(
             "unit",
@@ -260,7 +345,7 @@ def _run_units(
                 "scaling": name,
                 "length": length,
                 "factor": factor,
-                "index": index,
+                "index": done,
                 "total": len(units),
             },
         )
@@ -271,33 +356,28 @@ def _run_units(
         try:
             tables = _tables(model, length)
             same = next(
-                (
-                    r
-                    for t, r in seen.get(length, [])
-                    if all(torch.equal(a, b) for a, b in zip(t, tables))
-                ),
+                (r for t, r in seen.get(length, []) if _prefix_equal(t, tables)),
                 None,
             )
             if record is None and same is not None:
-                record = {**same, "same_as": same["key"]}
+                record = {**same, "same_as": same["key"], "shared_pass": None}
             elif record is None:
+                if length not in hays:
+                    hays[length] = _haystacks(loaded, settings, docs, length)
                 measured = _measure(
                     loaded,
                     settings,
                     docs,
-                    length,
+                    (name, length, factor),
+                    tables,
+                    passes,
+                    hays[length],
                     lambda d, t: emit("step", {"done": d, "total": t}),
                 )
                 record = {**measured, "same_as": None}
         finally:
             unpatch(model)
-        record.update(
-            key=key,
-            scaling=name,
-            factor=factor,
-            length=length,
-            rope=_spelled(scaling),
-        )
+        record.update(key=key, scaling=name, factor=factor, length=length, rope=_spelled(scaling))
         atomic_write(
             path,
             (
@@ -305,16 +385,45 @@ def _run_units(
             ).encode(),
         )
         seen.setdefault(length, []).append((tables, record))
-        records.append(record)
+        records[index] = record
         emit("done", record)
-    return records
+    return [records[i] for i in range(len(units))]
+
+
+def chosen(settings: ExtendSettings, results: dict[str, Any]) -> tuple[str, float, int] | None:
+    """The setting ``--emit`` and ``--save`` write: ``settings.scaling`` set for the longest
+    length, else the answer's choice; ``(scaling, factor, length)``, None where nothing
+    holds."""
+    if settings.scaling is not None:
+        target = max(results["lengths"])
+        factor = 1.0 if settings.scaling in UNSCALED else target / results["trained_context"]
+        return settings.scaling, factor, target
+    choice = results["answer"].get("choice")
+    if not choice:
+        return None
+    return str(choice["scaling"]), float(choice["factor"]), int(choice["length"])
+
+
+def _emit(
+    loaded: Loaded, settings: ExtendSettings, results: dict[str, Any], out: Path
+) -> dict[str, Any]:
+    """The chosen setting written for each engine (:func:`posenc.extend.emit.write_emit`);
+    empty where nothing was chosen. Where ``--emit`` and ``--scaling`` are both given, an
+    engine that cannot take the scaling raises ``PosEncError`` instead of being noted."""
+    from posenc.extend.emit import default_engines, write_emit
+
+    choice = chosen(settings, results)
+    if choice is None:
+        return {}
+    engines = settings.emit or default_engines(loaded.path.is_file())
+    # engines and a scaling both named: a refusal is the user's answer, not a footnote
+    strict = bool(settings.emit) and settings.scaling is not None
+    return write_emit(loaded, *choice, out, engines, strict=strict)
 
 
 def _spelled(scaling: Any) -> dict[str, Any] | None:
     """The unit's scaling as ``results.json`` holds it (posenc's spelling)."""
     if scaling is None or isinstance(scaling, dict):
         return scaling
-    import dataclasses
-
     fields = {f.name: getattr(scaling, f.name) for f in dataclasses.fields(scaling) if f.init}
     return {"type": scaling.type, **{k: v for k, v in fields.items() if v is not None}}

@@ -19,9 +19,11 @@ from posenc.rotary.frequencies import SCALINGS
 __all__ = [
     "CONFIG",
     "DTYPES",
+    "ENGINE_NAMES",
     "FACTOR_SCALINGS",
     "NONE",
     "SCALING_NAMES",
+    "TASK_NAMES",
     "UNSCALED",
     "ExtendSettings",
     "trained_fields",
@@ -80,8 +82,13 @@ def trained_fields(name: str) -> tuple[str, ...]:
 
 
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-#: Depths of the passkey in its prompt (fractions of the filler before it).
-DEFAULT_DEPTHS = (0.1, 0.5, 0.9)
+#: Depths the probes' needles are spread over (fractions of the haystack before them).
+DEFAULT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+#: The probe tasks (RULER's, :data:`posenc.extend.probes.TASKS`), in the order shown.
+TASK_NAMES = ("passkey", "multikey", "multivalue", "vartrack")
+#: The engines ``--emit`` writes the chosen setting for
+#: (:data:`posenc.integrations.engines.ENGINES`).
+ENGINE_NAMES = ("transformers", "vllm", "sglang", "llama.cpp", "gguf", "ollama")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,15 +104,25 @@ class ExtendSettings:
         texts: the documents perplexity is measured on (empty: the longest Python
             standard-library sources).
         documents: how many documents (the longest first).
-        depths: the passkey's depths in ``(0, 1)``.
-        trials: passkeys per (depth, length).
-        seed: the passkeys' digits and the filler's cut come from it.
+        depths: the depths in ``(0, 1)`` the probes' needles are spread over.
+        trials: haystacks per ``(scaling, length)``: each is prefilled once and carries
+            the needles of every task (0: no probe).
+        tasks: the probe tasks, from :data:`TASK_NAMES`.
+        seed: the probes' needles, keys and values come from it.
+        bar: the fraction of the model's own unscaled score, at the shortest length, a
+            scaling must keep on a task to hold there.
+        ppl_tolerance: how far perplexity may rise above ``none`` at ``L`` (a fraction)
+            for a scaling to hold.
+        emit: the engines the chosen setting is written for (empty: every engine that
+            applies, :data:`ENGINE_NAMES`; ``gguf`` and ``ollama`` only for a .gguf model).
+        scaling: the scaling ``emit`` (and ``--save``) write, set for the longest length
+            (None: the answer's choice).
         dtype, device: where the model runs; ``device_map="auto"`` when ``device`` is
             ``"auto"`` (several GPUs).
         context: the trained context ``L`` when given (default: the config's
             ``max_position_embeddings``).
-        quick: a short run (perplexity on one document; ``none`` at ``L``, every scaling
-            at ``1.5 L``; no passkey unless ``trials`` is given).
+        quick: a short run (one document and one haystack; ``none`` at ``L``, and
+            ``none``, ``ntk``, ``dynamic`` and ``yarn`` at ``1.5 L``).
     """
 
     model: str
@@ -116,7 +133,12 @@ class ExtendSettings:
     documents: int = 3
     depths: tuple[float, ...] = DEFAULT_DEPTHS
     trials: int = 2
+    tasks: tuple[str, ...] = TASK_NAMES
     seed: int = 0
+    bar: float = 0.9
+    ppl_tolerance: float = 0.1
+    emit: tuple[str, ...] = ()
+    scaling: str | None = None
     dtype: str = "float32"
     device: str = "cpu"
     context: int | None = None
@@ -127,22 +149,25 @@ class ExtendSettings:
         """The settings of a run, every option checked (``PosEncError`` naming it).
 
         ``quick=True`` sets, unless given: ``to=1.5``, ``multiples=(to,)``, one document,
-        depth ``0.5`` and no trial (no passkey).
+        one haystack, and the scalings ``none``, ``ntk``, ``dynamic``, ``yarn`` (linear
+        position interpolation, which costs several times the perplexity at ``L`` with no
+        fine-tune, left out to fit a few minutes).
         """
         if options.get("quick"):
-            quick = {"to": 1.5, "documents": 1, "depths": (0.5,), "trials": 0}
+            quick = {
+                "to": 1.5,
+                "documents": 1,
+                "trials": 1,
+                "scalings": [s for s in SCALING_NAMES if s != "linear"],
+            }
             options = {**quick, **{k: v for k, v in options.items() if v is not None}}
         options = {k: v for k, v in options.items() if v is not None}
         model = check_model(model)
         to = check_float("to", options.pop("to", 2.0), min=1.0, max=64.0)
         multiples = _multiples(options.pop("multiples", None), to, bool(options.get("quick")))
-        scalings = _sequence("scalings", options.pop("scalings", SCALING_NAMES))
-        if not scalings:
-            raise PosEncError("scalings must name at least one scaling, got none")
-        for name in scalings:
-            check_choice("scalings", name, SCALING_NAMES)
-        if len(set(scalings)) != len(scalings):
-            raise PosEncError(f"scalings must not repeat a name, got {list(scalings)}")
+        scalings = _names(
+            "scalings", options.pop("scalings", SCALING_NAMES), SCALING_NAMES, empty=False
+        )
         depths = tuple(
             check_float("depths", d, min=0.0, max=1.0)
             for d in _sequence("depths", options.pop("depths", DEFAULT_DEPTHS))
@@ -150,6 +175,9 @@ class ExtendSettings:
         if not depths or any(d in (0.0, 1.0) for d in depths):
             raise PosEncError(f"depths must be fractions strictly between 0 and 1, got {depths}")
         context = options.pop("context", None)
+        tasks = _names("tasks", options.pop("tasks", TASK_NAMES), TASK_NAMES, empty=False)
+        emit = _names("emit", options.pop("emit", ()), ENGINE_NAMES, empty=True)
+        scaling = options.pop("scaling", None)
         settings = cls(
             model=model,
             to=to,
@@ -159,7 +187,14 @@ class ExtendSettings:
             documents=check_int("documents", options.pop("documents", 3), min=1, max=100),
             depths=depths,
             trials=check_int("trials", options.pop("trials", 2), min=0, max=100),
+            tasks=tasks,
             seed=check_int("seed", options.pop("seed", 0), min=0, max=2**31 - 1),
+            bar=check_float("bar", options.pop("bar", 0.9), min=0.0, max=1.0, min_exclusive=True),
+            ppl_tolerance=check_float(
+                "ppl_tolerance", options.pop("ppl_tolerance", 0.1), min=0.0, max=100.0
+            ),
+            emit=emit,
+            scaling=None if scaling is None else check_choice("scaling", scaling, SCALING_NAMES),
             dtype=check_choice("dtype", options.pop("dtype", "float32"), DTYPES),
             device=_device(options.pop("device", "cpu")),
             context=None if context is None else check_int("context", context, min=16),
@@ -189,6 +224,19 @@ def _multiples(given: Sequence[float] | None, to: float, quick: bool) -> tuple[f
     name = "multiples (--lengths)"
     values = {check_float(name, m, min=1.0, max=to) for m in _sequence(name, given)}
     return tuple(sorted(values | {to}))
+
+
+def _names(name: str, value: Any, known: Sequence[str], *, empty: bool) -> tuple[str, ...]:
+    """``value`` as a tuple of names from ``known``, each once (none at all only where
+    ``empty``)."""
+    names = _sequence(name, value)
+    if not names and not empty:
+        raise PosEncError(f"{name} must name at least one of {', '.join(known)}, got none")
+    for item in names:
+        check_choice(name, item, tuple(known))
+    if len(set(names)) != len(names):
+        raise PosEncError(f"{name} must not repeat a name, got {list(names)}")
+    return tuple(names)
 
 
 def _sequence(name: str, value: Any) -> tuple[Any, ...]:
