@@ -325,3 +325,94 @@ def _results_file() -> str:
 
 
 fn("experiments.load_results", load_results, lambda: {"results": _results_file()})
+
+
+# --- posenc extend's probes, the engines' spellings, the GGUF copy (issue 40) ---------------
+from posenc.extend import emit as extend_emit  # noqa: E402
+from posenc.extend import probes  # noqa: E402
+from posenc.integrations import engines  # noqa: E402
+from posenc.integrations.gguf_write import write_scaled_gguf  # noqa: E402
+
+_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 100000.0,
+    "factor": 2.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def _byte_tokenizer() -> Any:
+    from tests.extend._tiny import byte_tokenizer
+
+    return byte_tokenizer()
+
+
+fn(
+    "extend.probes.haystacks",
+    probes.haystacks,
+    lambda: {
+        "tokenizer": _byte_tokenizer(),
+        "filler": list(range(32, 120)) * 40,
+        "length": 3000,
+        "seed": 0,
+        "tasks": ("passkey", "vartrack"),
+        "count": 1,
+        "depths": (0.1, 0.5, 0.9),
+    },
+    fixed=frozenset({"tokenizer"}),
+)
+# A model's output is free text (empty, or "bogus": score 0), and so is an answer ("x" is
+# one): their types are checked in tests/extend/test_probes.py.
+fn(
+    "extend.probes.score",
+    probes.score,
+    lambda: {"output": " 1234567.", "answers": ["1234567"]},
+    fixed=("output", "answers"),
+)
+fn("extend.probes.wilson", probes.wilson, lambda: {"mean": 0.5, "n": 8})
+fn(
+    "extend.probes.summarize",
+    probes.summarize,
+    lambda: {"rows": [{"task": "passkey", "score": 1.0}, {"task": "passkey", "score": 0.0}]},
+)
+fn(
+    "integrations.engine_setting",
+    engines.engine_setting,
+    lambda: {
+        "engine": "vllm",
+        "rope_parameters": dict(_YARN),
+        "trained": 8192,
+        "target": 16384,
+        "arch": "llama",
+        "model": "SmolLM2",
+    },
+    # free text: any GGUF architecture name ("bogus" is one llama.cpp may add), any model
+    # name; their rules (a name, no absolute path) are checked in test_engines.py
+    fixed=("arch", "model"),
+)
+fn(
+    "integrations.gguf_metadata",
+    engines.gguf_metadata,
+    lambda: {"rope_parameters": dict(_YARN), "trained": 8192, "target": 16384, "arch": "llama"},
+    fixed=("arch",),  # as for engine_setting
+)
+fn(
+    "extend.check_emit",
+    extend_emit.check_emit,
+    lambda: {"engines": ("vllm", "llama.cpp"), "scaling": "yarn", "is_gguf": True},
+)
+
+
+def _gguf_copy_paths() -> dict[str, Any]:
+    from tests.extend._tiny import tiny_llama_gguf
+
+    folder = Path(tempfile.mkdtemp())
+    src = tiny_llama_gguf(folder / "tiny.gguf")
+    return {
+        "src": str(src),
+        "dst": str(folder / "copy.gguf"),
+        "metadata": {"llama.context_length": 1024},
+    }
+
+
+fn("integrations.write_scaled_gguf", write_scaled_gguf, _gguf_copy_paths)

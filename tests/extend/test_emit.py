@@ -239,15 +239,21 @@ def test_types_given_win(
     [
         pytest.param(5, "STRING", r"must be a STRING value, got int 5", id="int-as-string"),
         pytest.param("x", "UINT32", r"must be a UINT32 value, got str 'x'", id="str-as-uint32"),
-        pytest.param(5, "ARRAY", r"types\['k'\] must name a scalar GGUF value type", id="array"),
-        pytest.param(5, "UINT24", r"types\['k'\] must name a scalar GGUF value type", id="unknown"),
+        pytest.param(
+            5, "ARRAY", r"types\['llama.k'\] must name a scalar GGUF value type", id="array"
+        ),
+        pytest.param(
+            5, "UINT24", r"types\['llama.k'\] must name a scalar GGUF value type", id="unknown"
+        ),
     ],
 )
 def test_a_value_that_is_not_of_the_type_given_is_refused(
     tiny_gguf: Path, tmp_path: Path, value: Any, kind: str, message: str
 ) -> None:
     with pytest.raises(PosEncError, match=message):
-        write_scaled_gguf(tiny_gguf, tmp_path / "out.gguf", {"k": value}, types={"k": kind})
+        write_scaled_gguf(
+            tiny_gguf, tmp_path / "out.gguf", {"llama.k": value}, types={"llama.k": kind}
+        )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -324,6 +330,17 @@ def test_an_existing_output_is_refused_unless_overwrite(tiny_gguf: Path, tmp_pat
             None, {"llama.context_length": 1.5}, "must be a whole number, got 1.5", id="fraction"
         ),
         pytest.param(None, [("a", 1)], "metadata must be a mapping", id="not-mapping"),
+        pytest.param(
+            None, {"no_such_key": 1}, "metadata key 'no_such_key' is not a key", id="no-namespace"
+        ),
+        pytest.param(
+            None,
+            {"lama.context_length": 1024},
+            "metadata key 'lama.context_length' is not a key of this GGUF file: .* 'llama'",
+            id="other-arch",
+        ),
+        pytest.param(None, {"llama..x": 1}, "metadata key 'llama..x' is not a key", id="empty"),
+        pytest.param("dst-name", YARN_KEYS, "dst must be a file name ending in .gguf", id="dst"),
     ],
 )
 def test_bad_input_is_refused_naming_it(
@@ -339,6 +356,8 @@ def test_bad_input_is_refused_naming_it(
         src.write_text("not a GGUF file at all")
     elif make == "missing":
         src = tmp_path / "missing.gguf"
+    elif make == "dst-name":
+        dst = tmp_path / "copy"
     with pytest.raises(PosEncError, match=message):
         write_scaled_gguf(src, dst, metadata)
     assert not (tmp_path / "out.gguf").is_file()
@@ -634,10 +653,10 @@ def test_default_engines() -> None:
     ("names", "scaling", "is_gguf", "message"),
     [
         pytest.param(
-            ["vllm", "tgi"], "yarn", True, "emit must be one of .*got 'tgi'", id="unknown"
+            ["vllm", "tgi"], "yarn", True, "engines must be one of .*got 'tgi'", id="unknown"
         ),
         pytest.param(["vllm", "vllm"], "yarn", True, "must not repeat an engine", id="repeat"),
-        pytest.param("vllm", "yarn", True, "emit must be a list of engine names", id="string"),
+        pytest.param("vllm", "yarn", True, "engines must be a list of engine names", id="string"),
         pytest.param(["gguf"], "yarn", False, "emit 'gguf' needs a .gguf model", id="gguf-folder"),
         pytest.param(["ollama"], "none", False, "emit 'ollama' needs a .gguf model", id="ollama"),
         pytest.param(["vllm"], "rerope", True, "scaling must be one of", id="scaling"),
@@ -693,9 +712,9 @@ def test_a_setting_that_does_not_reproduce_the_measured_rope_is_not_left_written
 
 
 def test_bad_arguments_are_refused(gguf_model: Loaded, tmp_path: Path) -> None:
-    with pytest.raises(PosEncError, match="target must be a positive number of tokens"):
+    with pytest.raises(PosEncError, match=r"^target must be >= 1, got 0$"):
         write_emit(gguf_model, "yarn", 2.0, 0, tmp_path, ["vllm"])
-    with pytest.raises(PosEncError, match="factor must be a finite number >= 1"):
+    with pytest.raises(PosEncError, match=r"^factor must be finite, got nan$"):
         write_emit(gguf_model, "yarn", float("nan"), TARGET, tmp_path, ["vllm"])
     with pytest.raises(PosEncError, match="scaling must be one of"):
         write_emit(gguf_model, "rerope", 2.0, TARGET, tmp_path, ["vllm"])

@@ -180,7 +180,7 @@ def test_a_length_too_short_is_refused(
         ({"tasks": ("passkey", "niah")}, r"^tasks must be one of .*, got 'niah'$"),
         ({"tasks": ()}, r"^tasks must name each task at most once, and one at least"),
         ({"tasks": ("vartrack", "vartrack")}, r"^tasks must name each task at most once"),
-        ({"tasks": "passkey"}, r"^tasks must be a sequence of task names"),
+        ({"tasks": "passkey"}, r"^tasks must be a list or tuple of task names"),
         ({"depths": (0.5, 1.5)}, r"^depths must be <= 1.0, got 1.5$"),
         ({"depths": ()}, r"^depths must hold one fraction at least"),
         ({"count": -1}, r"^count must be >= 0, got -1$"),
@@ -227,8 +227,16 @@ def test_score_is_the_fraction_of_answers_found(
 
 @pytest.mark.parametrize(
     ("output", "answers", "match"),
-    [("x", (), r"^answers must be"), ("x", "12", r"^answers must be"), (None, ("1",), r"^output")],
-    ids=["none", "string", "output"],
+    [
+        ("x", (), r"^answers must be"),
+        ("x", "12", r"^answers must be"),
+        ("x", {"12"}, r"^answers must be a non-empty list or tuple"),
+        ("x", ("12", ""), r"^answers must be .* of non-empty strings"),
+        ("x", ("12", 3), r"^answers must be .* of non-empty strings"),
+        (None, ("1",), r"^output must be a string, got None$"),
+        (3, ("1",), r"^output must be a string, got 3$"),
+    ],
+    ids=["none", "string", "set", "empty-answer", "int-answer", "output", "output-int"],
 )
 def test_score_refuses_bad_input(output: Any, answers: Any, match: str) -> None:
     with pytest.raises(PosEncError, match=match):
@@ -287,8 +295,25 @@ def test_summarize_per_task() -> None:
 
 
 def test_summarize_refuses_a_bad_row() -> None:
-    with pytest.raises(PosEncError, match=r"^score of probe h0-passkey-0 must be <= 1.0"):
+    match = r"^rows\[0\] \(probe h0-passkey-0\) score must be <= 1.0, got 2.0$"
+    with pytest.raises(PosEncError, match=match):
         probes.summarize([{"id": "h0-passkey-0", "task": "passkey", "score": 2.0}])
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        ("ab", r"^rows must be a list of probe records, got 'ab'$"),
+        ({"task": "passkey", "score": 1.0}, r"^rows must be a list of probe records"),
+        ([[{"task": "passkey"}]], r"^rows\[0\] must be a probe record"),
+        ([{"task": "niah", "score": 1.0}], r"^rows\[0\] task must be one of .*, got 'niah'$"),
+        ([{"task": "passkey", "score": float("nan")}], r"^rows\[0\] score must be finite"),
+    ],
+    ids=["string", "dict", "nested", "task", "nan"],
+)
+def test_summarize_refuses_bad_rows(rows: Any, match: str) -> None:
+    with pytest.raises(PosEncError, match=match):
+        probes.summarize(rows)
 
 
 # --- answering from one prefill ---------------------------------------------------------

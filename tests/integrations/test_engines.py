@@ -640,6 +640,10 @@ def test_refusals_name_engine_and_scaling(
         ({"target": "16k"}, "target"),
         ({"arch": "Llama"}, "arch must be a GGUF architecture name"),
         ({"arch": "llama,x"}, "arch must be a GGUF architecture name"),
+        ({"arch": ""}, "arch must be a GGUF architecture name"),
+        ({"arch": 3}, "arch must be a GGUF architecture name"),
+        ({"model": 3}, "model must be a file or folder name"),
+        ({"model": "m\nrm -rf x"}, "model must be a file or folder name"),
         ({"rope_parameters": {}}, "rope_parameters must be a non-empty dict"),
         ({"rope_parameters": {"factor": 2.0}}, "rope_parameters must hold 'rope_type'"),
         (

@@ -24,7 +24,6 @@ reproduce what was measured is never left written.
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,7 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from posenc._errors import PosEncError, check_choice
+from posenc._errors import (
+    PosEncError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    describe,
+)
 from posenc._files import atomic_write
 from posenc.extend.model import Loaded, scaled, scaling_for
 from posenc.extend.save import rope_parameters_for
@@ -58,11 +64,12 @@ def default_engines(is_gguf: bool) -> tuple[str, ...]:
 
 
 def _check_names(engines: Sequence[str], is_gguf: bool) -> tuple[str, ...]:
-    if isinstance(engines, str) or not isinstance(engines, Sequence):
-        raise PosEncError(f"emit must be a list of engine names, got {engines!r}")
-    names = tuple(check_choice("emit", e, ENGINES) for e in engines)
+    """The engines asked for (the argument ``engines``, ``--emit`` on the command line)."""
+    if not isinstance(engines, (list, tuple)):
+        raise PosEncError(f"engines must be a list of engine names, got {describe(engines)}")
+    names = tuple(check_choice("engines", e, ENGINES) for e in engines)
     if len(set(names)) != len(names):
-        raise PosEncError(f"emit must not repeat an engine, got {list(names)}")
+        raise PosEncError(f"engines must not repeat an engine, got {list(names)}")
     for name in names:
         if name in NEEDS_GGUF and not is_gguf:
             raise PosEncError(
@@ -90,7 +97,7 @@ def check_emit(engines: Sequence[str], scaling: str, is_gguf: bool) -> None:
     Raises:
         PosEncError: naming the engine (and the scaling).
     """
-    names = _check_names(engines, is_gguf)
+    names = _check_names(engines, check_bool("is_gguf", is_gguf))
     check_choice("scaling", scaling, SCALING_NAMES)
     if scaling == CONFIG:
         return
@@ -462,11 +469,9 @@ def write_emit(
     """
     names = _check_names(engines, loaded.path.is_file())
     check_choice("scaling", scaling, SCALING_NAMES)
-    if not isinstance(target, int) or isinstance(target, bool) or target < 1:
-        raise PosEncError(f"target must be a positive number of tokens, got {target!r}")
-    if not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor < 1.0:
-        raise PosEncError(f"factor must be a finite number >= 1, got {factor!r}")
-    job = _Job(loaded, scaling, float(factor), target, Path(out))
+    target = check_int("target", target, min=1)
+    factor = check_float("factor", factor, min=1.0)
+    job = _Job(loaded, scaling, factor, target, Path(out))
     results: dict[str, Any] = {}
     for name in names:
         try:  # ollama runs the GGUF copy: refused where the copy is

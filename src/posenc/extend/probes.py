@@ -39,7 +39,16 @@ import string
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from posenc._errors import PosEncError, check_choice, check_float, check_int, describe
+import torch
+
+from posenc._errors import (
+    PosEncError,
+    check_alloc,
+    check_choice,
+    check_float,
+    check_int,
+    describe,
+)
 
 __all__ = [
     "CHANCE",
@@ -281,9 +290,28 @@ def _assemble(
     return ids, first, spans
 
 
+def _brief(value: Any) -> str:
+    """``value`` as a message shows it, a long container by its type and length alone (a
+    document's tokens are not dumped into a message)."""
+    shown = describe(value)
+    if len(shown) <= 80:
+        return shown
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    if hasattr(value, "__len__"):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return f"{shown[:60]}... (a {type(value).__name__})"
+
+
+def _sequence(name: str, value: Any, what: str) -> None:
+    """Refuse anything but a list or tuple (a set has no order; a string, a dict, ... are
+    no sequence of ``what``)."""
+    if not isinstance(value, (list, tuple)):
+        raise PosEncError(f"{name} must be a list or tuple of {what}, got {_brief(value)}")
+
+
 def _check_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
-    if isinstance(tasks, str) or not isinstance(tasks, Iterable):
-        raise PosEncError(f"tasks must be a sequence of task names, got {describe(tasks)}")
+    _sequence("tasks", tasks, "task names")
     names = tuple(tasks)
     for name in names:
         check_choice("tasks", name, TASKS)
@@ -295,12 +323,40 @@ def _check_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
 
 
 def _check_depths(depths: Sequence[float]) -> tuple[float, ...]:
-    if isinstance(depths, str) or not isinstance(depths, Iterable):
-        raise PosEncError(f"depths must be a sequence of fractions, got {describe(depths)}")
+    _sequence("depths", depths, "fractions")
     out = tuple(sorted(check_float("depths", d, min=0.0, max=1.0) for d in depths))
     if not out:
         raise PosEncError("depths must hold one fraction at least, got none")
     return out
+
+
+def _vocabulary(tokenizer: Any) -> int | None:
+    """How many token ids ``tokenizer`` has (its added tokens too), if it says."""
+    for size in (getattr(tokenizer, "__len__", None), getattr(tokenizer, "vocab_size", None)):
+        size = size() if callable(size) else size
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    return None
+
+
+def _token(i: int, value: Any) -> int:
+    try:
+        return check_int(f"filler[{i}]", value)
+    except PosEncError:
+        raise PosEncError(f"filler[{i}] must be an integer token id, got {_brief(value)}") from None
+
+
+def _check_filler(filler: Any, tokenizer: Any) -> list[int]:
+    """``filler`` as a list of token ids, each an integer id of ``tokenizer``."""
+    _sequence("filler", filler, "token ids")
+    ids = [t if type(t) is int else _token(i, t) for i, t in enumerate(filler)]
+    vocabulary = _vocabulary(tokenizer)
+    top = (1 << 63) if vocabulary is None else vocabulary
+    if ids and not (0 <= min(ids) and max(ids) < top):
+        i, bad = next((i, t) for i, t in enumerate(ids) if not 0 <= t < top)
+        held = "in 0..2**63 - 1" if vocabulary is None else f"in 0..{top - 1} (the tokenizer's)"
+        raise PosEncError(f"filler[{i}] must be a token id {held}, got {bad}")
+    return ids
 
 
 def _one(tokenizer: Any, stream: Sequence[int], length: int, rng: random.Random, plan: Any) -> Any:
@@ -341,6 +397,9 @@ def haystacks(
     length = check_int("length", length, min=1)
     seed = check_int("seed", seed, min=0)
     count = check_int("count", count, min=0)
+    # the token ids held: every haystack's, as Python's pointers (8 bytes each)
+    check_alloc("length", length, (length,), torch.int64)
+    check_alloc("count", count, (count, length), torch.int64)
     names = _check_tasks(tasks)
     plan: dict[str, Any] = {
         "tasks": names,
@@ -348,7 +407,7 @@ def haystacks(
         "head": list(tokenizer(_INSTRUCTION)["input_ids"]),  # the model's BOS, if it takes one
     }
     specials = set(getattr(tokenizer, "all_special_ids", ()) or ())
-    stream = [int(t) for t in filler if int(t) not in specials]
+    stream = [t for t in _check_filler(filler, tokenizer) if t not in specials]
     if not stream:
         raise PosEncError(
             f"filler must hold a token that is not a special token, got {len(filler)} tokens"
@@ -380,10 +439,14 @@ def score(output: str, answers: Sequence[str]) -> float:
     """RULER's string match: the fraction of ``answers`` found in ``output``, ignoring
     case (``"1234567"`` in ``" 1234567."`` counts)."""
     if not isinstance(output, str):
-        raise PosEncError(f"output must be a string, got {type(output).__name__}")
-    if isinstance(answers, str) or not answers or not all(isinstance(a, str) for a in answers):
+        raise PosEncError(f"output must be a string, got {_brief(output)}")
+    if (
+        not isinstance(answers, (list, tuple))
+        or not answers
+        or not all(isinstance(a, str) and a for a in answers)
+    ):
         raise PosEncError(
-            f"answers must be a non-empty sequence of strings, got {describe(answers)}"
+            f"answers must be a non-empty list or tuple of non-empty strings, got {_brief(answers)}"
         )
     text = output.lower()
     return sum(a.lower() in text for a in answers) / len(answers)
@@ -406,12 +469,18 @@ def summarize(rows: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per task of ``rows`` (probe records, each with ``task`` and ``score``), in
     :data:`TASKS` order: ``{"score": mean, "probes": n, "low", "high"}`` (the Wilson
     interval of the mean over the probes)."""
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Iterable):
+        raise PosEncError(f"rows must be a list of probe records, got {_brief(rows)}")
     scores: dict[str, list[float]] = {}
-    for row in rows:
-        task = check_choice("task", row.get("task"), TASKS)
-        value = check_float(
-            f"score of probe {row.get('id', '?')}", row.get("score"), min=0.0, max=1.0
-        )
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise PosEncError(
+                f"rows[{i}] must be a probe record (a dict with 'task' and 'score'), got "
+                f"{_brief(row)}"
+            )
+        where = f"rows[{i}]" + (f" (probe {row['id']})" if isinstance(row.get("id"), str) else "")
+        task = check_choice(f"{where} task", row.get("task"), TASKS)
+        value = check_float(f"{where} score", row.get("score"), min=0.0, max=1.0)
         scores.setdefault(task, []).append(value)
     out = {}
     for task in (t for t in TASKS if t in scores):

@@ -52,6 +52,8 @@ def _paths(src: Any, dst: Any, overwrite: bool) -> tuple[Path, Path]:
         if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
             raise PosEncError(f"{name} must be the path of a GGUF file, got {value!r}")
     source, target = Path(src), Path(dst)
+    if target.suffix.lower() != ".gguf":  # a typo or a folder's name is not a model's copy
+        raise PosEncError(f"dst must be a file name ending in .gguf, got {str(dst)!r}")
     if not source.is_file():
         what = "a directory" if source.is_dir() else "no such file"
         raise PosEncError(f"src must be an existing GGUF file, got {str(source)!r} ({what})")
@@ -184,6 +186,27 @@ def _check_keys(metadata: Mapping[str, Any]) -> None:
             )
 
 
+#: The key namespaces of every GGUF file besides its architecture's (gguf-py constants.py
+#: ``Keys``): llama.cpp reads a model's keys under these and ``{general.architecture}.``.
+_NAMESPACES = ("general", "tokenizer", "split")
+
+
+def _check_namespaces(metadata: Mapping[str, Any], reader: Any, arch: str) -> None:
+    """Refuse a key llama.cpp would never read in this file: one not of the form
+    ``namespace.name``, or whose namespace is neither the file's architecture, nor
+    :data:`_NAMESPACES`, nor one the file's own keys use (``lama.context_length`` in a
+    ``llama`` file would be written, and ignored without a word)."""
+    known = {arch, *_NAMESPACES, *(k.split(".", 1)[0] for k in reader.fields)}
+    for key in metadata:
+        parts = key.split(".")
+        if len(parts) < 2 or not all(parts) or parts[0] not in known:
+            raise PosEncError(
+                f"metadata key {key!r} is not a key of this GGUF file: it must be "
+                f"'namespace.name' in the namespace of its architecture {arch!r}, of "
+                f"{', '.join(repr(n) for n in _NAMESPACES)}, or of one of the file's own keys"
+            )
+
+
 def _type_codes(types: Mapping[str, str], gguf: Any) -> dict[str, int]:
     """``types`` as GGUF value type codes (scalars only)."""
     if not isinstance(types, Mapping):
@@ -304,6 +327,7 @@ def write_scaled_gguf(
     arch = reader.fields.get("general.architecture")
     if arch is None:
         raise PosEncError(f"src {str(source)!r} has no general.architecture key")
+    _check_namespaces(metadata, reader, str(arch.contents()))
     digest, infos = _tensor_digest(reader)
     result: dict[str, Any] = {"src": str(src), "dst": str(dst), "tensors": len(infos)}
 
