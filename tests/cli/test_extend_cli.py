@@ -89,6 +89,7 @@ def test_extend_writes_results_page_and_a_loadable_copy(
         (["extend", "MODEL", "--tasks", "niah"], "--tasks entries must be among"),
         (["extend", "MODEL", "--emit", "vllm", "--scaling", "dynamic"], "vllm"),
         (["extend", "MODEL", "--emit", "gguf", "--scaling", "yarn"], "gguf"),
+        (["extend", "MODEL", "--emit", "vllm,ollama"], "ollama"),
         (["extend", "MODEL", "--bar", "0"], "--bar"),
     ],
 )

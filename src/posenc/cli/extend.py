@@ -224,10 +224,13 @@ def extend(
             quick=quick,
         )
         path = check_out_dir(out)
-        if settings.emit and settings.scaling is not None:
+        if settings.emit:
             from posenc.extend.emit import check_emit
 
-            check_emit(settings.emit, settings.scaling, settings.model.endswith(".gguf"))
+            # before anything runs: the engines always, the scaling where it is named (the
+            # answer's choice, like ``config``, is known only after the run)
+            scaling_named = settings.scaling or "config"
+            check_emit(settings.emit, scaling_named, settings.model.endswith(".gguf"))
     except PosEncError as e:
         fail(str(e))
         return
