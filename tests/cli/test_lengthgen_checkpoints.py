@@ -13,23 +13,9 @@ from typing import Any
 import pytest
 import torch
 from tests.experiments.test_checkpoint_ranges import reseal
-from tests.experiments.tiny import CLI_TINY, check_one_line_error, run_cli
+from tests.experiments.tiny import CLI_COPY, check_one_line_error, run_cli
 
-BASE = [
-    "lengthgen",
-    "--task",
-    "copy",
-    "--encodings",
-    "rope",
-    "--train-len",
-    "8",
-    "--eval-lens",
-    "8,16",
-    "--jobs",
-    "1",
-    "--no-plot",
-    *CLI_TINY,
-]
+BASE = [*CLI_COPY, "--eval-lens", "8,16"]
 
 
 @pytest.fixture(scope="module")

@@ -9,25 +9,11 @@ from pathlib import Path
 
 import pytest
 from tests.experiments.test_files import no_hang
-from tests.experiments.tiny import CLI_TINY, check_one_line_error, run_cli
+from tests.experiments.tiny import CLI_COPY, check_one_line_error, run_cli
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="FIFOs and /dev/zero are POSIX")
 
-BASE = [
-    "lengthgen",
-    "--task",
-    "copy",
-    "--encodings",
-    "rope",
-    "--train-len",
-    "8",
-    "--eval-lens",
-    "8",
-    "--jobs",
-    "1",
-    "--no-plot",
-    *CLI_TINY,
-]
+BASE = [*CLI_COPY, "--eval-lens", "8"]
 
 
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo"])

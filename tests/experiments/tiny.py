@@ -31,6 +31,13 @@ CLI_TINY = (
     "--warmup 1 --extend none --finetune-steps 0 --quiet"
 ).split()
 
+#: ``posenc lengthgen`` on the tiny study of rope on copy, trained at 8, in one process and
+#: with no plot (``--eval-lens`` and ``--out`` to add).
+CLI_COPY = [
+    *"lengthgen --task copy --encodings rope --train-len 8 --jobs 1 --no-plot".split(),
+    *CLI_TINY,
+]
+
 
 def tiny_study(task: str = "lm", encodings: Any = ("rope",), **options: Any) -> StudySettings:
     """The settings of a tiny study of ``encodings`` on ``task``: :data:`TINY` with

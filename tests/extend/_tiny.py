@@ -12,6 +12,17 @@ import torch
 import transformers
 
 VOCAB = 260  # 256 bytes, BOS, EOS, PAD, one spare
+#: What every tiny model shares: 2 layers of width 32, 4 query heads over 2 key-value heads.
+SIZES = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+#: The byte tokenizer's BOS, EOS and PAD.
+BYTE_IDS = {"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}
 
 
 def byte_tokenizer() -> transformers.PreTrainedTokenizerFast:
@@ -39,17 +50,7 @@ def tiny_llama(folder: Path, *, context: int = 512, seed: int = 0) -> Path:
     """A 2-layer random Llama trained (nominally) at ``context`` tokens, saved in ``folder``."""
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=context,
-        bos_token_id=256,
-        eos_token_id=257,
-        pad_token_id=258,
-        tie_word_embeddings=True,
+        **SIZES, **BYTE_IDS, max_position_embeddings=context, tie_word_embeddings=True
     )
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
@@ -61,19 +62,12 @@ def tiny_gemma3(folder: Path, *, context: int = 512, seed: int = 0) -> Path:
     base 1e4, one global at 1e6), saved in ``folder``."""
     torch.manual_seed(seed)
     config = transformers.Gemma3TextConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **SIZES,
+        **BYTE_IDS,
         head_dim=8,
         max_position_embeddings=context,
         sliding_window=16,
         layer_types=["sliding_attention", "full_attention"],
-        bos_token_id=256,
-        eos_token_id=257,
-        pad_token_id=258,
     )
     transformers.Gemma3ForCausalLM(config).save_pretrained(folder)
     byte_tokenizer().save_pretrained(folder)
@@ -91,18 +85,17 @@ def tiny_llama_gguf(path: Path, *, context: int = 512, seed: int = 0) -> Path:
     import gguf
 
     torch.manual_seed(seed)
-    heads, kv_heads, layers = 4, 2, 2
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
+        **SIZES,
         max_position_embeddings=context,
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,
+    )
+    heads, kv_heads, layers = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.num_hidden_layers,
     )
     weights = {
         k: v.detach().numpy() for k, v in transformers.LlamaForCausalLM(config).state_dict().items()

@@ -2,12 +2,11 @@
 effective length of each setting and the recommendation per length (whole answers for
 hand-built records), better / level by ``experiments.comparisons``' rule (probe scores
 paired by probe id, perplexity by document or, with one document, by bucket), the scaling
-names from the rotary registry, every file of the page written atomically, and the peak
-memory read by psutil."""
+names from the rotary registry, the page stating the rule, and the peak memory read by
+psutil."""
 
 from __future__ import annotations
 
-import os
 import time
 import types
 from collections.abc import Callable
@@ -140,6 +139,9 @@ L = 100
 TASKS = ("passkey", "vartrack")
 OK = [1.0, 1.0, 1.0, 1.0]
 ZERO = [0.0, 0.0, 0.0, 0.0]
+VT = [1.0, 1.0, 0.5, 1.0]  # vartrack unscaled at L: 0.875, its bar 0.7875
+BOTH = {"passkey": OK, "vartrack": OK}
+NEITHER = {"passkey": ZERO, "vartrack": ZERO}
 
 
 def _probe(pid: str, task: str, score: float) -> dict[str, Any]:
@@ -209,6 +211,12 @@ def _unit(
     return record
 
 
+def _units(scaling: str, factor: float, ppl: dict[int, float]) -> list[dict[str, Any]]:
+    """``scaling`` at ``factor``: a unit at each length of ``ppl`` (its perplexity there),
+    every probe of both tasks right."""
+    return [_unit(scaling, n, factor, p, BOTH) for n, p in ppl.items()]
+
+
 def _results(records: list[dict[str, Any]], **options: Any) -> dict[str, Any]:
     lengths = sorted({r["length"] for r in records})
     return {
@@ -232,135 +240,137 @@ def _task(values: list[float], *, reason: str | None = None) -> dict[str, Any]:
     }
 
 
-def _at(length: int, ppl: float, scores: dict[str, list[float]], *failed: str) -> dict[str, Any]:
-    return {
-        "length": length,
-        "holds": not failed,
-        "failed": list(failed),
-        "ppl": ppl,
-        "scores": _summary(scores),
-    }
-
-
-def _setting(scaling: str, factor: float, effective: int | None, *lengths: dict) -> dict[str, Any]:
-    return {
-        "scaling": scaling,
-        "factor": factor,
-        "effective_length": effective,
-        "lengths": list(lengths),
-    }
-
-
 def _range(up_to: int, scaling: str | None, factor: float | None, *alternatives: list) -> dict:
     return {"up_to": up_to, "scaling": scaling, "factor": factor, "or": list(alternatives)}
 
 
-VT = [1.0, 1.0, 0.5, 1.0]  # vartrack unscaled at L: 0.875, its bar 0.7875
-BOTH = {"passkey": OK, "vartrack": OK}
+Case = tuple[dict[str, Any], dict[str, Any]]
 
 
-def _none_to_L_yarn_to_2L() -> tuple[dict, dict]:
-    records = [
-        _unit("none", 100, 1.0, 6.0, {"passkey": OK, "vartrack": VT}),
-        _unit("dynamic", 100, 2.0, 6.0, {"passkey": OK, "vartrack": VT}, same_as="none-100-1"),
-        _unit("yarn", 100, 2.0, 6.2, BOTH),
-        _unit("none", 200, 1.0, 30.0, {"passkey": ZERO, "vartrack": ZERO}),
-        _unit("dynamic", 200, 2.0, 5.6, {"passkey": OK, "vartrack": [1.0, 0.5, 0.5, 1.0]}),
-        _unit("yarn", 200, 2.0, 5.5, {"passkey": OK, "vartrack": [1.0, 1.0, 1.0, 0.5]}),
+def _case(
+    records: list[dict[str, Any]],
+    effective: dict[tuple[str, float], int | None],
+    failed: dict[str, tuple[str, ...]],
+    *,
+    lead: str,
+    ranges: list[dict[str, Any]],
+    choice: tuple[str | None, float, int],
+    tasks: dict[str, dict[str, Any]] | None = None,
+    **options: Any,
+) -> Case:
+    """The results of ``records`` and the answer expected for them: ``effective`` names
+    each setting in the answer's order with its effective length, and ``failed`` what each
+    record (by key) fails; its lengths are its records in order. ``choice`` is (scaling,
+    factor, length); ``tasks`` by default both included at their score of 1 unscaled at L."""
+    assert set(failed) <= {r["key"] for r in records}, "a key of failed names no record"
+
+    def at(r: dict[str, Any]) -> dict[str, Any]:
+        fails = list(failed.get(r["key"], ()))
+        return {
+            "length": r["length"],
+            "holds": not fails,
+            "failed": fails,
+            "ppl": r["ppl"],
+            "scores": r["scores"],
+        }
+
+    by_length = sorted(records, key=lambda r: r["length"])
+    settings = [
+        {
+            "scaling": scaling,
+            "factor": factor,
+            "effective_length": length,
+            "lengths": [
+                at(r) for r in by_length if (r["scaling"], r["factor"]) == (scaling, factor)
+            ],
+        }
+        for (scaling, factor), length in effective.items()
     ]
-    lead = "up to 100: none (or dynamic factor 2); up to 200: yarn factor 2"
-    return _results(records), {
+    scaling, factor, up_to = choice
+    return _results(records, **options), {
         "lead": lead,
-        "ranges": [_range(100, "none", 1.0, ["dynamic", 2.0]), _range(200, "yarn", 2.0)],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(VT)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, {"passkey": OK, "vartrack": VT}),
-                _at(200, 30.0, {"passkey": ZERO, "vartrack": ZERO}, "passkey", "vartrack", "ppl"),
-            ),
-            _setting(
-                "dynamic",
-                2.0,
-                100,
-                _at(100, 6.0, {"passkey": OK, "vartrack": VT}),
-                _at(200, 5.6, {"passkey": OK, "vartrack": [1.0, 0.5, 0.5, 1.0]}, "vartrack"),
-            ),
-            _setting(
-                "yarn",
-                2.0,
-                200,
-                _at(100, 6.2, BOTH),
-                _at(200, 5.5, {"passkey": OK, "vartrack": [1.0, 1.0, 1.0, 0.5]}),
-            ),
-        ],
+        "ranges": ranges,
+        "choice": {"scaling": scaling, "factor": factor, "length": up_to},
+        "tasks": {t: _task(OK) for t in TASKS} if tasks is None else tasks,
+        "settings": settings,
     }
 
 
-def _nothing_holds_at_2L() -> tuple[dict, dict]:
+#: What ``none`` fails past L in most cases: both tasks, and perplexity (30 against 6 at L).
+NONE_FAILS = ("passkey", "vartrack", "ppl")
+#: The lead, ranges and choice of the cases where none holds at L and yarn factor 2 at 2L.
+NONE_THEN_YARN: dict[str, Any] = {
+    "lead": "up to 100: none; up to 200: yarn factor 2",
+    "ranges": [_range(100, "none", 1.0), _range(200, "yarn", 2.0)],
+    "choice": ("yarn", 2.0, 200),
+}
+
+
+def _none_to_L_yarn_to_2L() -> Case:
+    at_L = {"passkey": OK, "vartrack": VT}
+    records = [
+        _unit("none", 100, 1.0, 6.0, at_L),
+        _unit("dynamic", 100, 2.0, 6.0, at_L, same_as="none-100-1"),
+        _unit("yarn", 100, 2.0, 6.2, BOTH),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
+        _unit("dynamic", 200, 2.0, 5.6, {"passkey": OK, "vartrack": [1.0, 0.5, 0.5, 1.0]}),
+        _unit("yarn", 200, 2.0, 5.5, {"passkey": OK, "vartrack": [1.0, 1.0, 1.0, 0.5]}),
+    ]
+    return _case(
+        records,
+        {("none", 1.0): 100, ("dynamic", 2.0): 100, ("yarn", 2.0): 200},
+        {"none-200-1": NONE_FAILS, "dynamic-200-2": ("vartrack",)},
+        lead="up to 100: none (or dynamic factor 2); up to 200: yarn factor 2",
+        ranges=[_range(100, "none", 1.0, ["dynamic", 2.0]), _range(200, "yarn", 2.0)],
+        choice=("yarn", 2.0, 200),
+        tasks={"passkey": _task(OK), "vartrack": _task(VT)},
+    )
+
+
+def _nothing_holds_at_2L() -> Case:
     half = {"passkey": OK, "vartrack": [1.0, 1.0, 0.5, 0.5]}
     records = [
         _unit("none", 100, 1.0, 6.0, BOTH),
         _unit("yarn", 100, 2.0, 6.3, BOTH),
-        _unit("none", 200, 1.0, 30.0, {"passkey": ZERO, "vartrack": ZERO}),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
         _unit("yarn", 200, 2.0, 5.5, half),
     ]
-    return _results(records), {
-        "lead": "up to 100: none; at 200: no measured setting holds the bar (passkey, vartrack, ppl)",
-        "ranges": [_range(100, "none", 1.0), _range(200, None, None)],
-        "choice": {"scaling": "none", "factor": 1.0, "length": 100},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(OK)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, BOTH),
-                _at(200, 30.0, {"passkey": ZERO, "vartrack": ZERO}, "passkey", "vartrack", "ppl"),
-            ),
-            _setting("yarn", 2.0, 100, _at(100, 6.3, BOTH), _at(200, 5.5, half, "vartrack")),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("yarn", 2.0): 100},
+        {"none-200-1": NONE_FAILS, "yarn-200-2": ("vartrack",)},
+        lead="up to 100: none; at 200: no measured setting holds the bar (passkey, vartrack, ppl)",
+        ranges=[_range(100, "none", 1.0), _range(200, None, None)],
+        choice=("none", 1.0, 100),
+    )
 
 
-def _holds_at_2L_not_at_L() -> tuple[dict, dict]:
-    zero = {"passkey": ZERO, "vartrack": ZERO}
+def _holds_at_2L_not_at_L() -> Case:
     records = [
         _unit("none", 100, 1.0, 6.0, BOTH),
         _unit("yarn", 100, 2.0, 8.0, BOTH),  # too costly at L: never effective
-        _unit("none", 200, 1.0, 30.0, zero),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
         _unit("yarn", 200, 2.0, 5.5, BOTH),
     ]
-    return _results(records), {
-        "lead": (
+    return _case(
+        records,
+        {("none", 1.0): 100, ("yarn", 2.0): None},
+        {"none-200-1": NONE_FAILS, "yarn-100-2": ("ppl",)},
+        lead=(
             "up to 100: none; at 200: no measured setting holds the bar (passkey, vartrack, "
             "ppl; yarn factor 2 failed at a shorter length)"
         ),
-        "ranges": [_range(100, "none", 1.0), _range(200, None, None)],
-        "choice": {"scaling": "none", "factor": 1.0, "length": 100},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(OK)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, BOTH),
-                _at(200, 30.0, zero, "passkey", "vartrack", "ppl"),
-            ),
-            _setting("yarn", 2.0, None, _at(100, 8.0, BOTH, "ppl"), _at(200, 5.5, BOTH)),
-        ],
-    }
+        ranges=[_range(100, "none", 1.0), _range(200, None, None)],
+        choice=("none", 1.0, 100),
+    )
 
 
-def _near_chance_left_out() -> tuple[dict, dict]:
+def _near_chance_left_out() -> Case:
     done = {"passkey": OK, "vartrack": ZERO}
     records = [
         _unit("none", 100, 1.0, 6.0, done),
         _unit("yarn", 100, 2.0, 6.3, done),
-        _unit("none", 200, 1.0, 30.0, {"passkey": ZERO, "vartrack": ZERO}),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
         _unit("yarn", 200, 2.0, 5.5, done),
     ]
     high = probes.wilson(0.0, 4)[1]
@@ -369,183 +379,112 @@ def _near_chance_left_out() -> tuple[dict, dict]:
         f"unscaled at 100 it scores 0.00 [0.00, {high:.2f}] over 4 probes: the interval "
         f"reaches chance ({chance:g})"
     )
-    return _results(records), {
-        "lead": "up to 100: none; up to 200: yarn factor 2",
-        "ranges": [_range(100, "none", 1.0), _range(200, "yarn", 2.0)],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(ZERO, reason=reason)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, done),
-                _at(200, 30.0, {"passkey": ZERO, "vartrack": ZERO}, "passkey", "ppl"),
-            ),
-            _setting("yarn", 2.0, 200, _at(100, 6.3, done), _at(200, 5.5, done)),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("yarn", 2.0): 200},
+        {"none-200-1": ("passkey", "ppl")},
+        **NONE_THEN_YARN,
+        tasks={"passkey": _task(OK), "vartrack": _task(ZERO, reason=reason)},
+    )
 
 
-def _one_document_by_bucket() -> tuple[dict, dict]:
+def _one_document_by_bucket() -> Case:
     def one(
         scaling: str, length: int, factor: float, ppl: float, buckets: list[float], scores: dict
     ) -> dict:
         return _unit(scaling, length, factor, ppl, scores, docs={"a.py": ppl}, buckets=buckets)
 
-    zero = {"passkey": ZERO, "vartrack": ZERO}
     records = [
         one("none", 100, 1.0, 6.0, [5.0, 6.0, 6.5, 6.5], BOTH),
         one("ntk", 100, 2.0, 6.1, [5.1, 6.1, 6.6, 6.6], BOTH),
         one("yarn", 100, 2.0, 6.2, [5.2, 6.2, 6.7, 6.7], BOTH),
-        one("none", 200, 1.0, 30.0, [5.0, 6.0, 40.0, 60.0], zero),
+        one("none", 200, 1.0, 30.0, [5.0, 6.0, 40.0, 60.0], NEITHER),
         one("ntk", 200, 2.0, 5.6, [3.1, 4.2, 5.1, 6.3], BOTH),
         one("yarn", 200, 2.0, 5.5, [3.0, 4.0, 5.0, 6.0], BOTH),
     ]
     # by the one document alone yarn and ntk would be level; by its buckets yarn is better
-    return _results(records), {
-        "lead": "up to 100: none; up to 200: yarn factor 2",
-        "ranges": [_range(100, "none", 1.0), _range(200, "yarn", 2.0)],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(OK)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, BOTH),
-                _at(200, 30.0, zero, "passkey", "vartrack", "ppl"),
-            ),
-            _setting("ntk", 2.0, 200, _at(100, 6.1, BOTH), _at(200, 5.6, BOTH)),
-            _setting("yarn", 2.0, 200, _at(100, 6.2, BOTH), _at(200, 5.5, BOTH)),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("ntk", 2.0): 200, ("yarn", 2.0): 200},
+        {"none-200-1": NONE_FAILS},
+        **NONE_THEN_YARN,
+    )
 
 
-def _two_settings_level() -> tuple[dict, dict]:
-    ntk = {"passkey": OK, "vartrack": OK}
+def _two_settings_level() -> Case:
     yarn = {"passkey": OK, "vartrack": VT}  # a lower probe score, level by its spread
     records = [
         _unit("none", 100, 1.0, 6.0, {"passkey": OK, "vartrack": VT}),
         _unit("ntk", 100, 2.0, 6.2, BOTH),
         _unit("yarn", 100, 2.0, 6.3, BOTH),
-        _unit("none", 200, 1.0, 30.0, {"passkey": ZERO, "vartrack": ZERO}),
-        _unit("ntk", 200, 2.0, 5.45, ntk, docs={"a": 5.5, "b": 5.0, "c": 6.1}),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
+        _unit("ntk", 200, 2.0, 5.45, BOTH, docs={"a": 5.5, "b": 5.0, "c": 6.1}),
         _unit("yarn", 200, 2.0, 5.4, yarn, docs={"a": 5.4, "b": 5.1, "c": 6.0}),
     ]
     # ntk scores higher, level with yarn by probes; the tie goes to the lower perplexity
-    return _results(records), {
-        "lead": "up to 100: none; up to 200: yarn factor 2 (or ntk factor 2)",
-        "ranges": [_range(100, "none", 1.0), _range(200, "yarn", 2.0, ["ntk", 2.0])],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(VT)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, {"passkey": OK, "vartrack": VT}),
-                _at(200, 30.0, {"passkey": ZERO, "vartrack": ZERO}, "passkey", "vartrack", "ppl"),
-            ),
-            _setting("ntk", 2.0, 200, _at(100, 6.2, BOTH), _at(200, 5.45, ntk)),
-            _setting("yarn", 2.0, 200, _at(100, 6.3, BOTH), _at(200, 5.4, yarn)),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("ntk", 2.0): 200, ("yarn", 2.0): 200},
+        {"none-200-1": NONE_FAILS},
+        lead="up to 100: none; up to 200: yarn factor 2 (or ntk factor 2)",
+        ranges=[_range(100, "none", 1.0), _range(200, "yarn", 2.0, ["ntk", 2.0])],
+        choice=("yarn", 2.0, 200),
+        tasks={"passkey": _task(OK), "vartrack": _task(VT)},
+    )
 
 
-def _ppl_tolerance_fails() -> tuple[dict, dict]:
-    zero = {"passkey": ZERO, "vartrack": ZERO}
+def _ppl_tolerance_fails() -> Case:
     records = [
         _unit("none", 100, 1.0, 6.0, BOTH),
-        _unit("linear", 100, 2.0, 20.0, BOTH),
-        _unit("yarn", 100, 2.0, 6.3, BOTH),
-        _unit("none", 200, 1.0, 30.0, zero),
-        _unit("linear", 200, 2.0, 19.0, BOTH),  # every probe right, perplexity 3x none's at L
-        _unit("yarn", 200, 2.0, 5.5, BOTH),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
+        *_units("linear", 2.0, {100: 20.0, 200: 19.0}),  # every probe right, ppl 3x none's at L
+        *_units("yarn", 2.0, {100: 6.3, 200: 5.5}),
     ]
-    return _results(records), {
-        "lead": "up to 100: none; up to 200: yarn factor 2",
-        "ranges": [_range(100, "none", 1.0), _range(200, "yarn", 2.0)],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(OK)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, BOTH),
-                _at(200, 30.0, zero, "passkey", "vartrack", "ppl"),
-            ),
-            _setting("linear", 2.0, None, _at(100, 20.0, BOTH, "ppl"), _at(200, 19.0, BOTH, "ppl")),
-            _setting("yarn", 2.0, 200, _at(100, 6.3, BOTH), _at(200, 5.5, BOTH)),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("linear", 2.0): None, ("yarn", 2.0): 200},
+        {"none-200-1": NONE_FAILS, "linear-100-2": ("ppl",), "linear-200-2": ("ppl",)},
+        **NONE_THEN_YARN,
+    )
 
 
-def _non_monotone() -> tuple[dict, dict]:
-    zero = {"passkey": ZERO, "vartrack": ZERO}
+def _non_monotone() -> Case:
     records = [
         _unit("none", 100, 1.0, 6.0, BOTH),
-        _unit("yarn", 100, 2.0, 6.3, BOTH),
-        _unit("none", 150, 1.0, 9.0, zero),
-        _unit("yarn", 150, 1.5, 5.8, BOTH),
+        _unit("none", 150, 1.0, 9.0, NEITHER),
         _unit("none", 200, 1.0, 6.5, BOTH),  # holds again at 200: its effective length stays 100
-        _unit("yarn", 200, 2.0, 5.5, BOTH),
+        *_units("yarn", 1.5, {150: 5.8}),
+        *_units("yarn", 2.0, {100: 6.3, 200: 5.5}),
     ]
-    return _results(records), {
-        "lead": "up to 100: none; up to 150: yarn factor 1.5; up to 200: yarn factor 2",
-        "ranges": [_range(100, "none", 1.0), _range(150, "yarn", 1.5), _range(200, "yarn", 2.0)],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(OK)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, BOTH),
-                _at(150, 9.0, zero, "passkey", "vartrack", "ppl"),
-                _at(200, 6.5, BOTH),
-            ),
-            _setting("yarn", 1.5, 150, _at(150, 5.8, BOTH)),
-            _setting("yarn", 2.0, 200, _at(100, 6.3, BOTH), _at(200, 5.5, BOTH)),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("yarn", 1.5): 150, ("yarn", 2.0): 200},
+        {"none-150-1": NONE_FAILS},
+        lead="up to 100: none; up to 150: yarn factor 1.5; up to 200: yarn factor 2",
+        ranges=[_range(100, "none", 1.0), _range(150, "yarn", 1.5), _range(200, "yarn", 2.0)],
+        choice=("yarn", 2.0, 200),
+    )
 
 
-def _config_preferred_and_merged() -> tuple[dict, dict]:
-    zero = {"passkey": ZERO, "vartrack": ZERO}
+def _config_preferred_and_merged() -> Case:
     records = [
         _unit("none", 100, 1.0, 6.0, BOTH),
-        _unit("config", 100, 1.0, 6.0, BOTH),
-        _unit("none", 150, 1.0, 9.0, zero),
-        _unit("yarn", 150, 1.5, 5.7, BOTH),  # lower perplexity; config holds, so config
-        _unit("config", 150, 1.0, 6.1, BOTH),
-        _unit("none", 200, 1.0, 30.0, zero),
-        _unit("config", 200, 1.0, 6.3, BOTH),
+        _unit("none", 150, 1.0, 9.0, NEITHER),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
+        *_units("config", 1.0, {100: 6.0, 150: 6.1, 200: 6.3}),
+        *_units("yarn", 1.5, {150: 5.7}),  # lower perplexity; config holds, so config
     ]
-    return _results(records), {
-        "lead": "up to 100: none (or config); up to 200: config",
-        "ranges": [_range(100, "none", 1.0, ["config", 1.0]), _range(200, "config", 1.0)],
-        "choice": {"scaling": "config", "factor": 1.0, "length": 200},
-        "tasks": {"passkey": _task(OK), "vartrack": _task(OK)},
-        "settings": [
-            _setting(
-                "none",
-                1.0,
-                100,
-                _at(100, 6.0, BOTH),
-                _at(150, 9.0, zero, "passkey", "vartrack", "ppl"),
-                _at(200, 30.0, zero, "passkey", "vartrack", "ppl"),
-            ),
-            _setting("yarn", 1.5, 150, _at(150, 5.7, BOTH)),
-            _setting(
-                "config", 1.0, 200, _at(100, 6.0, BOTH), _at(150, 6.1, BOTH), _at(200, 6.3, BOTH)
-            ),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("yarn", 1.5): 150, ("config", 1.0): 200},
+        {"none-150-1": NONE_FAILS, "none-200-1": NONE_FAILS},
+        lead="up to 100: none (or config); up to 200: config",
+        ranges=[_range(100, "none", 1.0, ["config", 1.0]), _range(200, "config", 1.0)],
+        choice=("config", 1.0, 200),
+    )
 
 
-def _no_probe_ran() -> tuple[dict, dict]:
+def _no_probe_ran() -> Case:
     records = [
         _unit("none", 100, 1.0, 6.0),
         _unit("yarn", 100, 2.0, 6.3),
@@ -562,35 +501,36 @@ def _no_probe_ran() -> tuple[dict, dict]:
         "included": False,
         "reason": "no probe of it ran unscaled at 100",
     }
-    return _results(records, trials=0), {
-        "lead": "up to 100: none; up to 200: yarn factor 2. By perplexity alone: no probe ran.",
-        "ranges": [_range(100, "none", 1.0), _range(200, "yarn", 2.0)],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {"passkey": none, "vartrack": none},
-        "settings": [
-            _setting("none", 1.0, 100, _at(100, 6.0, {}), _at(200, 30.0, {}, "ppl")),
-            _setting("ntk", 2.0, 200, _at(200, 5.6, {})),
-            _setting("yarn", 2.0, 200, _at(100, 6.3, {}), _at(200, 5.5, {})),
-        ],
-    }
+    return _case(
+        records,
+        {("none", 1.0): 100, ("ntk", 2.0): 200, ("yarn", 2.0): 200},
+        {"none-200-1": ("ppl",)},
+        lead="up to 100: none; up to 200: yarn factor 2. By perplexity alone: no probe ran.",
+        ranges=NONE_THEN_YARN["ranges"],
+        choice=("yarn", 2.0, 200),
+        tasks={"passkey": none, "vartrack": none},
+        trials=0,
+    )
 
 
-def _no_task_done() -> tuple[dict, dict]:
-    zero = {"passkey": ZERO, "vartrack": ZERO}
+def _no_task_done() -> Case:
     records = [
-        _unit("none", 100, 1.0, 6.0, zero),
-        _unit("none", 200, 1.0, 30.0, zero),
-        _unit("yarn", 200, 2.0, 5.5, zero),
+        _unit("none", 100, 1.0, 6.0, NEITHER),
+        _unit("none", 200, 1.0, 30.0, NEITHER),
+        _unit("yarn", 200, 2.0, 5.5, NEITHER),
     ]
     high, chance = probes.wilson(0.0, 4)[1], probes.CHANCE
-    return _results(records), {
-        "lead": (
+    return _case(
+        records,
+        {("none", 1.0): 100, ("yarn", 2.0): 200},
+        {"none-200-1": ("ppl",)},
+        lead=(
             "up to 100: none; up to 200: yarn factor 2. By perplexity alone: the model does "
             "none of the tasks unscaled at 100."
         ),
-        "ranges": [_range(100, "none", 1.0), _range(200, "yarn", 2.0)],
-        "choice": {"scaling": "yarn", "factor": 2.0, "length": 200},
-        "tasks": {
+        ranges=NONE_THEN_YARN["ranges"],
+        choice=("yarn", 2.0, 200),
+        tasks={
             t: _task(
                 ZERO,
                 reason=(
@@ -600,14 +540,10 @@ def _no_task_done() -> tuple[dict, dict]:
             )
             for t in TASKS
         },
-        "settings": [
-            _setting("none", 1.0, 100, _at(100, 6.0, zero), _at(200, 30.0, zero, "ppl")),
-            _setting("yarn", 2.0, 200, _at(200, 5.5, zero)),
-        ],
-    }
+    )
 
 
-CASES: dict[str, Callable[[], tuple[dict, dict]]] = {
+CASES: dict[str, Callable[[], Case]] = {
     "none-to-L-yarn-to-2L": _none_to_L_yarn_to_2L,
     "nothing-holds-at-2L": _nothing_holds_at_2L,
     "holds-at-2L-not-at-L": _holds_at_2L_not_at_L,
@@ -698,10 +634,9 @@ def test_nothing_measured() -> None:
 
 # --- properties: the effective length -------------------------------------------------------
 
-_PLAN = [
-    ("none", 100, 1.0),
-    ("none", 150, 1.0),
-    ("none", 200, 1.0),
+#: The units a random case may hold: none at each length, yarn set for 150 or 200 (at L too:
+#: factor 2), ntk at 200.
+_PLAN = [("none", n, 1.0) for n in (100, 150, 200)] + [
     ("yarn", 100, 2.0),
     ("yarn", 150, 1.5),
     ("yarn", 200, 2.0),
@@ -865,7 +800,7 @@ def test_scaling_for_refuses_a_name_extend_does_not_know() -> None:
         scaling_for("llama3", 1.0, loaded)
 
 
-# --- the page: every file written atomically, the rule stated ---------------------------------
+# --- the page: the rule stated (each file written atomically: test_extend_page.py) -------------
 
 
 def _page_results() -> dict[str, Any]:
@@ -899,33 +834,6 @@ def test_the_page_states_the_rule_and_embeds_its_figures(tmp_path: Path) -> None
     assert html.count("data:image/png;base64,") == 2
     assert escape(RULE) in html and escape(_page_results()["answer"]["lead"]) in html
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
-
-
-@pytest.mark.parametrize("file", ["ppl_by_position.png", "probes.png", "index.html"])
-def test_a_page_killed_mid_write_keeps_each_file_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, file: str
-) -> None:
-    pytest.importorskip("matplotlib")
-    from posenc.extend.page import write_page
-
-    for name in ("ppl_by_position.png", "probes.png", "index.html"):
-        (tmp_path / name).write_bytes(b"the previous run's " + name.encode())
-    replace = os.replace
-
-    def killed(src: Any, dst: Any) -> None:
-        if Path(dst).name == file:
-            raise KeyboardInterrupt  # a kill between the temporary file and its rename
-        replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", killed)
-    with pytest.raises(KeyboardInterrupt):
-        write_page(_page_results(), tmp_path)
-    assert (tmp_path / file).read_bytes() == b"the previous run's " + file.encode()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "index.html",
-        "ppl_by_position.png",
-        "probes.png",
-    ]
 
 
 # --- memory: psutil's resident set ------------------------------------------------------------

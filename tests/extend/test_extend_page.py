@@ -5,7 +5,7 @@ probes of four tasks or none; one document or three; with or without ``emit``).
 The page leads with the answer's lead line; shows only what was measured (no probe
 section, figure or file without probes, no empty section); orders two settings only where
 the answer's verdicts do; names no machine path; keeps every title inside its figure.
-The ``browser`` tests open the page in headless Chromium like tests/test_report_browser.py:
+The ``browser`` tests open the page in headless Chromium (``tests/_browser.py``):
 every image decodes, no text runs past its box, the lead comes first in ``main``, and no
 absolute path is in the text a user sees.
 """
@@ -18,8 +18,6 @@ import json
 import math
 import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
+from tests._browser import in_browser, probe
+
+from posenc.extend.answer import answer
 from posenc.extend.page import write_page
 from posenc.extend.page_figures import ppl_plot, probe_plot
 
@@ -150,78 +151,12 @@ def _record(scaling: str, length: int, factor: float, docs: int, probes: bool) -
     }
 
 
-def _settings_rows(records: list[dict], probes: bool) -> list[dict[str, Any]]:
-    """The answer's ``settings``: holds where every included task keeps 0.9 of none's score
-    at L and perplexity stays within 10 % of none's at L."""
-    base = next(r for r in records if r["key"] == "none-512-1")
-    groups: dict[tuple[str, float], list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["scaling"], r["factor"]), []).append(r)
-    out = []
-    for (scaling, factor), units in groups.items():
-        lengths, effective, broken = [], None, False
-        for r in sorted(units, key=lambda r: r["length"]):
-            failed = [
-                t
-                for t in TASKS[:3]
-                if probes
-                and r["scores"]
-                and r["scores"][t]["score"] < 0.9 * base["scores"][t]["score"]
-            ]
-            failed += ["ppl"] if r["ppl"] > 1.1 * base["ppl"] else []
-            broken = broken or bool(failed)
-            effective = effective if broken else r["length"]
-            lengths.append(
-                {
-                    "length": r["length"],
-                    "holds": not failed,
-                    "failed": failed,
-                    "ppl": r["ppl"],
-                    "scores": r["scores"],
-                }
-            )
-        out.append(
-            {
-                "scaling": scaling,
-                "factor": factor,
-                "effective_length": effective,
-                "lengths": lengths,
-            }
-        )
-    return out
-
-
-def _answer(records: list[dict], *, docs: int, buckets: bool, probes: bool, quick: bool) -> dict:
-    base = next(r for r in records if r["key"] == "none-512-1")
-    tasks = {}
-    for t in TASKS:
-        s = base["scores"].get(t)
-        if s is None:
-            tasks[t] = {
-                "baseline": None,
-                "low": None,
-                "high": None,
-                "probes": 0,
-                "bar": None,
-                "included": False,
-                "reason": "no probe of it ran unscaled at 512",
-            }
-            continue
-        chance = s["low"] <= 0.0
-        tasks[t] = {
-            "baseline": s["score"],
-            "low": s["low"],
-            "high": s["high"],
-            "probes": 4,
-            "bar": 0.9 * s["score"],
-            "included": not chance,
-            "reason": (
-                f"unscaled at 512 it scores {s['score']:.2f} [{s['low']:.2f}, "
-                f"{s['high']:.2f}] over 4 probes: the interval reaches chance (0)"
-            )
-            if chance
-            else None,
-        }
+def _answer(results: dict[str, Any], *, docs: int, buckets: bool, quick: bool) -> dict:
+    """The answer for ``results``: its ``settings`` (and ``tasks`` where probes ran) as
+    :func:`posenc.extend.answer.answer` finds them; the lead, the ranges and the verdicts
+    between settings set by hand, so that the page's orderings follow known verdicts."""
+    computed = answer(results)
+    probes = results["settings"]["trials"] > 0
     spread = docs > 1 or buckets
     pairing = "document" if docs > 1 else ("bucket" if buckets else "document")
     top = 768 if quick else 1024
@@ -295,8 +230,8 @@ def _answer(records: list[dict], *, docs: int, buckets: bool, probes: bool, quic
         "sentence": lead,
         "ranges": ranges,
         "choice": {"scaling": "yarn", "factor": f, "length": top},
-        "tasks": tasks if probes else {},
-        "settings": _settings_rows(records, probes),
+        "tasks": computed["tasks"] if probes else {},
+        "settings": computed["settings"],
         "per_length": per_length,
         "cost_at_L": cost,
         "rule": "Two settings are ordered by the one rule: better where the whole 95% "
@@ -430,9 +365,7 @@ def make_results(
         "threads": 2,
         "records": records,
     }
-    results["answer"] = _answer(
-        records, docs=docs, buckets=buckets, probes=probes and not quick, quick=quick
-    )
+    results["answer"] = _answer(results, docs=docs, buckets=buckets, quick=quick)
     if emit:
         results["emit"] = _emit(Path(results["model"]["path"]).name, refused=docs == 1)
     return results
@@ -743,23 +676,28 @@ def _pair(key: str, value: str) -> str:
     )
 
 
+#: Per variant, rows of the model-and-settings table: what it names, and the value shown.
+_MODEL_ROWS = {
+    "three-docs": {
+        "model": "tiny-llama",
+        "parameters": "1,234,567",
+        "file": "config.json: SHA-256 " + "ab" * 8,
+        "document": "argparse.py: 20,000 tokens, SHA-256 " + "ef" * 8,
+        "text files": "typing.py, argparse.py, inspect.py",
+        "trained context given": "no: the config's (512)",
+        "probe tasks": "passkey, multikey, multivalue, vartrack",
+        "needle depths": "0.25, 0.75",
+        "quick run": "no",
+        "engines written": "transformers, vllm, llama.cpp, gguf, ollama",
+    },
+    "no-probes": {"engines written": "none"},
+    "long-name": {"model": LONG_NAME, "layer types scaled": "full_attention"},
+}
+
+
 @pytest.mark.parametrize(
     ("variant", "key", "value"),
-    [
-        ("three-docs", "model", "tiny-llama"),
-        ("long-name", "model", LONG_NAME),
-        ("three-docs", "parameters", "1,234,567"),
-        ("three-docs", "file", "config.json: SHA-256 " + "ab" * 8),
-        ("three-docs", "document", "argparse.py: 20,000 tokens, SHA-256 " + "ef" * 8),
-        ("three-docs", "text files", "typing.py, argparse.py, inspect.py"),
-        ("three-docs", "trained context given", "no: the config's (512)"),
-        ("three-docs", "probe tasks", "passkey, multikey, multivalue, vartrack"),
-        ("three-docs", "needle depths", "0.25, 0.75"),
-        ("three-docs", "quick run", "no"),
-        ("three-docs", "engines written", "transformers, vllm, llama.cpp, gguf, ollama"),
-        ("no-probes", "engines written", "none"),
-        ("long-name", "layer types scaled", "full_attention"),
-    ],
+    [(variant, key, value) for variant, rows in _MODEL_ROWS.items() for key, value in rows.items()],
 )
 def test_the_model_and_settings_are_a_two_column_table(
     built: Any, variant: str, key: str, value: str
@@ -894,10 +832,7 @@ def test_a_page_killed_mid_write_keeps_each_file_whole(
 
 # --- in a real browser ------------------------------------------------------------------------
 
-CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser")) if p), None)
-
-_PROBE = """<script>
-window.addEventListener("load", () => {
+_FINDINGS = """
   const images = Array.from(document.images);
   const wide = el => el.scrollWidth > el.clientWidth + 1;
   const inScroll = el => el.closest(".scroll") !== null;
@@ -918,52 +853,14 @@ window.addEventListener("load", () => {
     first: main.firstElementChild.id,
     first_text: main.firstElementChild.textContent,
     text: document.body.innerText,
-  };
-  const pre = document.createElement("pre");
-  pre.id = "posenc-probe";
-  pre.textContent = JSON.stringify(found);
-  document.body.appendChild(pre);
-});
-</script>"""
+  };"""
 
 
-def _probe(page: Path, tmp_path: Path, width: int) -> dict:
-    probed = page.with_name("probed.html")
-    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", _PROBE + "</body>"))
-    proc = subprocess.run(
-        [
-            str(CHROMIUM),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-dev-shm-usage",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            f"--user-data-dir={tmp_path / 'chromium-profile'}",
-            f"--window-size={width},900",
-            "--virtual-time-budget=5000",
-            "--dump-dom",
-            probed.as_uri(),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    match = re.search(r'<pre id="posenc-probe">(.*?)</pre>', proc.stdout, re.S)
-    assert match, f"no probe output (exit {proc.returncode}): {proc.stderr[-2000:]}"
-    return json.loads(html.unescape(match.group(1)))
-
-
-@pytest.mark.browser
+@in_browser
 @pytest.mark.parametrize(("variant", "width"), [("long-name", 800), ("quick", 1280)])
 def test_the_page_in_a_browser(built: Any, tmp_path: Path, variant: str, width: int) -> None:
-    if CHROMIUM is None:
-        pytest.skip("headless Chromium not installed (apt-get install chromium); CI installs it")
     results, paths, _ = built(variant)
-    found = _probe(paths[-1], tmp_path, width)
+    found = probe(paths[-1], tmp_path, _FINDINGS, width=width)
     assert found["images"] == len(paths) - 1 and found["broken"] == []
     assert not found["page_overflow"] and found["overflowing"] == [] and found["wide_pre"] == 0
     assert found["bare_tables"] == 0
@@ -971,17 +868,15 @@ def test_the_page_in_a_browser(built: Any, tmp_path: Path, variant: str, width: 
     assert str(paths[-1].parent.parent) not in found["text"] and "/tmp/" not in found["text"]
 
 
-@pytest.mark.browser
+@in_browser
 def test_the_probe_sees_overflow_a_bare_table_and_a_broken_image(tmp_path: Path) -> None:
-    if CHROMIUM is None:
-        pytest.skip("headless Chromium not installed (apt-get install chromium); CI installs it")
     page = tmp_path / "bad.html"
     page.write_text(
         '<html><body><main><p id="first" style="white-space:nowrap">' + "x" * 400 + "</p>"
         '<img alt="bad" src="data:image/png;base64,AAAA"><table><tr><td>1</td></tr></table>'
         '<pre style="white-space:pre">' + "y" * 400 + "</pre></main></body></html>"
     )
-    found = _probe(page, tmp_path, 800)
+    found = probe(page, tmp_path, _FINDINGS, width=800)
     assert found["broken"] == ["bad"] and found["page_overflow"]
     assert "P." in found["overflowing"] and found["wide_pre"] == 1 and found["bare_tables"] == 1
     assert found["first"] == "first"

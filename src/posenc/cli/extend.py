@@ -54,15 +54,32 @@ def _list(option_name: str, kind: type, known: tuple[str, ...] = _SCALINGS) -> A
     return check
 
 
+def _int_option(option_name: str, help: str, min: int, max: int) -> Any:
+    """An integer option from ``min`` to ``max``."""
+    return option(help, integer(option_name, min=min, max=max))
+
+
+def _float_option(option_name: str, help: str, **bounds: Any) -> Any:
+    """A number option within ``bounds`` (:func:`posenc.cli._checks.number`'s)."""
+    return option(help, number(option_name, **bounds))
+
+
+def _names_option(option_name: str, help: str, known: tuple[str, ...], note: str = "") -> Any:
+    """A comma-separated list of names among ``known``, which its help lists (then ``note``)."""
+    return option(f"{help} [{','.join(known)}{note}].", _list(option_name, str, known))
+
+
 Model = Annotated[
     str, typer.Argument(help="A transformers model folder or a .gguf file.", callback=text("MODEL"))
 ]
 Out = Annotated[str, option("Output folder.", text("--out"), "--out", "-o")]
 To = Annotated[
     float | None,
-    option(
+    _float_option(
+        "--to",
         "The longest length, as a multiple of the trained context L [2; --quick 1.5].",
-        number("--to", min=1.0, max=64.0),
+        min=1.0,
+        max=64.0,
     ),
 ]
 Lengths = Annotated[
@@ -72,56 +89,55 @@ Lengths = Annotated[
         _list("--lengths", float),
     ),
 ]
-Scalings = Annotated[
-    str | None,
-    option(f"Scalings, e.g. none,yarn [{','.join(_SCALINGS)}].", _list("--scalings", str)),
-]
+Scalings = Annotated[str | None, _names_option("--scalings", "Scalings, e.g. none,yarn", _SCALINGS)]
 Texts = Annotated[
     list[str] | None,
     option("Documents for perplexity [the longest stdlib sources].", text("--text"), "--text"),
 ]
 Documents = Annotated[
-    int | None,
-    option("How many stdlib documents [3; --quick 1].", integer("--documents", min=1, max=100)),
+    int | None, _int_option("--documents", "How many stdlib documents [3; --quick 1].", 1, 100)
 ]
 Trials = Annotated[
     int | None,
-    option(
+    _int_option(
+        "--trials",
         "Haystacks per scaling and length, each prefilled once with needles of every task [2; --quick 1; 0: no probe].",
-        integer("--trials", min=0, max=100),
+        0,
+        100,
     ),
 ]
 Tasks = Annotated[
-    str | None,
-    option(
-        f"Probe tasks, e.g. passkey,vartrack [{','.join(TASK_NAMES)}].",
-        _list("--tasks", str, TASK_NAMES),
-    ),
+    str | None, _names_option("--tasks", "Probe tasks, e.g. passkey,vartrack", TASK_NAMES)
 ]
 Bar = Annotated[
     float,
-    option(
+    _float_option(
+        "--bar",
         "A scaling holds a task where it keeps this fraction of the model's unscaled score at the shortest length.",
-        number("--bar", min=0.0, max=1.0, exclusive=True),
+        min=0.0,
+        max=1.0,
+        exclusive=True,
     ),
 ]
 PplTolerance = Annotated[
     float,
-    option(
+    _float_option(
+        "--ppl-tolerance",
         "A scaling holds where its perplexity is at most (1 + this) x none's at L.",
-        number("--ppl-tolerance", min=0.0, max=100.0),
+        min=0.0,
+        max=100.0,
     ),
 ]
 Emit = Annotated[
     str | None,
-    option(
-        f"Engines to write the chosen setting for [{','.join(ENGINE_NAMES)}; gguf and ollama only for a .gguf model].",
-        _list("--emit", str, ENGINE_NAMES),
+    _names_option(
+        "--emit",
+        "Engines to write the chosen setting for",
+        ENGINE_NAMES,
+        "; gguf and ollama only for a .gguf model",
     ),
 ]
-Seed = Annotated[
-    int, option("Seed of the probes' needles.", integer("--seed", min=0, max=2**31 - 1))
-]
+Seed = Annotated[int, _int_option("--seed", "Seed of the probes' needles.", 0, 2**31 - 1)]
 Dtype = Annotated[
     str,
     option(

@@ -32,14 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from posenc._errors import (
-    PosEncError,
-    check_bool,
-    check_choice,
-    check_float,
-    check_int,
-    describe,
-)
+from posenc._errors import PosEncError, check_bool, check_choice, check_float, check_int, describe
 from posenc._files import atomic_write
 from posenc.extend.model import Loaded, scaled, scaling_for
 from posenc.extend.save import rope_parameters_for
@@ -232,14 +225,17 @@ def _arch(loaded: Loaded) -> str:
 
 
 def _plain(value: Any) -> Any:
-    """``value`` with NumPy scalars as Python numbers and tuples as lists (JSON's shapes)."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+    """``value`` in JSON's shapes, by a round trip through JSON: NumPy scalars as Python
+    numbers, tuples as lists, every mapping a dict with string keys."""
+
+    def unknown(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return dict(v)
+        if isinstance(v, np.generic):
+            return v.item()
+        raise TypeError(f"{type(v).__name__} is not a JSON value")
+
+    return json.loads(json.dumps(value, default=unknown))
 
 
 def _script(job: _Job, setting: EngineSetting, *, alternative: str | None = None) -> bytes:
@@ -327,21 +323,22 @@ def _keys_read(engine: str, table: Mapping[str, frozenset[str]], settings: Any) 
     return f"every key one {engine} reads for rope type {', '.join(kinds)}"
 
 
-def _vllm(job: _Job, setting: EngineSetting) -> dict[str, Any]:
-    overrides = setting.settings["hf_overrides"]
-    checked = _keys_read("vllm", _engines.VLLM_KEYS, overrides)
-    folder = job.folder("vllm")
-    files = [folder / "command.sh", folder / "hf_overrides.json"]
-    atomic_write(files[0], _script(job, setting))
-    atomic_write(files[1], (json.dumps(_plain(overrides), indent=2) + "\n").encode())
-    return _record(job, setting, files, checked)
+#: The engines served from a model folder with JSON overrides: the setting's key that holds
+#: them, the keys the engine reads per rope type, and the file they are written to.
+_OVERRIDES = {
+    "vllm": ("hf_overrides", _engines.VLLM_KEYS, "hf_overrides.json"),
+    "sglang": ("json_model_override_args", _engines.SGLANG_KEYS, "override.json"),
+}
 
 
-def _sglang(job: _Job, setting: EngineSetting) -> dict[str, Any]:
-    overrides = setting.settings["json_model_override_args"]
-    checked = _keys_read("sglang", _engines.SGLANG_KEYS, overrides)
-    folder = job.folder("sglang")
-    files = [folder / "command.sh", folder / "override.json"]
+def _overrides(job: _Job, setting: EngineSetting) -> dict[str, Any]:
+    """vLLM's or SGLang's ``command.sh`` and its JSON overrides, each RoPE key in them one the
+    engine reads."""
+    key, table, name = _OVERRIDES[setting.engine]
+    overrides = setting.settings[key]
+    checked = _keys_read(setting.engine, table, overrides)
+    folder = job.folder(setting.engine)
+    files = [folder / "command.sh", folder / name]
     atomic_write(files[0], _script(job, setting))
     atomic_write(files[1], (json.dumps(_plain(overrides), indent=2) + "\n").encode())
     return _record(job, setting, files, checked)
@@ -437,8 +434,8 @@ _NEEDS = {"ollama": ("gguf", "ollama")}
 
 _WRITERS: dict[str, Callable[[_Job, EngineSetting], dict[str, Any]]] = {
     "transformers": _transformers,
-    "vllm": _vllm,
-    "sglang": _sglang,
+    "vllm": _overrides,
+    "sglang": _overrides,
     "llama.cpp": _llama_cpp,
     "gguf": _gguf,
     "ollama": _ollama,

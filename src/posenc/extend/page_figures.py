@@ -127,6 +127,31 @@ def _units_at(records: Sequence[Mapping[str, Any]], length: int) -> list[Mapping
     )
 
 
+def _panels(n: int, width: float, height: float) -> tuple[Any, Any]:
+    """A figure of ``n`` panels in a row, ``width`` inches each (6.4 at the least), sharing
+    their y axis: ``(fig, axes)``, ``axes[0][i]`` the i-th panel."""
+    return _pyplot().subplots(
+        1,
+        n,
+        figsize=(max(6.4, width * n), height),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
+
+
+def _legend(fig: Any, handles: Mapping[str, Any], columns: int) -> None:
+    """One legend under the panels: a line per name of ``handles``, up to ``columns`` a row."""
+    fig.legend(
+        list(handles.values()),
+        list(handles),
+        loc="outside lower center",
+        ncol=min(len(handles), columns),
+        fontsize=8,
+        frameon=False,
+    )
+
+
 def ppl_plot(results: Mapping[str, Any]) -> Any:
     """Perplexity by position, one panel per length with perplexity measured (None:
     none was)."""
@@ -134,15 +159,7 @@ def ppl_plot(results: Mapping[str, Any]) -> Any:
     panels = [(n, units) for n in measured_lengths(results) if (units := _units_at(records, n))]
     if not panels:
         return None
-    plt = _pyplot()
-    fig, axes = plt.subplots(
-        1,
-        len(panels),
-        figsize=(max(6.4, 4.0 * len(panels)), 4.0),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
-    )
+    fig, axes = _panels(len(panels), 4.0, 4.0)
     handles: dict[str, Any] = {}
     for ax, (length, units) in zip(axes[0], panels):
         for r in units:
@@ -162,14 +179,7 @@ def ppl_plot(results: Mapping[str, Any]) -> Any:
         ax.set_xlabel("position")
         ax.set_title(f"{length} tokens", fontsize=10)
     axes[0][0].set_ylabel("perplexity (bucket)")
-    fig.legend(
-        list(handles.values()),
-        list(handles),
-        loc="outside lower center",
-        ncol=min(len(handles), 6),
-        fontsize=8,
-        frameon=False,
-    )
+    _legend(fig, handles, 6)
     name = _short(display_name(results["model"]))
     fit_title(fig, f"{name}: perplexity by position (trained context {trained}, dotted)")
     return fig
@@ -185,7 +195,6 @@ def probe_plot(results: Mapping[str, Any]) -> Any:
     tasks = probe_tasks(results)
     if not tasks:
         return None
-    plt = _pyplot()
     lengths = measured_lengths(results)
     groups = [
         (k, [r for r in rs if r.get("probes") and r["length"] in lengths])
@@ -194,14 +203,7 @@ def probe_plot(results: Mapping[str, Any]) -> Any:
     groups = [(k, rs) for k, rs in groups if rs]
     factors = sorted({k[1] for k, _ in groups})
     bars = (results.get("answer") or {}).get("tasks") or {}
-    fig, axes = plt.subplots(
-        1,
-        len(tasks),
-        figsize=(max(6.4, 3.0 * len(tasks)), 3.8),
-        squeeze=False,
-        sharey=True,
-        layout="constrained",
-    )
+    fig, axes = _panels(len(tasks), 3.0, 3.8)
     handles: dict[str, Any] = {}
     for ax, task in zip(axes[0], tasks):
         for i, ((scaling, factor), rs) in enumerate(groups):
@@ -236,14 +238,7 @@ def probe_plot(results: Mapping[str, Any]) -> Any:
         ax.set_xlabel("length")
         ax.set_title(task, fontsize=10)
     axes[0][0].set_ylabel("score (exact-match recall)")
-    fig.legend(
-        list(handles.values()),
-        list(handles),
-        loc="outside lower center",
-        ncol=min(len(handles), 5),
-        fontsize=8,
-        frameon=False,
-    )
+    _legend(fig, handles, 5)
     fit_title(fig, "probe score by length: 95% Wilson intervals, each task's bar dotted")
     return fig
 
