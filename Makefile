@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck bench docs extend clean
+.PHONY: demo test lint typecheck bench docs extend engines clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ $(SMOLLM2): | $(STAMP)
 
 extend: $(STAMP) $(SMOLLM2)
 	$(BIN)/posenc extend $(SMOLLM2) --out extend $(EXTEND_ARGS)
+
+# What --emit writes for llama.cpp, run in llama.cpp (not CI: llama-cpp-python builds from its
+# sdist with the CMAKE_ARGS in benchmarks/engines.py's docstring).
+engines: $(STAMP) $(SMOLLM2)
+	nice -n 5 $(BIN)/python benchmarks/engines.py
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rope.py
