@@ -159,7 +159,7 @@ Quick = Annotated[
     bool,
     typer.Option(
         "--quick",
-        help="One document and one haystack; none at L, and none, ntk, dynamic, yarn at 1.5L: a few minutes for SmolLM2-135M on 2 cores.",
+        help="One document and one haystack; none at L, and none, dynamic, yarn at 1.5L: a few minutes for SmolLM2-135M on 2 cores.",
     ),
 ]
 Resume = Annotated[
