@@ -155,7 +155,11 @@ def _measure(
     device = next(loaded.model.parameters()).device
     stacks = hays if isinstance(hays, list) else []
     longer = passes.get((name, factor))
-    shared = longer if longer and _prefix_equal(longer.tables, tables) else None
+    shared = (
+        longer
+        if longer is not None and longer.length >= length and _prefix_equal(longer.tables, tables)
+        else None
+    )
     total = len(stacks) + sum(1 for d in docs if shared is None or d.name not in shared.nlls)
     done = [0]
 
