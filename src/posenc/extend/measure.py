@@ -113,16 +113,6 @@ def perplexities(nlls: Sequence[torch.Tensor], length: int, width: int) -> dict[
     }
 
 
-def _cache_of(model: Any, out: Any) -> dict[str, Any]:
-    """The KV cache of ``out`` as ``model`` takes it back: ``cache=`` (transformers 5.24
-    on) or ``past_key_values=`` (before)."""
-    import inspect
-
-    if "cache" in inspect.signature(model.forward).parameters:
-        return {"cache": out.cache}
-    return {"past_key_values": out.past_key_values}
-
-
 def estimate_bytes(model: Any, length: int) -> int:
     """Peak memory of one forward of ``length`` tokens, estimated before it runs: the
     weights, the decoder's activations (a few ``[length, hidden]`` and ``[length,
