@@ -515,6 +515,12 @@ FAMILY_IMPORTS_ALLOWED: dict[tuple[str, str], tuple[frozenset[str] | None, str]]
         frozenset({"index_table"}),
         "`posenc table index` prints the family's pure table function; no module is built",
     ),
+    ("src/posenc/", f"{A.TOP}.remap"): (
+        None,
+        "remap (floor 3) holds no encoding: position maps (Self-Extend, STRING) built by their "
+        "one builder, remap.position_map, and the attention that rotates each pair through the "
+        "caller's rotary encoding; attention, patch and extend call it as a function",
+    ),
 }
 
 

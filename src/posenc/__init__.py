@@ -7,7 +7,8 @@ attention biases (ALiBi, T5, ...), each with a float64 reference in
 
 What is top level (``__all__``), by one rule (see ARCHITECTURE.md):
 
-1. the entry points: :func:`build`, :func:`attention`, :class:`PosEncError`;
+1. the entry points: :func:`build`, :func:`attention`, :class:`PosEncError`, and the
+   position maps attention takes (:class:`SelfExtend`, :class:`String`, :func:`position_map`);
 2. every registered encoding's class (``*Embedding``, ``*Bias``, ``NoPositionalEncoding``);
 3. each family's pure functions, those its module is one call into (tables, frequencies,
    cos/sin, apply, biases) and the published constants checked against the paper
@@ -52,6 +53,7 @@ from posenc.gated import FoXBias, fox_bias
 
 # --- attention and models -----------------------------------------------------
 from posenc.attend import attention
+from posenc.remap import SelfExtend, String, position_map
 from posenc import models
 
 # --- another library's spelling of a scaling: its reader, installed on import -----------------
@@ -64,6 +66,10 @@ __all__ = [
     "PosEncError",
     "attention",
     "build",
+    # position maps (posenc.attention(position_map=))
+    "SelfExtend",
+    "String",
+    "position_map",
     # subpackages
     "models",
     "positions",

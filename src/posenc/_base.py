@@ -36,6 +36,7 @@ __all__ = [
     "Encoding",
     "GatedEncoding",
     "Kind",
+    "PositionMap",
     "RotaryEncoding",
 ]
 
@@ -399,3 +400,51 @@ def _no_forward(enc: Encoding, what: str) -> PosEncError:
 #: The protocols of encodings that add a term to the attention logits (kind ``"bias"``):
 #: attention prepares each with the queries' and keys' positions.
 LOGIT_PROTOCOLS = (BiasEncoding, ContextualEncoding, GatedEncoding)
+
+
+class PositionMap:
+    """Where a rotary attention rotates each (query, key) pair: a position map (Self-Extend,
+    STRING; :mod:`posenc.remap`). Not an encoding: it remaps the positions a rotary encoding
+    is given, per pair, inside attention.
+
+    A pair of query position ``i`` and key position ``j <= i`` has the offset ``i - j``;
+    :meth:`branch_at` says which of the ``branches`` it falls in, and in branch ``b`` the
+    query is rotated at ``query_positions_at(b, i)`` and the key at
+    ``key_positions_at(b, j)``. Every pair is in exactly one branch; attention takes one
+    softmax over every visible key of a query. Members are frozen dataclasses of ints,
+    validated when built; the ``*_at`` methods trust their tensors.
+    """
+
+    kind: ClassVar[str] = "position_map"
+    #: How many branches the offsets fall in.
+    branches: ClassVar[int]
+
+    def branch_at(self, offsets: torch.Tensor) -> torch.Tensor:
+        """The branch (int64, same shape) of each offset ``i - j`` (int64; the offsets of
+        pairs attention hides may be anything)."""
+        raise NotImplementedError
+
+    def query_positions_at(self, branch: int, positions: torch.Tensor) -> torch.Tensor:
+        """The positions ``[s]`` (int64, or float64 where the map gives fractions) at which
+        queries at int64 ``positions [s]`` are rotated in ``branch``; the tensor itself
+        when the branch keeps them."""
+        raise NotImplementedError
+
+    def key_positions_at(self, branch: int, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`query_positions_at` for keys."""
+        raise NotImplementedError
+
+    def offset_bounds(self, branch: int) -> tuple[int, int | None]:
+        """The offsets of ``branch``: exactly those with ``lo <= d <= hi`` (``hi`` None: no
+        bound), as :meth:`branch_at` says; attention reads only the keys they reach."""
+        raise NotImplementedError
+
+    def check_trained(self, trained: int) -> None:
+        """Raise :class:`~posenc.PosEncError` when the map does not fit a model trained on
+        ``trained`` positions (a window larger than it)."""
+        raise NotImplementedError
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-serialisable dict, ``{"type": ..., **fields}``; ``posenc.position_map``
+        of it builds an equal map."""
+        raise NotImplementedError

@@ -114,7 +114,8 @@ def _tensor(name: str, value: torch.Tensor) -> Iterator[Mutation]:
     if value.ndim:
         yield "shape_0d", lambda: value.reshape(-1)[0].clone(), "either"
         yield "shape_empty", lambda: value.narrow(0, 0, 0).clone(), "either"
-    yield "dtype_bool", lambda: value.to(torch.bool), "either" if "mask" in name else "raise"
+    masks = "mask" in name or name == "keep"
+    yield "dtype_bool", lambda: value.to(torch.bool), "either" if masks else "raise"
     yield "dtype_complex", lambda: value.to(torch.complex64), "raise"
     if floating:
         yield "dtype_int", lambda: value.round().to(torch.int64), "either"

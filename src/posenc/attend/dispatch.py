@@ -53,6 +53,7 @@ from posenc._errors import PosEncError, check_choice, check_float, check_tensor
 from posenc.attend import folded
 from posenc.attend.paths import Call, chunked, eager, sdpa
 from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_at
+from posenc.attend.remapped import remapped
 
 __all__ = ["BACKENDS", "FLEX_MIN_BIAS_BYTES", "attention"]
 
@@ -276,6 +277,7 @@ def attention(
     dropout_p: float = 0.0,
     backend: str = "auto",
     gates: torch.Tensor | None = None,
+    position_map: Any = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention with a positional encoding applied where it belongs.
 
@@ -299,6 +301,7 @@ def attention(
         backend: ``"auto"``, ``"sdpa"``, ``"flex"``, ``"eager"`` or ``"chunked"``.
         gates: a gated encoding's ``[b, h, k]`` gates (``"fox"``: log forget gates ``<= 0``,
             with ``causal=True``); refused for other encodings.
+        position_map: :mod:`posenc.remap`'s Self-Extend or STRING (or its dict); RoPE, causal.
 
     Shape:
         ``q [b, h, q, d]``, ``k [b, h_kv, k, d]``, ``v [b, h_kv, k, d_v]`` -> ``[b, h, q, d_v]``
@@ -351,12 +354,10 @@ def attention(
             k_positions=k_positions,
             device=q.device,
         )
-    keep = (
-        None
-        if attn_mask is None
-        else _check_mask(attn_mask, b=b, h=hq, q_len=q_len, k_len=k_len, device=q.device)
-    )
+    keep = _check_mask(attn_mask, b=b, h=hq, q_len=q_len, k_len=k_len, device=q.device)
 
+    if position_map is not None:  # Self-Extend, STRING: attend/remapped.py
+        return remapped(q, k, v, prep, keep, scale, position_map, causal, dropout_p, gates, backend)
     if prep is not None and isinstance(prep.encoding, RotaryEncoding):
         q, k = prep.rotate_at(q, k)  # [b, h, q, d], [b, h_kv, k, d]
         prep = None

@@ -35,6 +35,11 @@ from posenc.reference.bias import (
 
 # attention
 from posenc.reference.attention import attention
+from posenc.reference.remap import (
+    remapped_attention_reference,
+    self_extend_positions,
+    string_positions,
+)
 
 # contextual
 from posenc.reference.contextual import (
@@ -53,4 +58,5 @@ __all__ += ["alibi_bias", "alibi_slopes", "fire_bias", "fire_normalized_distance
 __all__ += ["shaw_relative_logits", "shaw_relative_values"]
 __all__ += ["t5_relative_bias", "t5_relative_bucket"]
 __all__ += ["attention"]
+__all__ += ["remapped_attention_reference", "self_extend_positions", "string_positions"]
 __all__ += ["cope_attention", "cope_bias", "cope_positions", "fox_attention", "fox_bias"]
