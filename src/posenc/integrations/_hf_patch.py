@@ -42,6 +42,7 @@ from posenc.integrations._hf_patch_families import (
     REFUSED,
     Family,
 )
+from posenc.integrations._hf_patch_remap import check_remappable, remap_entries, split_scaling
 from posenc.integrations._hf_patch_rotary import PatchedRotaryEmbedding
 from posenc.integrations._hf_reader import rope_layer_types
 from posenc.integrations.spelling import GENERAL_KEYS, is_transformers_spelling, scaling_type
@@ -158,18 +159,19 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
     """Put posenc's RoPE inside a loaded transformers model (in place; returns it).
 
     The model's rotary module(s) become a :class:`PatchedRotaryEmbedding` (posenc's cos/sin)
-    and each attention layer's apply step posenc's fused rotation; nothing outside this
-    model changes, and :func:`unpatch` undoes it exactly. What changes, per family, and how
-    close the logits stay: ``docs/porting.md``.
+    and each attention layer's apply step posenc's fused rotation; nothing else changes, and
+    :func:`unpatch` undoes it exactly (per family: ``docs/porting.md``).
 
     Args:
-        model: a transformers model (``LlamaForCausalLM``, its base ``LlamaModel``, a
-            multimodal model whose text decoder is supported, ...) of a family in
-            :data:`PATCHABLE_FAMILIES`.
+        model: a transformers model (``LlamaForCausalLM``, ``LlamaModel``, a multimodal
+            model with a supported text decoder, ...) of a :data:`PATCHABLE_FAMILIES` family.
         scaling: ``None`` (the config's), or a scaling that replaces it for every layer
             type (or ``{layer_type: scaling}``), in posenc's spelling
             (:func:`posenc.rotary.frequencies.parse_scaling`) or transformers'
-            (``rope_scaling`` or ``rope_parameters``). The model's config is not changed.
+            (``rope_scaling`` or ``rope_parameters``); or a position map, ``{"type":
+            "self_extend" | "string", ...}`` with an optional such ``"scaling"``, on the
+            RoPE full-attention layers only (SmolLM3: not its NoPE layers; the rules in
+            :mod:`posenc.integrations._hf_patch_remap`). The config is not changed.
 
     Returns:
         ``model``, patched.
@@ -203,9 +205,15 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
         raise PosEncError(f"model is already patched ({type(model).__name__}); unpatch it first")
     model_type = str(getattr(config, "model_type", None))
     # validate and build everything first, then change the model (nothing there can fail)
+    position_map, scaling = split_scaling(scaling)
+    if position_map is not None:
+        check_remappable(config, model_type, position_map)
     target = _Target(model_type, *_family_module(model, model_type))
     target.check_applies()
     record = target.plan(model, _ropes(config, model_type, scaling))
+    if position_map is not None:
+        rotary = [new for *_, new in record.rotary]
+        record.attention = remap_entries(target, config, rotary, record.attention, position_map)
     for parent, child_name, _, new in record.rotary:
         parent._modules[child_name] = new
     for layer, attr, forward, _ in record.attention:

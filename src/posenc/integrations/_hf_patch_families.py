@@ -32,7 +32,17 @@ from posenc.integrations._hf_patch_applies import (
 )
 from posenc.integrations._hf_patch_rotary import Output
 
-__all__ = ["FAMILIES", "INTERLEAVE_APPLY", "PATCHABLE_FAMILIES", "REFUSED", "Family"]
+__all__ = [
+    "FAMILIES",
+    "INTERLEAVE_APPLY",
+    "NOPE_FULL_ATTENTION",
+    "NOPE_MODELS",
+    "NO_POSITION_IDS",
+    "PATCHABLE_FAMILIES",
+    "REFUSED",
+    "TRAILING_ROTARY",
+    "Family",
+]
 
 # The apply function the attention of a rope_interleave family (DeepSeek-V3) calls when
 # config.rope_interleave is true, instead of apply_rotary_pos_emb.
@@ -99,3 +109,15 @@ REFUSED = {
     "llama4_vision_model": "its vision encoder's rotary is 2-D (patch rows and columns, complex "
     "freqs_cis), not the text RoPE patch replaces; patch the Llama 4 text model",
 }
+
+# For position maps (:mod:`._hf_patch_remap`), read from the attention forwards of
+# transformers 5.25. Families whose full-attention layers skip RoPE: Cohere 2 always,
+# EXAONE 4 when its config has a sliding window.
+NOPE_FULL_ATTENTION = {"cohere2": "always", "exaone4": "with a sliding window"}
+# Families with no RoPE at all whose full-attention layers are NoPE (Kimi Linear: MLA
+# without RoPE beside linear-attention layers), told so rather than "not supported".
+NOPE_MODELS = ("kimi_linear",)
+# MLA families: the attention sees q = cat(q_pass, q_rot), its rotary channels trailing.
+TRAILING_ROTARY = frozenset({"deepseek_v3"})
+# Families whose attention layers are handed no position_ids.
+NO_POSITION_IDS = frozenset({"llama4_text"})
