@@ -416,3 +416,107 @@ def _gguf_copy_paths() -> dict[str, Any]:
 
 
 fn("integrations.write_scaled_gguf", write_scaled_gguf, _gguf_copy_paths)
+
+
+# --- position maps (Self-Extend, STRING) and their attention ---------------------------------
+def _rope_rotate(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    enc = posenc.RotaryEmbedding(x.shape[-1])
+    return enc.rotate_at(x, x, enc.rotation_at(positions, positions, dtype=torch.float32))[0]
+
+
+fn("SelfExtend", posenc.SelfExtend, lambda: {"group_size": 2, "neighbor_window": 4})
+fn("String", posenc.String, lambda: {"shift": 8, "local_window": 2})
+fn(
+    "position_map",
+    posenc.position_map,
+    lambda: {"spec": {"type": "string", "shift": 8, "local_window": 2}},
+    positional=("spec",),
+)
+fn("SelfExtend.check_trained", posenc.SelfExtend(2, 4).check_trained, lambda: {"trained": 16})
+fn("String.check_trained", posenc.String(8, 2).check_trained, lambda: {"trained": 16})
+fn("remap.self_extend_for", posenc.remap.self_extend_for, lambda: {"trained": 16, "target": 64})
+fn("remap.string_for", posenc.remap.string_for, lambda: {"trained": 16, "target": 64})
+fn(
+    "remap.remapped_attention",
+    posenc.remap.remapped_attention,
+    lambda: {
+        "q": _r(1, 2, 5, 8),
+        "k": _r(1, 2, 5, 8),
+        "v": _r(1, 2, 5, 6),
+        "rotate": _rope_rotate,
+        "position_map": posenc.SelfExtend(2, 2),
+        "q_positions": torch.arange(5),
+        "k_positions": torch.arange(5),
+        "scale": 0.3,
+        "softcap": 5.0,
+        "keep": torch.rand(1, 1, 5, 5) > 0.2,
+        "backend": "chunked",
+        "block": 2,
+    },
+    fixed=("rotate",),
+)
+fn(
+    "attention[position_map]",
+    posenc.attention,
+    lambda: {
+        "q": _r(1, 2, 5, 8),
+        "k": _r(1, 1, 5, 8),
+        "v": _r(1, 1, 5, 8),
+        "encoding": "rope",
+        "causal": True,
+        "position_map": {"type": "self_extend", "group_size": 2, "neighbor_window": 2},
+        "q_positions": torch.arange(5),
+        "k_positions": torch.arange(5),
+        "backend": "chunked",
+    },
+)
+
+
+# --- the factor search (issue 41): its settings, LongRoPE's factors in a GGUF copy ------------
+from posenc.extend.settings import ExtendSettings  # noqa: E402
+from posenc.integrations.gguf_longrope import write_longrope_gguf  # noqa: E402
+
+from ._targets import _gguf_path  # noqa: E402
+
+
+def _longrope_copy() -> dict[str, Any]:
+    paths = _gguf_copy_paths()
+    scaling = {
+        "type": "longrope",
+        "short_factor": [1.0] * 4,
+        "long_factor": [1.0, 1.25, 1.5, 2.0],
+        "original_max_position": 512,
+        "factor": 2.0,
+    }
+    return {"src": paths["src"], "dst": paths["dst"], "scaling": scaling, "target": 1024}
+
+
+fn("integrations.write_longrope_gguf", write_longrope_gguf, _longrope_copy)
+fn(
+    "extend.ExtendSettings.from_options.search",
+    ExtendSettings.from_options,
+    lambda: {
+        "model": _gguf_path(),
+        "multiples": (1.0, 1.5),
+        "search": 5.0,
+        "search_length": 1.5,
+        "search_population": 8,
+    },
+)
+fn(
+    "remap.remapped_attention[fused]",  # backend "auto" on the CPU: torch's flash kernel
+    posenc.remap.remapped_attention,
+    lambda: {
+        "q": _r(1, 4, 5, 8),
+        "k": _r(1, 2, 7, 8),
+        "v": _r(1, 2, 7, 8),
+        "rotate": _rope_rotate,
+        "position_map": posenc.String(3, 1),
+        "q_positions": torch.arange(2, 7),
+        "k_positions": torch.arange(7),
+        "keep": torch.rand(1, 4, 5, 7) > 0.2,
+        "backend": "auto",
+        "block": 2,
+    },
+    fixed=("rotate",),
+)

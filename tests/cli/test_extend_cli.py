@@ -91,6 +91,10 @@ def test_extend_writes_results_page_and_a_loadable_copy(
         (["extend", "MODEL", "--emit", "gguf", "--scaling", "yarn"], "gguf"),
         (["extend", "MODEL", "--emit", "vllm,ollama"], "ollama"),
         (["extend", "MODEL", "--bar", "0"], "--bar"),
+        (["extend", "MODEL", "--scalings", "self_extend"], "--scalings entries must be among"),
+        (["extend", "MODEL", "--scaling", "string", "--emit", "vllm"], "posenc only"),
+        (["extend", "MODEL", "--scaling", "self-extend", "--emit", "sglang"], "llama-completion"),
+        (["extend", "MODEL", "--scaling", "string", "--save", "S"], "--save cannot write string"),
     ],
 )
 def test_bad_options_are_one_line_and_exit_2(
@@ -120,3 +124,21 @@ def test_a_model_with_no_rope_is_one_line(capsys, tmp_path: Path) -> None:
     capsys.readouterr()  # the saving's own progress lines
     code, _, err = run(capsys, "extend", str(tmp_path / "gpt2"), "--out", str(tmp_path / "o"))
     assert code == 2 and "no RoPE to scale" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_model_whose_long_range_has_no_rope_is_told_on_one_line(capsys, tmp_path: Path) -> None:
+    from tests.extend._tiny_hybrid import tiny_hybrid
+
+    model = tiny_hybrid(tmp_path / "cohere2", "cohere2")
+    capsys.readouterr()  # the saving's own progress lines
+    args = ["--out", str(tmp_path / "o"), "--text", str(TEXT), "--trials", "0", "--to", "1.5"]
+    code, stdout, err = run(capsys, "extend", str(model), *args, "--scalings", "none,string")
+    assert code in (0, None), err
+    notes = [line for line in stdout.splitlines() if line.startswith("note: ")]
+    assert notes == [
+        "note: cohere2: its full-attention layers have no RoPE; sliding-window RoPE layers are "
+        "left as the config says, so no scaling or position map reaches the long range: only "
+        "none (and config) are measured"
+    ]
+    results = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert {r["scaling"] for r in results["records"]} == {"none"}

@@ -346,6 +346,36 @@ def test_fuzz(
     check_outcome(code, err, allowed)
 
 
+#: The position maps' names in every option that takes a scaling: (extra arguments, exit
+#: code). A map an engine or --save cannot carry is refused before anything runs.
+MAP_CASES = {
+    "scalings-both": (["--scalings", "none,self-extend,string"], 0),
+    "scalings-underscore": (["--scalings", "self_extend"], 2),
+    "scalings-type-name": (["--scalings", "none,STRING"], 2),
+    "scaling-self-extend": (["--scaling", "self-extend"], 0),
+    "scaling-string": (["--scaling", "string"], 0),
+    "self-extend-llama.cpp": (["--scaling", "self-extend", "--emit", "llama.cpp"], 0),
+    "self-extend-vllm": (["--scaling", "self-extend", "--emit", "vllm"], 2),
+    "string-llama.cpp": (["--scaling", "string", "--emit", "llama.cpp"], 2),
+    "string-transformers": (["--scaling", "string", "--emit", "transformers"], 2),
+    "self-extend-save": (["--scaling", "self-extend", "--save", "{tmp}/saved"], 2),
+    "string-save": (["--scaling", "string", "--save", "{tmp}/saved"], 2),
+}
+
+
+@pytest.mark.parametrize(("extra", "expect"), list(MAP_CASES.values()), ids=list(MAP_CASES))
+def test_extend_takes_the_position_maps_names(
+    capsys, tmp_path, monkeypatch, stub_report, extra, expect
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    base = [a.format(tmp=tmp_path) for a in BASE[("extend",)]]
+    code, _, err = run(capsys, [*base, *(a.format(tmp=tmp_path) for a in extra)])
+    check_outcome(code, err, {expect})
+    assert not (tmp_path / "saved").exists()
+    if expect:  # refused before anything ran (the stand-in run writes the page)
+        assert not (tmp_path / "e" / "index.html").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "estimate", "named"),
     [

@@ -91,12 +91,12 @@ def test_plan_units_none_everywhere_each_scaling_at_its_factor(llama: Path) -> N
     ]
 
 
-def test_quick_is_none_at_L_and_none_dynamic_yarn_at_1_5_L(llama: Path) -> None:
+def test_quick_is_none_at_L_and_none_yarn_and_the_maps_at_1_5_L(llama: Path) -> None:
     settings = ExtendSettings.from_options(llama, quick=True)
     assert (settings.to, settings.documents, settings.trials) == (1.5, 1, 1)
     units = plan_units(settings, settings.lengths_for(8192), 8192, configured=False)
     assert units == [("none", 8192, 1.0), ("none", 12288, 1.0)] + [
-        (s, 12288, 1.5) for s in ("dynamic", "yarn")
+        (s, 12288, 1.5) for s in ("yarn", "self-extend", "string")
     ]
     given = ExtendSettings.from_options(llama, quick=True, scalings=["none", "linear"])
     assert given.scalings == ("none", "linear")  # what is given wins over --quick's
@@ -112,7 +112,7 @@ def test_results_hold_one_record_per_unit_with_every_field(run: tuple[Path, dict
     saved = json.loads((out / "results.json").read_text())
     assert saved == json.loads(json.dumps(results))
     keys = [r["key"] for r in results["records"]]
-    assert len(keys) == len(set(keys)) == 15  # none and 4 scalings, x 3 lengths
+    assert len(keys) == len(set(keys)) == 21  # none, 4 scalings and 2 maps, x 3 lengths
     for record in results["records"]:
         for field in REQUIRED:
             assert field in record, (record["key"], field)

@@ -752,10 +752,12 @@ def test_the_answer_per_length_with_its_verdicts_intervals_and_cost() -> None:
 # --- the scaling names: the registry's, beside extend's own -----------------------------------
 
 
-def test_the_names_are_the_registrys_factor_scalings_between_none_and_config() -> None:
+def test_the_names_are_the_registrys_factor_scalings_and_the_maps_between_none_and_config() -> None:
     assert FACTOR_SCALINGS == ("linear", "ntk", "dynamic", "yarn")
     assert all(name in SCALINGS for name in FACTOR_SCALINGS)
-    assert SCALING_NAMES == (NONE, *FACTOR_SCALINGS, CONFIG) == ("none", *FACTOR_SCALINGS, "config")
+    maps = ("self-extend", "string")
+    assert SCALING_NAMES == (NONE, *FACTOR_SCALINGS, *maps, CONFIG)
+    assert SCALING_NAMES == ("none", *FACTOR_SCALINGS, *maps, "config")
     assert UNSCALED == ("none", "config")
     assert ExtendSettings.scalings == SCALING_NAMES
 
@@ -795,7 +797,8 @@ def test_scaling_for_refuses_a_name_extend_does_not_know() -> None:
     loaded: Any = types.SimpleNamespace(trained=512, configured=None)
     with pytest.raises(
         PosEncError,
-        match=r"^scaling must be one of none, linear, ntk, dynamic, yarn, config, got 'llama3'$",
+        match=r"^scaling must be one of none, linear, ntk, dynamic, yarn, self-extend, string, "
+        r"config, got 'llama3'$",
     ):
         scaling_for("llama3", 1.0, loaded)
 

@@ -6,6 +6,8 @@ posenc extend MODEL_DIR --to 4 --out runs/extend                            # up
 posenc extend MODEL.gguf --quick                                            # a few minutes
 posenc extend MODEL.gguf --emit vllm,llama.cpp                              # two engines
 posenc extend MODEL.gguf --save extended/ --scaling yarn                    # a loadable copy
+posenc extend MODEL_DIR --scalings none,yarn,self-extend,string             # the position maps
+posenc extend MODEL.gguf --search 30 --lengths 1.5 --search-length 1.5    # searched factors
 """
 
 from __future__ import annotations
@@ -89,7 +91,10 @@ Lengths = Annotated[
         _list("--lengths", float),
     ),
 ]
-Scalings = Annotated[str | None, _names_option("--scalings", "Scalings, e.g. none,yarn", _SCALINGS)]
+Scalings = Annotated[
+    str | None,
+    _names_option("--scalings", "Scalings and position maps, e.g. none,yarn,string", _SCALINGS),
+]
 Texts = Annotated[
     list[str] | None,
     option("Documents for perplexity [the longest stdlib sources].", text("--text"), "--text"),
@@ -159,7 +164,7 @@ Quick = Annotated[
     bool,
     typer.Option(
         "--quick",
-        help="One document and one haystack; none at L, and none, dynamic, yarn at 1.5L: a few minutes for SmolLM2-135M on 2 cores.",
+        help="One document and one haystack; none at L, and none, yarn, self-extend, string at 1.5L: a few minutes for SmolLM2-135M on 2 cores.",
     ),
 ]
 Resume = Annotated[
@@ -182,6 +187,30 @@ Scaling = Annotated[
         "The scaling --emit and --save write, set for the longest length [the answer's choice].",
         choice("--scaling", _SCALINGS),
     ),
+]
+Search = Annotated[
+    float | None,
+    _float_option(
+        "--search",
+        "Search per-band LongRoPE factors for this many minutes, measured as the unit 'search'.",
+        min=0.0,
+        max=7 * 24 * 60.0,
+        exclusive=True,
+    ),
+]
+SearchLength = Annotated[
+    float | None,
+    _float_option(
+        "--search-length",
+        "The search's scoring length, one of --lengths above 1 [--to].",
+        min=1.0,
+        max=64.0,
+        exclusive=True,
+    ),
+]
+SearchPopulation = Annotated[
+    int | None,
+    _int_option("--search-population", "Candidates per generation of the search [8].", 4, 256),
 ]
 
 
@@ -207,6 +236,9 @@ def extend(
     resume: Resume = False,
     save: Save = None,
     scaling: Scaling = None,
+    search: Search = None,
+    search_length: SearchLength = None,
+    search_population: SearchPopulation = None,
 ) -> None:
     """Measure MODEL past its trained context under each RoPE scaling: perplexity by
     position, RULER-style probes (passkey, multi-key and multi-value needles, variable
@@ -238,6 +270,9 @@ def extend(
             device=device,
             context=context,
             quick=quick,
+            search=search,
+            search_length=search_length,
+            search_population=search_population,
         )
         path = check_out_dir(out)
         if settings.emit:
@@ -247,6 +282,10 @@ def extend(
             # answer's choice, like ``config``, is known only after the run)
             scaling_named = settings.scaling or "config"
             check_emit(settings.emit, scaling_named, settings.model.endswith(".gguf"))
+        if save and settings.scaling:
+            from posenc.extend.save import check_savable
+
+            check_savable(settings.scaling)  # a position map: no config says it
     except PosEncError as e:
         fail(str(e))
         return
@@ -267,13 +306,25 @@ def extend(
 def _save(settings: Any, results: dict[str, Any], save: str) -> None:
     from posenc.extend.model import load_model
     from posenc.extend.run import chosen
-    from posenc.extend.save import save_extended
+    from posenc.extend.save import check_savable, save_extended
 
     choice = chosen(settings, results)
     if choice is None:
         fail("--save: no measured setting holds the bar; pass --scaling to save one anyway")
         return
     name, factor, target = choice
+    if name == "search":  # written by the run itself, read back and checked
+        fail(
+            "--save: the answer chose the searched factors, written as search/config.json "
+            "(and a GGUF copy for a .gguf model) in the output folder; pass --scaling to save "
+            "a named scaling"
+        )
+        return
+    try:
+        check_savable(name)  # the answer chose a position map
+    except PosEncError as e:
+        fail(str(e))
+        return
     loaded = load_model(
         settings.model, dtype=settings.dtype, device=settings.device, context=settings.context
     )
@@ -300,7 +351,9 @@ def _progress() -> Iterator[Any]:
         current: list[Any] = [None]
 
         def on_event(kind: str, info: dict[str, Any]) -> None:
-            if kind == "unit":
+            if kind == "loaded" and info.get("note"):
+                typer.echo(f"note: {info['note']}")  # a hybrid model: what is scaled
+            elif kind == "unit":
                 label = f"{info['index'] + 1}/{info['total']} {info['scaling']} x{info['factor']:g} @{info['length']}"
                 current[0] = tasks[label] = bar.add_task(label, total=None)
             elif kind == "step" and current[0] is not None:

@@ -23,6 +23,7 @@ reproduce what was measured is never left written.
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -34,9 +35,9 @@ import torch
 
 from posenc._errors import PosEncError, check_bool, check_choice, check_float, check_int, describe
 from posenc._files import atomic_write
-from posenc.extend.model import Loaded, scaled, scaling_for
+from posenc.extend.model import Loaded, map_for, scaled, scaling_for, split_spec
 from posenc.extend.save import rope_parameters_for
-from posenc.extend.settings import CONFIG, FACTOR_SCALINGS, SCALING_NAMES, trained_fields
+from posenc.extend.settings import CONFIG, FACTOR_SCALINGS, REMAPS, SCALING_NAMES, trained_fields
 from posenc.integrations import engines as _engines
 from posenc.integrations.engines import ENGINES, EngineSetting, engine_setting
 from posenc.integrations.spelling import to_rope_parameters
@@ -72,13 +73,15 @@ def _check_names(engines: Sequence[str], is_gguf: bool) -> tuple[str, ...]:
     return names
 
 
-def _probe_parameters(scaling: str) -> dict[str, Any]:
+def _probe_parameters(scaling: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """A ``rope_parameters`` dict of scaling ``scaling`` (factor 2 of ``L`` = 4096, base
-    1e4, 64 rotated channels): what an engine is asked whether it can take that scaling."""
+    1e4, 64 rotated channels), and a position map's config (its own rule for 4096 and 8192
+    tokens): what an engine is asked whether it can take that scaling."""
     spec: dict[str, Any] | None = None
     if scaling in FACTOR_SCALINGS:
         spec = {"type": scaling, "factor": 2.0, **dict.fromkeys(trained_fields(scaling), 4096)}
-    return to_rope_parameters(spec, base=1e4, rotary_dim=64)
+    remap = map_for(scaling, 4096, 8192) if scaling in REMAPS else None
+    return to_rope_parameters(spec, base=1e4, rotary_dim=64), remap
 
 
 def check_emit(engines: Sequence[str], scaling: str, is_gguf: bool) -> None:
@@ -94,9 +97,11 @@ def check_emit(engines: Sequence[str], scaling: str, is_gguf: bool) -> None:
     check_choice("scaling", scaling, SCALING_NAMES)
     if scaling == CONFIG:
         return
-    params = _probe_parameters(scaling)
+    params, remap = _probe_parameters(scaling)
     for name in names:
-        engine_setting(name, params, trained=4096, target=8192, arch="llama", model="MODEL")
+        engine_setting(
+            name, params, trained=4096, target=8192, arch="llama", model="MODEL", position_map=remap
+        )
 
 
 def tolerance(target: int, *, float32_keys: bool) -> float:
@@ -178,9 +183,13 @@ class _Job:
         self.loaded, self.scaling, self.factor, self.target = loaded, scaling, factor, target
         self.out = out
         self.rope = _rope_parameters(loaded, scaling, factor)
-        self.measured = _measured(loaded, scaling, factor)
+        self.map = split_spec(scaling_for(scaling, factor, loaded))[0]  # a position map's
         self.arch = _arch(loaded)
         self.copy: dict[str, Any] | None = None  # the GGUF copy, once written
+
+    @functools.cached_property
+    def measured(self) -> dict[str | None, Any]:  # what read-backs compare (not for a map)
+        return _measured(self.loaded, self.scaling, self.factor)
 
     def folder(self, engine: str) -> Path:
         folder = self.out / "emit" / engine
@@ -198,6 +207,7 @@ class _Job:
             target=self.target,
             arch=self.arch,
             model=model,
+            position_map=self.map,
         )
 
     def copy_name(self) -> str:
@@ -347,9 +357,10 @@ def _overrides(job: _Job, setting: EngineSetting) -> dict[str, Any]:
 def _llama_cpp(job: _Job, setting: EngineSetting) -> dict[str, Any]:
     path = job.folder("llama.cpp") / "command.sh"
     atomic_write(path, _script(job, setting, alternative=setting.settings.get("llama_cli")))
-    checked = (
-        "flags not read back here: benchmarks/engines.py runs them in llama.cpp "
+    checked = "flags not read back here: benchmarks/engines.py runs them in llama.cpp " + (
         "(the GGUF copy carries the same setting as keys, read back)"
+        if job.map is None
+        else "(group attention: llama.cpp moves the cached positions as it runs)"
     )
     return _record(job, setting, [path], checked)
 

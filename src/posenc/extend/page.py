@@ -1,10 +1,12 @@
 """The one self-contained ``index.html`` of a ``posenc extend`` run, and its figures.
 
 The page is the report's shell and style (:mod:`posenc._pages`), and shows only what was
-measured, in the order a user needs it: the answer's lead line first (``answer["lead"]``),
-then the effective length of each setting, each probe task's bar, the probe scores with
-their 95 % Wilson intervals, perplexity, the cost, the setting written for each engine
-(``results["emit"]``) and the model's identity and settings as a table. A section, a
+measured, in the order a user needs it: the answer's lead line first (``answer["lead"]``;
+a hybrid model's note beside it), then the effective length of each setting, the position
+maps' parameters, each probe task's bar, the probe scores with their 95 % Wilson
+intervals, perplexity, the cost, the setting written for each engine (``results["emit"]``;
+for a position map, the ``patch(model, scaling=...)`` that runs it) and the model's
+identity and settings as a table. A section, a
 figure or a column with nothing measured behind it is left out (no probe ran: no probe
 table, no ``probes.png``).
 
@@ -42,6 +44,8 @@ from posenc.extend.page_sections import (
     cost_section,
     effective_section,
     lengths_text,
+    map_runs,
+    maps_section,
     ppl_section,
     probe_section,
 )
@@ -54,19 +58,56 @@ PPL_FIGURE, PROBE_FIGURE, INDEX = "ppl_by_position.png", "probes.png", "index.ht
 _FIGURES = (PPL_FIGURE, PROBE_FIGURE, "passkey.png")
 
 
+def _chosen_map(results: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The position map of the setting written for the engines (None: a plain scaling)."""
+    spec = (results.get("chosen") or {}).get("spec")
+    if isinstance(spec, Mapping) and spec.get("type") in ("self_extend", "string"):
+        return spec
+    return None
+
+
 def _lead(results: Mapping[str, Any]) -> str:
     answer = results["answer"]
     lead = answer.get("lead") or answer.get("sentence") or "Nothing was measured."
-    choice = answer.get("choice")
+    choice = results.get("chosen") or answer.get("choice")
     if choice:
         where = " (below: the setting for each engine)" if results.get("emit") else ""
         chosen = (
             f"The setting chosen to write: {setting_name(choice['scaling'], choice['factor'])}"
             f" for {choice['length']} tokens{where}."
         )
+        remap = _chosen_map(results)
+        if remap is not None:
+            chosen += f" A position map: it runs in {map_runs(remap)}."
     else:
         chosen = "No setting was chosen to write: see each setting's effective length below."
-    return f'<p class="answer" id="lead"><b>{_e(lead)}</b></p><p class="lead">{_e(chosen)}</p>'
+    note = results.get("model_note")
+    note_html = f'<p class="lead" id="model-note">{_e(note)}.</p>' if note else ""
+    return (
+        f'<p class="answer" id="lead"><b>{_e(lead)}</b></p><p class="lead">{_e(chosen)}</p>'
+        + note_html
+    )
+
+
+def _patch_snippet(results: Mapping[str, Any], remap: Mapping[str, Any]) -> str:
+    """The Python that runs the chosen position map: transformers' model, posenc's patch."""
+    model = results["model"]
+    name = display_name(model)
+    if str(model.get("path", "")).endswith(".gguf"):
+        where = f"'.', gguf_file={Path(str(model['path'])).name!r}"
+    else:
+        where = repr(name)
+    code = (
+        "import transformers\n"
+        "from posenc.integrations.transformers import patch\n\n"
+        f"model = transformers.AutoModelForCausalLM.from_pretrained({where})\n"
+        f"model = patch(model, scaling={dict(remap)!r})\n"
+    )
+    return (
+        '<div class="demo engine" id="engine-posenc"><h3>transformers with posenc</h3>'
+        f"<p>No engine config carries this position map; it runs in {_e(map_runs(remap))}:</p>"
+        f'<pre class="command">{_e(code)}</pre></div>'
+    )
 
 
 # --- the setting for each engine ----------------------------------------------------------------
@@ -103,7 +144,9 @@ def _engines_section(results: Mapping[str, Any]) -> str:
     emit = results.get("emit") or {}
     if not emit:
         return ""
-    choice = results["answer"].get("choice")
+    choice = results.get("chosen") or results["answer"].get("choice")
+    remap = _chosen_map(results)
+    snippet = _patch_snippet(results, remap) if remap is not None else ""
     what = (
         f"{setting_name(choice['scaling'], choice['factor'])} for {choice['length']} tokens"
         if choice
@@ -113,6 +156,7 @@ def _engines_section(results: Mapping[str, Any]) -> str:
         '<section id="engines"><h2>The setting for each engine</h2>'
         f'<p class="lead">{_e(what)}, in each engine\'s own spelling; files are in this '
         "folder. A warning is a known silent failure of that engine with this scaling.</p>"
+        + snippet
         + "".join(_engine(name, e) for name, e in emit.items())
         + "</section>"
     )
@@ -176,6 +220,9 @@ def _model_rows(results: Mapping[str, Any]) -> list[tuple[str, str]]:
     types = [t for t in results.get("layer_types_scaled") or () if t is not None]
     if types:
         rows.append(("layer types scaled", ", ".join(map(str, types))))
+    nope = [str(i) for i, f in enumerate(results.get("rope_layers") or ()) if not f]
+    if nope:
+        rows.append(("layers without RoPE (left as they are)", ", ".join(nope)))
     rows += [("file", f"{n}: SHA-256 {h[:16]}") for n, h in (model.get("files") or {}).items()]
     rows += [
         (
@@ -266,6 +313,7 @@ def _header(results: Mapping[str, Any], sections: Sequence[tuple[str, str]]) -> 
 
 _NAV = {
     "effective": "Effective length",
+    "maps": "Position maps",
     "bars": "Bars",
     "probes": "Probes",
     "perplexity": "Perplexity",
@@ -301,6 +349,7 @@ def write_page(results: Mapping[str, Any], out: Path) -> list[Path]:
         (out / stale).unlink(missing_ok=True)
     sections = {
         "effective": effective_section(results, bool(tasks)),
+        "maps": maps_section(results),
         "bars": bar_section(results, tasks) if tasks else "",
         "probes": probe_section(results, tasks, probes) if tasks else "",
         "perplexity": ppl_section(results, ppl),

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc._pages import pyplot, rendered
-from posenc.extend.settings import CONFIG, FACTOR_SCALINGS, NONE, SCALING_NAMES, UNSCALED
+from posenc.extend.settings import CONFIG, FACTOR_SCALINGS, NONE, REMAPS, SCALING_NAMES, UNSCALED
 
 __all__ = [
     "DPI",
@@ -35,9 +35,12 @@ __all__ = [
 ]
 
 DPI = 110
-#: One color per scaling: ``none``, then the registry's in their order, and the config's own.
+#: One color per scaling: ``none``, the registry's in their order, the position maps, and
+#: the config's own.
 _PALETTE = ("#444444", "#1f77b4", "#2ca02c", "#9467bd", "#d62728", "#8c564b", "#e377c2")
-_COLORS = {name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate((NONE, *FACTOR_SCALINGS))}
+_COLORS = {
+    name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate((NONE, *FACTOR_SCALINGS, *REMAPS))
+}
 _COLORS[CONFIG] = "#ff7f0e"
 _STYLES = ("-", "--", "-.", ":")
 _MARKERS = ("o", "s", "^", "D", "v")

@@ -1,7 +1,7 @@
 """The sections of a ``posenc extend`` page that show what was measured: each setting's
-effective length, each probe task's bar, the probe scores with their 95 % Wilson
-intervals, perplexity and the cost. Each is an HTML string, empty when nothing behind it
-was measured.
+effective length, the position maps' parameters, each probe task's bar, the probe scores
+with their 95 % Wilson intervals, perplexity and the cost. Each is an HTML string, empty
+when nothing behind it was measured.
 
 Perplexity orders two settings only where the answer's verdicts (the project's one
 comparison rule, :func:`posenc.experiments.comparisons.paired_verdict`) say so, and names
@@ -23,6 +23,9 @@ __all__ = [
     "cost_section",
     "effective_section",
     "lengths_text",
+    "map_runs",
+    "map_text",
+    "maps_section",
     "ppl_section",
     "probe_section",
 ]
@@ -189,6 +192,83 @@ def probe_section(results: Mapping[str, Any], tasks: Sequence[str], figure: str)
     )
 
 
+# --- the position maps ------------------------------------------------------------------------
+
+#: Each map's parameters as the page names them.
+_MAP_PARAMETERS = {
+    "self_extend": (("group_size", "group size G"), ("neighbor_window", "neighbour window W")),
+    "string": (("shift", "shift S"), ("local_window", "local window W")),
+}
+#: Where each map runs (:mod:`posenc.integrations.engines` refuses it everywhere else).
+_MAP_RUNS = {
+    "self_extend": "llama.cpp's llama-completion (its group attention, --grp-attn-n / "
+    "--grp-attn-w, moves cached positions: not pair by pair) and transformers with posenc",
+    "string": "transformers with posenc only",
+}
+
+
+def map_text(remap: Mapping[str, Any]) -> str:
+    """A map's parameters in words: ``group size G 4, neighbour window W 128``."""
+    names = _MAP_PARAMETERS.get(str(remap.get("type")), ())
+    return ", ".join(f"{label} {remap.get(key)}" for key, label in names) or str(dict(remap))
+
+
+def map_runs(remap: Mapping[str, Any]) -> str:
+    """Where the map of this type runs, in words."""
+    return _MAP_RUNS.get(str(remap.get("type")), "transformers with posenc only")
+
+
+def _runs_with(spec: Mapping[str, Any] | None) -> str:
+    inner = (spec or {}).get("scaling")
+    if not isinstance(inner, Mapping):
+        return "the model's own RoPE"
+    factor = inner.get("factor")
+    return f"{inner.get('type')} factor {factor:g}" if factor else str(inner.get("type"))
+
+
+def maps_section(results: Mapping[str, Any]) -> str:
+    """The parameters of each position map measured, what it ran with and where it runs."""
+    rows = []
+    trained = results["trained_context"]
+    for (scaling, factor), units in settings_of(results["records"]):
+        first = next((u for u in units if u.get("map")), None)
+        if first is None:
+            continue
+        still = [str(u["length"]) for u in units if not u.get("map_changes", True)]
+        moved = f"; moves no pair at {', '.join(still)}" if still else ""
+        rows.append(
+            f'<tr><td class="text">{_e(setting_name(scaling, factor))}</td>'
+            f"<td>{round(factor * trained)}</td>"
+            f'<td class="text wrap">{_e(map_text(first["map"]) + moved)}</td>'
+            f'<td class="text">{_e(_runs_with(first.get("rope")))}</td>'
+            f'<td class="text wrap">{_e(map_runs(first["map"]))}</td></tr>'
+        )
+    if not rows:
+        return ""
+    return (
+        '<section id="maps"><h2>Position maps</h2>'
+        '<p class="lead">Self-Extend (Jin et al. 2024) keeps the exact positions of the keys '
+        "within its neighbour window W of a query and groups farther ones by G; STRING (An et "
+        "al. 2024) rotates an offset of S or more as the offset minus S plus W. Both change "
+        "the positions attention rotates each (query, key) pair at, not RoPE's frequencies, "
+        "with each paper's parameters for the trained context and the length a setting is "
+        "set for. No engine's config can say either; where one moves no pair at a length, "
+        "that unit takes the numbers of the setting it then equals.</p>"
+        + _scroll(
+            _head(
+                "setting",
+                "set for (tokens)",
+                "parameters",
+                "runs with",
+                "where it runs",
+                text=["parameters", "runs with", "where it runs"],
+            )
+            + "".join(rows)
+        )
+        + "</section>"
+    )
+
+
 # --- perplexity: ordered only by the answer's verdicts ------------------------------------------
 
 
@@ -255,6 +335,8 @@ def _notes(records: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]]
 
 
 def _note(r: Mapping[str, Any]) -> str:
+    if r.get("same_as") and r.get("map") and not r.get("map_changes"):
+        return f"the map moves no pair at this length: the numbers of {r['same_as']}"
     if r.get("same_as"):
         return f"same rotary tables as {r['same_as']}: its numbers"
     if r.get("shared_pass"):

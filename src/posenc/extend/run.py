@@ -5,10 +5,15 @@ factor ``length / L`` (what a user would set to run at that length); and, where 
 among the lengths, each scaling at ``L`` with factor ``to`` (the one set for the longest
 length, run at ``L``: what it costs in distribution). A unit whose rotary tables equal an
 already measured unit's of the same length, bit for bit (dynamic NTK at ``<= L`` is no
-scaling), takes that unit's numbers, with ``same_as`` naming it, instead of running again.
+scaling), and whose position map moves the same pairs there (none, for a plain scaling or a
+map that moves no pair at that length), takes that unit's numbers, with ``same_as`` naming
+it, instead of running again; a longer pass is shared only within one scaling and factor.
 
 Every unit is written to ``OUT/units/`` when done; ``resume=True`` keeps the units whose
 settings and model hash match, so a killed run goes on where it stopped.
+
+With ``--search``, per-band LongRoPE factors are searched first and measured as the units
+``search`` at every length (:mod:`posenc.extend.search_export`).
 """
 
 from __future__ import annotations
@@ -29,9 +34,22 @@ from posenc.experiments.results import write_results
 from posenc.extend import measure
 from posenc.extend.answer import answer
 from posenc.extend.data import Document, documents
-from posenc.extend.model import Loaded, load_model, scaled, scaling_for
+from posenc.extend.model import (
+    Loaded,
+    active_map,
+    check_maps,
+    check_scalable,
+    load_model,
+    prefix_equal,
+    rotary_tables,
+    scaled,
+    scaling_for,
+    split_spec,
+)
+from posenc.extend.search import SEARCH
+from posenc.extend.search_export import Searched, search_emit, search_step, search_units
 from posenc.extend.settings import CONFIG, NONE, UNSCALED, ExtendSettings
-from posenc.integrations.transformers import PatchedRotaryEmbedding, unpatch
+from posenc.integrations.transformers import unpatch
 
 __all__ = ["Event", "chosen", "execution_order", "plan_units", "run_extend", "unit_fingerprint"]
 
@@ -42,10 +60,19 @@ Event = Callable[[str, dict[str, Any]], None]
 
 
 def plan_units(
-    settings: ExtendSettings, lengths: Sequence[int], trained: int, configured: bool
+    settings: ExtendSettings,
+    lengths: Sequence[int],
+    trained: int,
+    configured: bool,
+    *,
+    scalable: bool = True,
 ) -> list[tuple[str, int, float]]:
-    """``(scaling, length, factor)`` of every unit, in the order they run."""
-    names = [n for n in settings.scalings if n != CONFIG or configured]
+    """``(scaling, length, factor)`` of every unit, in the order they run (with
+    ``scalable`` False, a model whose long-range layers are all NoPE: ``none`` and
+    ``config`` only)."""
+    names = [
+        n for n in settings.scalings if (n != CONFIG or configured) and (scalable or n in UNSCALED)
+    ]
     units = [(NONE, trained, 1.0)]
     for length in lengths:
         for name in names:
@@ -69,26 +96,6 @@ def execution_order(units: Sequence[tuple[str, int, float]]) -> list[int]:
     for i, (name, _, factor) in enumerate(units):
         groups.setdefault((name, factor), []).append(i)
     return [i for group in groups.values() for i in sorted(group, key=lambda i: -units[i][1])]
-
-
-def _tables(model: Any, length: int) -> list[torch.Tensor]:
-    """The cos/sin of every patched rotary module over positions ``0..length-1``."""
-    positions = torch.arange(length)[None]
-    out: list[torch.Tensor] = []
-    for module in model.modules():
-        if isinstance(module, PatchedRotaryEmbedding):
-            for rope in module.ropes.values():
-                out.extend(rope.cos_sin(positions, dtype=torch.float64))
-    return out
-
-
-def _prefix_equal(long: list[torch.Tensor], short: list[torch.Tensor]) -> bool:
-    """Whether the tables of a longer pass, cut to the shorter's positions, are the
-    shorter's bit for bit (so are the logits below it: a causal model's position ``i``
-    sees only positions ``<= i``)."""
-    return len(long) == len(short) and all(
-        torch.equal(a.narrow(-2, 0, b.shape[-2]), b) for a, b in zip(long, short)
-    )
 
 
 def _key(scaling: str, length: int, factor: float) -> str:
@@ -157,7 +164,7 @@ def _measure(
     longer = passes.get((name, factor))
     shared = (
         longer
-        if longer is not None and longer.length >= length and _prefix_equal(longer.tables, tables)
+        if longer is not None and longer.length >= length and prefix_equal(longer.tables, tables)
         else None
     )
     total = len(stacks) + sum(1 for d in docs if shared is None or d.name not in shared.nlls)
@@ -222,7 +229,18 @@ def _measure(
 #: Settings that choose which units run or what is made of them, not what one unit
 #: measures: a resumed run may add a scaling or a length, or change the bar, and keep every
 #: unit already measured.
-_PLAN_ONLY = ("to", "multiples", "scalings", "quick", "bar", "ppl_tolerance", "emit", "scaling")
+_PLAN_ONLY: tuple[str, ...] = (
+    "to",
+    "multiples",
+    "scalings",
+    "quick",
+    "bar",
+    "ppl_tolerance",
+    "emit",
+    "scaling",
+)
+# the factor search has its own state (search_state.fingerprint); its units theirs
+_PLAN_ONLY += ("search", "search_length", "search_population")
 
 
 def unit_fingerprint(
@@ -271,7 +289,9 @@ def run_extend(
 
     Raises:
         PosEncError: the model cannot be read or has no RoPE, the longest length would not
-            fit in memory (estimated before anything runs), no document is long enough.
+            fit in memory (estimated before anything runs), no document is long enough, a
+            position map ``patch`` refuses or ``--scaling`` that reaches no layer (both
+            before any unit runs).
     """
     if not isinstance(settings, ExtendSettings):
         raise PosEncError(f"settings must be an ExtendSettings, got {type(settings).__name__}")
@@ -281,6 +301,7 @@ def run_extend(
         loaded = load_model(
             settings.model, dtype=settings.dtype, device=settings.device, context=settings.context
         )
+        check_scalable(loaded, settings.scaling)
         lengths = settings.lengths_for(loaded.trained)
         estimate = measure.check_memory(loaded.model, max(lengths))
         docs = documents(loaded.tokenizer, settings.texts, settings.documents)
@@ -288,7 +309,9 @@ def run_extend(
             raise PosEncError(
                 f"no document has {max(lengths)} tokens; pass longer --text files or a lower --to"
             )
-        units = plan_units(settings, lengths, loaded.trained, loaded.configured is not None)
+        configured, scalable = loaded.configured is not None, loaded.scalable
+        units = plan_units(settings, lengths, loaded.trained, configured, scalable=scalable)
+        check_maps(loaded, units)  # a map patch refuses: before anything runs
         emit(
             "loaded",
             {
@@ -296,16 +319,24 @@ def run_extend(
                 "trained": loaded.trained,
                 "lengths": lengths,
                 "units": units,
+                "note": loaded.note,
             },
         )
+        searched = search_step(loaded, settings, docs, lengths, out, resume, emit)
+        if searched is not None:  # --search: its units measure the best factors found
+            units += search_units(searched, lengths, loaded.trained)
         fingerprint = unit_fingerprint(settings, loaded.identity["files"], docs)
         (out / "units").mkdir(exist_ok=True)
-        records = _run_units(loaded, settings, docs, units, out, fingerprint, resume, emit)
+        records = _run_units(
+            loaded, settings, docs, units, out, fingerprint, resume, emit, searched=searched
+        )
         results = {
             "posenc": __version__,
             "model": loaded.identity,
             "trained_context": loaded.trained,
             "layer_types_scaled": loaded.scaled_types,
+            "rope_layers": loaded.rope_layers,
+            "model_note": loaded.note,
             "settings": settings.to_record(),
             "lengths": lengths,
             "estimated_peak_bytes": estimate,
@@ -314,8 +345,10 @@ def run_extend(
             "threads": torch.get_num_threads(),
             "records": records,
         }
+        if searched is not None:
+            results["search"] = searched.record
         results["answer"] = answer(results)
-        results["emit"] = _emit(loaded, settings, results, out)
+        results["emit"] = _emit(loaded, settings, results, out, searched)
         paths = [write_results(results, out)]
         if plot:
             from posenc.extend.page import write_page
@@ -334,10 +367,14 @@ def _run_units(
     fingerprint: dict[str, Any],
     resume: bool,
     emit: Event,
+    *,
+    searched: Searched | None = None,
 ) -> list[dict[str, Any]]:
-    """Every unit's record, in the order of ``units`` (run in :func:`execution_order`)."""
+    """Every unit's record, in the order of ``units`` (run in :func:`execution_order`);
+    ``searched`` gives the ``search`` units their scaling."""
     records: dict[int, dict[str, Any]] = {}
-    seen: dict[int, list[tuple[list[torch.Tensor], dict[str, Any]]]] = {}
+    # per length: the rotary tables, the position map that moves pairs there, the record
+    seen: dict[int, list[tuple[list[torch.Tensor], Any, dict[str, Any]]]] = {}
     passes: dict[tuple[str, float], _Pass] = {}
     hays: dict[int, Any] = {}
     for done, index in enumerate(execution_order(units)):
@@ -354,13 +391,16 @@ def _run_units(
             },
         )
         path = out / "units" / f"{key}.json"
-        record = _saved_unit(path, fingerprint) if resume else None
-        scaling = scaling_for(name, factor, loaded)
+        found = searched if name == SEARCH else None
+        unit_fp = fingerprint if found is None else found.unit_fingerprint(fingerprint)
+        record = _saved_unit(path, unit_fp) if resume else None
+        scaling = scaling_for(name, factor, loaded) if found is None else found.result.scaling
         model = scaled(loaded, scaling)
+        remap = active_map(loaded, scaling, length)
         try:
-            tables = _tables(model, length)
+            tables = rotary_tables(model, length)
             same = next(
-                (r for t, r in seen.get(length, []) if _prefix_equal(t, tables)),
+                (r for t, m, r in seen.get(length, []) if m == remap and prefix_equal(t, tables)),
                 None,
             )
             if record is None and same is not None:
@@ -382,13 +422,14 @@ def _run_units(
         finally:
             unpatch(model)
         record.update(key=key, scaling=name, factor=factor, length=length, rope=_spelled(scaling))
+        record.update(map=split_spec(scaling)[0], map_changes=remap is not None)
         atomic_write(
             path,
             (
-                json.dumps({"fingerprint": fingerprint, "record": record}, allow_nan=False) + "\n"
+                json.dumps({"fingerprint": unit_fp, "record": record}, allow_nan=False) + "\n"
             ).encode(),
         )
-        seen.setdefault(length, []).append((tables, record))
+        seen.setdefault(length, []).append((tables, remap, record))
         records[index] = record
         emit("done", record)
     return [records[i] for i in range(len(units))]
@@ -409,16 +450,27 @@ def chosen(settings: ExtendSettings, results: dict[str, Any]) -> tuple[str, floa
 
 
 def _emit(
-    loaded: Loaded, settings: ExtendSettings, results: dict[str, Any], out: Path
+    loaded: Loaded,
+    settings: ExtendSettings,
+    results: dict[str, Any],
+    out: Path,
+    searched: Searched | None = None,
 ) -> dict[str, Any]:
     """The chosen setting written for each engine (:func:`posenc.extend.emit.write_emit`);
-    empty where nothing was chosen. Where ``--emit`` and ``--scaling`` are both given, an
-    engine that cannot take the scaling raises ``PosEncError`` instead of being noted."""
+    empty where nothing was chosen (else ``results["chosen"]`` is set: it, with its spec).
+    Where ``--emit`` and ``--scaling`` are both given, an engine that cannot take the
+    scaling raises ``PosEncError`` instead of being noted."""
     from posenc.extend.emit import default_engines, write_emit
 
     choice = chosen(settings, results)
     if choice is None:
         return {}
+    if choice[0] == SEARCH and searched is not None:  # written under OUT/search/ already
+        spec = _spelled(searched.result.scaling)
+        results["chosen"] = dict(zip(("scaling", "factor", "length"), choice), spec=spec)
+        return search_emit(searched, settings.emit or default_engines(loaded.path.is_file()))
+    spec = _spelled(scaling_for(choice[0], choice[1], loaded))  # what the page shows
+    results["chosen"] = dict(zip(("scaling", "factor", "length"), choice), spec=spec)
     engines = settings.emit or default_engines(loaded.path.is_file())
     # engines and a scaling both named: a refusal is the user's answer, not a footnote
     strict = bool(settings.emit) and settings.scaling is not None

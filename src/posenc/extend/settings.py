@@ -21,8 +21,13 @@ __all__ = [
     "DTYPES",
     "ENGINE_NAMES",
     "FACTOR_SCALINGS",
+    "MAP_TYPE",
     "NONE",
+    "QUICK_SCALINGS",
+    "REMAPS",
     "SCALING_NAMES",
+    "SELF_EXTEND",
+    "STRING",
     "TASK_NAMES",
     "UNSCALED",
     "ExtendSettings",
@@ -72,8 +77,18 @@ _FACTOR_SCALINGS = _factor_scalings()
 #: The registry's scalings ``posenc extend`` measures (``linear``, ``ntk``, ``dynamic``,
 #: ``yarn``), each set from the factor ``length / L``.
 FACTOR_SCALINGS = tuple(_FACTOR_SCALINGS)
+#: The position maps ``posenc extend`` measures (:mod:`posenc.remap`), by their command-line
+#: names: each remaps positions inside attention, with parameters from ``L`` and the target
+#: (:func:`posenc.extend.model.scaling_for`).
+SELF_EXTEND, STRING = "self-extend", "string"
+REMAPS = (SELF_EXTEND, STRING)
+#: The ``"type"`` of each map's config (:data:`posenc.remap.MAP_TYPES`).
+MAP_TYPE = {SELF_EXTEND: "self_extend", STRING: "string"}
 #: The scalings ``posenc extend`` knows, in the order they are measured and shown.
-SCALING_NAMES = (NONE, *FACTOR_SCALINGS, CONFIG)
+SCALING_NAMES = (NONE, *FACTOR_SCALINGS, *REMAPS, CONFIG)
+#: ``--quick``'s scalings: none, YaRN (level with NTK and dynamic past ``L`` on SmolLM2) and
+#: the two maps; linear (several times the perplexity at ``L``), static and dynamic NTK left out.
+QUICK_SCALINGS = (NONE, "yarn", *REMAPS, CONFIG)
 
 
 def trained_fields(name: str) -> tuple[str, ...]:
@@ -122,7 +137,10 @@ class ExtendSettings:
         context: the trained context ``L`` when given (default: the config's
             ``max_position_embeddings``).
         quick: a short run (one document and one haystack; ``none`` at ``L``, and
-            ``none``, ``dynamic`` and ``yarn`` at ``1.5 L``).
+            ``none``, ``yarn``, ``self-extend`` and ``string`` at ``1.5 L``).
+        search, search_length, search_population: the per-band factor search
+            (:mod:`posenc.extend.search`): its budget in minutes (None: no search), its
+            scoring length (one of ``multiples`` above 1; default ``to``), its population.
     """
 
     model: str
@@ -143,22 +161,25 @@ class ExtendSettings:
     device: str = "cpu"
     context: int | None = None
     quick: bool = False
+    search: float | None = None
+    search_length: float | None = None
+    search_population: int = 8
 
     @classmethod
     def from_options(cls, model: str | Path, **options: Any) -> ExtendSettings:
         """The settings of a run, every option checked (``PosEncError`` naming it).
 
         ``quick=True`` sets, unless given: ``to=1.5``, ``multiples=(to,)``, one document,
-        one haystack, and the scalings ``none``, ``dynamic``, ``yarn`` and ``config``,
-        to fit five minutes for a 135M model on 2 cores (static NTK and linear
-        interpolation left out).
+        one haystack, and the scalings of :data:`QUICK_SCALINGS` (``none``, ``yarn``,
+        ``self-extend``, ``string`` and ``config``), to fit five minutes for a 135M model
+        on 2 cores.
         """
         if options.get("quick"):
             quick = {
                 "to": 1.5,
                 "documents": 1,
                 "trials": 1,
-                "scalings": [s for s in SCALING_NAMES if s not in ("linear", "ntk")],
+                "scalings": [s for s in QUICK_SCALINGS if s in SCALING_NAMES],
             }
             options = {**quick, **{k: v for k, v in options.items() if v is not None}}
         options = {k: v for k, v in options.items() if v is not None}
@@ -199,6 +220,7 @@ class ExtendSettings:
             device=_device(options.pop("device", "cpu")),
             context=None if context is None else check_int("context", context, min=16),
             quick=bool(options.pop("quick", False)),
+            **_search_fields(options, multiples),
         )
         if options:
             raise PosEncError(f"unknown option(s) {sorted(options)} for ExtendSettings")
@@ -213,6 +235,48 @@ class ExtendSettings:
     def to_record(self) -> dict[str, Any]:
         """The settings as ``results.json`` holds them (what a resumed run must match)."""
         return dataclasses.asdict(self)
+
+
+#: The most minutes ``search`` may ask for (a week).
+MAX_SEARCH_MINUTES = 7 * 24 * 60.0
+
+
+def _search_fields(options: dict[str, Any], multiples: tuple[float, ...]) -> dict[str, Any]:
+    """``search``, ``search_length`` and ``search_population`` popped from ``options`` and
+    checked: a budget in ``(0, a week]`` minutes; a scoring length among ``multiples`` and
+    above 1 (LongRoPE's long factors apply past ``L``), default the longest; the two others
+    only with ``search``."""
+    minutes = options.pop("search", None)
+    length = options.pop("search_length", None)
+    population = options.pop("search_population", None)
+    if minutes is None:
+        for name, value in (("search_length", length), ("search_population", population)):
+            if value is not None:
+                raise PosEncError(
+                    f"{name} needs search (the search's minutes) too, got {name}={value!r} "
+                    "without it"
+                )
+        return {}
+    minutes = check_float("search", minutes, min=0.0, min_exclusive=True, max=MAX_SEARCH_MINUTES)
+    if max(multiples) <= 1.0:
+        raise PosEncError(
+            "search needs a length past L (to > 1): LongRoPE's long factors apply only there, "
+            f"got to = {max(multiples):g}"
+        )
+    length = max(multiples) if length is None else check_float("search_length", length)
+    if length <= 1.0 or length not in multiples:
+        above = ", ".join(f"{m:g}" for m in multiples if m > 1.0)
+        raise PosEncError(
+            f"search_length must be one of the measured multiples of L above 1 ({above}), "
+            f"got {length:g}"
+        )
+    return {
+        "search": minutes,
+        "search_length": length,
+        "search_population": check_int(
+            "search_population", 8 if population is None else population, min=4, max=256
+        ),
+    }
 
 
 def _multiples(given: Sequence[float] | None, to: float, quick: bool) -> tuple[float, ...]:

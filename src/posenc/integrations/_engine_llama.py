@@ -21,6 +21,12 @@ computes what transformers does (``src/llama-context.cpp``, ``ggml/src/ggml-cpu/
 
 Dynamic NTK has no llama.cpp spelling; Llama 3's and LongRoPE's factors are the file's own
 tensors (``rope_freqs``, ``rope_factors_long`` / ``_short``), carried unchanged.
+
+Self-Extend is llama.cpp's group attention, ``--grp-attn-n G --grp-attn-w W``
+(:func:`group_attention`): ``common/arg.cpp`` registers the two flags for
+``LLAMA_EXAMPLE_COMPLETION`` (``llama-completion``, the former ``llama-cli``) and ``-gan``
+alone for the passkey example; llama-server dropped them (llama.cpp #9860) and the chat
+``llama-cli`` does not take them. ``tools/completion/completion.cpp`` asserts ``W % G == 0``.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from posenc.integrations._engine_request import (
     yarn_attention,
 )
 
-__all__ = ["GGUF_VALUE_TYPES", "gguf_metadata", "llama_writers"]
+__all__ = ["GGUF_VALUE_TYPES", "gguf_metadata", "group_attention", "llama_writers"]
 
 #: The GGUF value type (a ``gguf.GGUFValueType`` member name) of each key :func:`gguf_metadata`
 #: writes, by its name after ``{arch}.`` (gguf-py ``GGUFWriter.add_context_length``,
@@ -285,6 +291,44 @@ def _ollama(req: Request) -> EngineSetting:
     command = shell(["ollama", "create", name, "-f", "Modelfile"], {})
     warnings = tuple(_warnings("ollama", rope, req))
     return EngineSetting("ollama", command, {"modelfile": modelfile}, warnings)
+
+
+def group_attention(req: Request, group: int, window: int) -> EngineSetting:
+    """Self-Extend (``group_size`` ``group``, ``neighbor_window`` ``window``) as llama.cpp
+    runs it: ``llama-completion -m MODEL -c N`` with the RoPE flags of ``req`` and
+    ``--grp-attn-n G --grp-attn-w W``, prompts fed in batches of ``W`` tokens
+    (``--batch-size``: its group attention moves the cached positions between batches).
+
+    Raises:
+        PosEncError: ``W`` is not a multiple of ``G`` (llama-completion asserts it).
+    """
+    if window % group:
+        raise refuse(
+            "llama.cpp",
+            "self_extend",
+            f"llama-completion needs grp_attn_w to be a multiple of grp_attn_n (GGML_ASSERT in "
+            f"tools/completion/completion.cpp, {_SOURCE}); neighbor_window {window} is not a "
+            f"multiple of group_size {group}",
+        )
+    rope = _rope("llama.cpp", req)
+    flags = _flags(rope, req)
+    flags += ["--grp-attn-n", str(group), "--grp-attn-w", str(window), "--batch-size", str(window)]
+    command = shell(["llama-completion", "-m", req.model, "-c", str(req.target), *flags], {})
+    settings = {
+        "flags": flags,
+        "env": {},
+        "group_attention": {"grp_attn_n": group, "grp_attn_w": window},
+    }
+    warnings = [w for w in _warnings("llama.cpp", rope, req) if "llama-server" not in w]
+    warnings += [
+        "llama-server and the chat llama-cli do not take --grp-attn-n / --grp-attn-w "
+        f"(llama.cpp #9860; common/arg.cpp, {_SOURCE}): run llama-completion",
+        "llama.cpp's group attention is not LongLM's Self-Extend pair by pair: it shifts and "
+        "divides the positions held in the KV cache, a block of grp_attn_w at a time, so each "
+        "key has one position for every query (tools/completion/completion.cpp); LongLM "
+        "merges a neighbour attention and a grouped one per pair, which is what was measured",
+    ]
+    return EngineSetting("llama.cpp", command, settings, tuple(warnings))
 
 
 #: The writers of this module, by engine name.

@@ -207,7 +207,7 @@ def patch(model: Any, *, scaling: Any = None) -> Any:
     # validate and build everything first, then change the model (nothing there can fail)
     position_map, scaling = split_scaling(scaling)
     if position_map is not None:
-        check_remappable(config, model_type, position_map)
+        check_remappable(config, model_type, position_map, scaling)
     target = _Target(model_type, *_family_module(model, model_type))
     target.check_applies()
     record = target.plan(model, _ropes(config, model_type, scaling))

@@ -97,16 +97,34 @@ def _nope_refusal(model_type: str, pmap: PositionMap) -> PosEncError:
     )
 
 
-def check_remappable(config: Any, model_type: str, pmap: PositionMap) -> None:
-    """Refuse, before the family is looked up, a model a map cannot serve by its kind."""
+def _context_factor(nested: Any) -> float:
+    """The context factor of the frequency scaling given with a map (its ``factor``, that of
+    its ``full_attention`` entry in the per-layer-type form; 1 without one)."""
+    if isinstance(nested, Mapping) and "factor" not in nested:
+        nested = nested.get("full_attention", nested.get(None))
+    factor = nested.get("factor") if isinstance(nested, Mapping) else getattr(nested, "factor", None)
+    if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
+        return float(factor)
+    return 1.0
+
+
+def check_remappable(config: Any, model_type: str, pmap: PositionMap, nested: Any = None) -> None:
+    """Refuse, before the family is looked up, a model a map cannot serve by its kind. A
+    map's windows must lie within the trained context, ``max_position_embeddings`` times
+    the factor of the frequency scaling given with it (STRING past L with YaRN)."""
     if model_type in NOPE_MODELS:
         raise _nope_refusal(model_type, pmap)
     trained: Any = getattr(config, "max_position_embeddings", None)
+    factor = _context_factor(nested)
+    if isinstance(trained, int) and not isinstance(trained, bool) and factor > 1:
+        trained = int(trained * factor)
     try:
         pmap.check_trained(trained)
     except PosEncError as error:
+        scaled = f" x the scaling's factor {factor:g}" if factor > 1 else ""
         raise PosEncError(
-            f"scaling is invalid: {error} (model_type {model_type!r}: max_position_embeddings)"
+            f"scaling is invalid: {error} (model_type {model_type!r}: "
+            f"max_position_embeddings{scaled})"
         ) from None
 
 

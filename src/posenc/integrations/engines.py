@@ -21,6 +21,12 @@ or nested per layer type, and gives an :class:`EngineSetting` for one of :data:`
 Refused with :class:`posenc.PosEncError` naming the engine and the scaling: dynamic NTK in
 every engine but transformers (vLLM, SGLang: a table fixed at one length; llama.cpp: none),
 a YaRN llama.cpp cannot express, a served length past vLLM's YaRN table.
+
+A position map (``position_map=``, :mod:`posenc.remap`) moves the positions inside
+attention, pair by pair, which no config key says: Self-Extend is written for llama.cpp
+only, as its group-attention flags (:func:`posenc.integrations._engine_llama.group_attention`);
+every other engine refuses it, and every engine refuses STRING, each reason ending in
+where it runs (:data:`POSENC_ONLY`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from posenc._errors import PosEncError
-from posenc.integrations._engine_llama import GGUF_VALUE_TYPES, gguf_metadata, llama_writers
+from posenc.integrations._engine_llama import (
+    GGUF_VALUE_TYPES,
+    gguf_metadata,
+    group_attention,
+    llama_writers,
+)
 from posenc.integrations._engine_request import (
     EngineSetting,
     Request,
@@ -46,6 +57,7 @@ from posenc.integrations._engine_request import (
 __all__ = [
     "ENGINES",
     "GGUF_VALUE_TYPES",
+    "POSENC_ONLY",
     "SGLANG_KEYS",
     "VLLM_KEYS",
     "EngineSetting",
@@ -98,6 +110,44 @@ _WHY_DYNAMIC = {
 }
 
 
+#: How every refusal of a position map ends: where the map does run.
+POSENC_ONLY = "transformers with posenc only"
+_SELF_EXTEND_RUNS = (
+    f"it runs in llama.cpp's llama-completion (--emit llama.cpp) and in {POSENC_ONLY}"
+)
+#: Why each engine cannot run Self-Extend (llama.cpp runs it: its group attention).
+_WHY_NO_SELF_EXTEND = {
+    "transformers": "a transformers config sets RoPE's frequencies (rope_parameters), not the "
+    "positions a (query, key) pair is rotated at inside attention",
+    "vllm": "vLLM rotates each token once, at its own position, before attention (get_rope, "
+    "vLLM 0.34.0): no position per (query, key) pair",
+    "sglang": "SGLang rotates each token once, at its own position, before attention "
+    "(layers/rotary_embedding/factory.py get_rope, SGLang 0.5.23): no position per pair",
+    "gguf": "a GGUF file has no key for group attention: llama.cpp takes it only as "
+    "llama-completion's --grp-attn-n / --grp-attn-w flags (common/arg.cpp, llama.cpp 0c1e570)",
+    "ollama": "ollama has no group-attention parameter (docs/modelfile.mdx, ollama v0.33.0-rc2)",
+}
+_WHY_NO_STRING = (
+    "STRING rotates each (query, key) pair at its own shifted offset inside attention "
+    "(HKUNLP/STRING patches transformers' attention), which no engine's attention does"
+)
+
+
+def _remapped(engine: str, req: Request, position_map: Any) -> EngineSetting:
+    """The setting of a position map for ``engine``: llama.cpp's group attention for
+    Self-Extend; refused everywhere else (a reason ending in where it runs)."""
+    from posenc.remap import SelfExtend
+    from posenc.remap.maps import coerce
+
+    remap = coerce(position_map, "position_map")
+    kind = str(remap.to_config()["type"])
+    if isinstance(remap, SelfExtend):
+        if engine == "llama.cpp":
+            return group_attention(req, remap.group_size, remap.neighbor_window)
+        raise refuse(engine, kind, f"{_WHY_NO_SELF_EXTEND[engine]}; {_SELF_EXTEND_RUNS}")
+    raise refuse(engine, kind, f"{_WHY_NO_STRING}; it runs in {POSENC_ONLY}")
+
+
 def engine_setting(
     engine: str,
     rope_parameters: Mapping[str, Any],
@@ -106,17 +156,21 @@ def engine_setting(
     target: int,
     arch: str,
     model: str,
+    position_map: Any = None,
 ) -> EngineSetting:
     """``rope_parameters`` (transformers 5's spelling, flat or nested per layer type) served
     at ``target`` tokens by ``engine``, for a model trained on ``trained`` tokens (what its
     config holds as ``max_position_embeddings``), whose GGUF architecture is ``arch`` and
     whose file or folder is named ``model`` in commands (never an absolute path; for
-    ``gguf`` and ``ollama``: the GGUF copy's name).
+    ``gguf`` and ``ollama``: the GGUF copy's name). ``position_map`` (a map or its config,
+    :func:`posenc.remap.position_map`) runs with ``rope_parameters``: Self-Extend in
+    llama.cpp only, STRING nowhere.
 
     ``settings`` holds: transformers ``{"rope_parameters", "max_position_embeddings",
     "python"}``; vllm ``{"hf_overrides", "max_model_len", "env"}``; sglang
     ``{"json_model_override_args", "context_length", "env"}``; llama.cpp ``{"flags", "env",
-    "llama_cli"}``; gguf ``{"metadata", "types"}``; ollama ``{"modelfile"}``.
+    "llama_cli"}`` (Self-Extend: ``{"flags", "env", "group_attention"}``); gguf
+    ``{"metadata", "types"}``; ollama ``{"modelfile"}``.
 
     Raises:
         PosEncError: an unknown engine, a bad argument (naming it), or a scaling the engine
@@ -125,6 +179,8 @@ def engine_setting(
     if not isinstance(engine, str) or engine not in ENGINES:
         raise PosEncError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     req = request(rope_parameters, trained, target, arch, model)
+    if position_map is not None:
+        return _remapped(engine, req, position_map)
     return _WRITERS[engine](req)
 
 

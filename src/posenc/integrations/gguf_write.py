@@ -5,14 +5,17 @@ gguf-py's ``gguf_set_metadata`` edits existing scalar keys in place only, so a f
 copied. :func:`write_scaled_gguf` reads the input with ``gguf.GGUFReader`` and writes a new
 file with ``gguf.GGUFWriter`` (the way gguf-py's ``gguf_new_metadata.py`` copies one):
 every key with its value type (arrays with their element type), the input's alignment and
-byte order, then every tensor with its type, shape and raw bytes, in the input's order.
+byte order, then every tensor with its type, shape and raw bytes, in the input's order
+(``tensors=`` replaces, adds or removes small float32 ones: LongRoPE's factors,
+:mod:`posenc.integrations.gguf_longrope`).
 
 Safety: the input is never the output (the same path, a link or a hard link of it are
 refused); an existing output is replaced only when asked; the free space of the output's
 folder is checked first (a 7B file is several GB); the file is written as a temporary file
 beside the output and renamed over it once whole (:func:`posenc._files.write_atomically`),
 so a failure leaves no half file; the SHA-256 of every tensor's bytes, in order, is compared
-between the input and the written file before the rename.
+between what was meant (the input's, with ``tensors`` applied) and the written file before
+the rename.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from posenc._errors import PosEncError
+from posenc._errors import PosEncError, describe
 from posenc._files import MIB, write_atomically
 
 __all__ = ["FREE_MARGIN", "write_scaled_gguf"]
@@ -259,14 +262,86 @@ def _copy_fields(
     return done
 
 
-def _tensor_digest(reader: Any) -> tuple[str, list[tuple[str, int, tuple[int, ...]]]]:
+#: A tensor of the copy: its name, data (raw bytes or values), GGML type and GGUF shape.
+_Tensor = tuple[str, Any, int, tuple[int, ...]]
+_F32 = 0  # GGMLQuantizationType.F32
+
+
+def _digest(items: list[_Tensor]) -> tuple[str, list[tuple[str, int, tuple[int, ...]]]]:
     """The SHA-256 of every tensor's raw bytes in order, and each tensor's name, type, shape."""
     digest = hashlib.sha256()
     infos = []
-    for tensor in reader.tensors:
-        digest.update(np.ascontiguousarray(tensor.data).reshape(-1).view(np.uint8).data)
-        infos.append((tensor.name, int(tensor.tensor_type), tuple(int(n) for n in tensor.shape)))
+    for name, data, kind, shape in items:
+        digest.update(np.ascontiguousarray(data).reshape(-1).view(np.uint8).data)
+        infos.append((name, kind, shape))
     return digest.hexdigest(), infos
+
+
+def _stored(reader: Any) -> list[_Tensor]:
+    return [
+        (t.name, t.data, int(t.tensor_type), tuple(int(n) for n in t.shape)) for t in reader.tensors
+    ]
+
+
+def _tensor_digest(reader: Any) -> tuple[str, list[tuple[str, int, tuple[int, ...]]]]:
+    """:func:`_digest` of every tensor a file holds."""
+    return _digest(_stored(reader))
+
+
+def _new_tensors(tensors: Any) -> dict[str, np.ndarray | None]:
+    """``tensors`` checked: name -> a non-empty 1-D little-endian float32 array (every value
+    finite in float32), or None (the tensor removed)."""
+    if tensors is None:
+        return {}
+    if not isinstance(tensors, Mapping):
+        raise PosEncError(
+            f"tensors must be a mapping of tensor names, got {type(tensors).__name__}"
+        )
+    out: dict[str, np.ndarray | None] = {}
+    for name, values in tensors.items():
+        if not isinstance(name, str) or not name.strip() or len(name.encode()) >= 64:
+            raise PosEncError(
+                f"tensors keys must be GGUF tensor names (under 64 bytes), got {name!r}"
+            )
+        if values is None:
+            out[name] = None
+            continue
+        try:
+            array = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise PosEncError(
+                f"tensors[{name!r}] must be a list of numbers, got {describe(values)}"
+            ) from None
+        if array.ndim != 1 or array.size == 0:
+            raise PosEncError(
+                f"tensors[{name!r}] must be a non-empty 1-D list of numbers, got shape "
+                f"{tuple(array.shape)}"
+            )
+        with np.errstate(over="ignore", invalid="ignore"):
+            stored = array.astype("<f4")
+        finite = np.isfinite(stored)
+        if not finite.all():
+            at = int(np.argmax(~finite))
+            raise PosEncError(
+                f"tensors[{name!r}] must hold numbers finite in float32 (the tensor's type), "
+                f"got {float(array[at])!r} at index {at}"
+            )
+        out[name] = stored
+    return out
+
+
+def _planned(reader: Any, new: Mapping[str, np.ndarray | None]) -> list[_Tensor]:
+    """Every tensor the copy holds, in order: the input's, each of ``new`` replacing (or,
+    as None, removing) the one of its name, then the new names (float32)."""
+    out: list[_Tensor] = []
+    for name, data, kind, shape in _stored(reader):
+        if name not in new:
+            out.append((name, data, kind, shape))
+        elif (replaced := new[name]) is not None:
+            out.append((name, replaced, _F32, (int(replaced.size),)))
+    held = {t.name for t in reader.tensors}
+    out += [(n, d, _F32, (int(d.size),)) for n, d in new.items() if d is not None and n not in held]
+    return out
 
 
 def _open(gguf: Any, path: Path, what: str) -> Any:
@@ -287,6 +362,7 @@ def write_scaled_gguf(
     types: Mapping[str, str] | None = None,
     overwrite: bool = False,
     check: Callable[[Path], object] | None = None,
+    tensors: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``dst``, a copy of the GGUF file ``src`` with the keys of ``metadata`` set.
 
@@ -304,11 +380,15 @@ def write_scaled_gguf(
         overwrite: replace an existing ``dst`` (never ``src``).
         check: called with the written temporary file before it is renamed to ``dst``;
             whatever it raises aborts the copy (nothing is left behind).
+        tensors: tensor name -> a 1-D list of numbers, written as float32 (replacing the
+            input's tensor of that name in its place, or added last), or ``None``
+            (the input's tensor removed).
 
     Returns:
         ``{"src", "dst"}`` (paths as given), ``"bytes"`` (``dst``'s size), ``"tensors"``
-        (their count), ``"tensor_sha256"`` (of every tensor's raw bytes in order: equal in
-        both files) and ``"set"`` (each key of ``metadata`` as written; ``None``: removed).
+        (their count), ``"tensor_sha256"`` (of every tensor's raw bytes in order: the
+        input's, with ``tensors`` applied) and ``"set"`` (each key of ``metadata`` as
+        written; ``None``: removed).
 
     Raises:
         PosEncError: a path as above, ``src`` not a GGUF file gguf reads, a key or value
@@ -321,6 +401,7 @@ def write_scaled_gguf(
         raise PosEncError(f"metadata must be a mapping of GGUF keys, got {type(metadata).__name__}")
     _check_keys(metadata)
     codes = _type_codes(types or {}, gguf)
+    new = _new_tensors(tensors)
     source, target = _paths(src, dst, overwrite)
     _check_room(source, target)
     reader = _open(gguf, source, "src")
@@ -328,7 +409,10 @@ def write_scaled_gguf(
     if arch is None:
         raise PosEncError(f"src {str(source)!r} has no general.architecture key")
     _check_namespaces(metadata, reader, str(arch.contents()))
-    digest, infos = _tensor_digest(reader)
+    if reader.endianess == gguf.GGUFEndian.BIG:  # the new tensors in the file's byte order
+        new = {k: None if v is None else v.astype(">f4") for k, v in new.items()}
+    planned = _planned(reader, new)
+    digest, infos = _digest(planned)
     result: dict[str, Any] = {"src": str(src), "dst": str(dst), "tensors": len(infos)}
 
     def write(file: Any) -> None:
@@ -336,16 +420,14 @@ def write_scaled_gguf(
         writer.data_alignment = reader.alignment
         try:
             result["set"] = _copy_fields(reader, writer, metadata, codes, gguf)
-            for tensor in reader.tensors:
-                data = tensor.data
-                writer.add_tensor_info(
-                    tensor.name, data.shape, data.dtype, data.nbytes, tensor.tensor_type
-                )
+            for name, data, kind, _ in planned:
+                raw = gguf.GGMLQuantizationType(kind)
+                writer.add_tensor_info(name, data.shape, data.dtype, data.nbytes, raw)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            for tensor in reader.tensors:  # the raw bytes, never byte-swapped
-                writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
+            for _, data, _, _ in planned:  # the raw bytes, never byte-swapped
+                writer.write_tensor_data(data, tensor_endianess=reader.endianess)
         finally:
             writer.close()
         written = _open(gguf, Path(file.name), "the written copy of src")
