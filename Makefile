@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint typecheck bench docs extend engines clean
+.PHONY: demo test lint typecheck bench docs extend engines reference-parity clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,17 @@ extend: $(STAMP) $(SMOLLM2)
 # sdist with the CMAKE_ARGS in benchmarks/engines.py's docstring).
 engines: $(STAMP) $(SMOLLM2)
 	nice -n 5 $(BIN)/python benchmarks/engines.py
+
+# posenc's remapped attention (Self-Extend, STRING) against the reference implementations,
+# whole logits of a tiny random Llama (not CI): each reference runs from a checkout of its own
+# (datamllab/LongLM cdbbb06, HKUNLP/STRING 216cc2f; `git clone` it, or `git archive HEAD
+# SelfExtend.py self_extend_patch` / `string_for_llama.py` from a mirror) in a venv made once
+# under .cache/ (torch 2.13.0 CPU, then the transformers its README names).
+LONGLM_DIR ?= .cache/reference/LongLM
+STRING_DIR ?= .cache/reference/STRING
+
+reference-parity: $(STAMP)
+	$(BIN)/python benchmarks/remap_reference.py --longlm $(LONGLM_DIR) --string $(STRING_DIR)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/rope.py

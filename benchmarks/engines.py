@@ -1,7 +1,7 @@
 """The setting ``posenc extend --emit`` writes, checked in llama.cpp (an engine posenc did not
 write): perplexity of the same token ids in posenc and in llama.cpp, per RoPE scaling.
 
-    nice -n 5 python benchmarks/engines.py                    # yarn, linear, ntk at 2L = 16384
+    nice -n 5 python benchmarks/engines.py                    # yarn, linear, ntk, self-extend at 2L
     python benchmarks/engines.py --quick                      # L taken as 1024, 2L = 2048
     python benchmarks/engines.py --scalings yarn --length 16384 --out run.json
 
@@ -20,6 +20,19 @@ transformers tokenizer read from the GGUF, BOS included); llama.cpp is fed the s
   llama-cpp-python's (which sets ``yarn_attn_factor=1``, ``yarn_beta_fast=32``, ...);
 - ``(b) copy``: the GGUF copy ``write_scaled_gguf`` writes with ``gguf_metadata``'s keys, run
   with ``n_ctx`` only (``llama-server -m copy.gguf -c N``).
+
+For Self-Extend (``self-extend``, LongLM's map with ``posenc extend``'s ``G``, ``W`` for 2L):
+
+- ``(c) group attention``: the ORIGINAL GGUF with the flags ``--emit llama.cpp`` writes for
+  it (``--grp-attn-n G --grp-attn-w W --batch-size W``), replayed as llama-completion runs
+  them (``group_attention.py``: batches of ``W`` tokens, the cached positions moved with
+  ``llama_memory_seq_add`` / ``seq_div`` before each). It is not LongLM's map (it groups
+  every key before the current block, near ones too): the row reports the perplexities, the
+  share of (query, key) pairs whose relative position differs, and the first ``W`` tokens,
+  where both maps are plain RoPE; no bar. ``(c) in transformers`` runs the same procedure in
+  the unpatched transformers model, its cached keys re-rotated by each move twice over: as
+  intended (by ``new - old``), and as llama.cpp's ``llama_kv_cells::pos_div`` does it (by
+  ``old - new`` for a division): the one that lands on (c) says what llama.cpp computed.
 
 llama.cpp's perplexity is computed in float64 from its float32 logits (``Llama.scores``,
 ``logits_all=True``), over the same ``N - 1`` predicted tokens. The bar (issue 40): (a) and
@@ -395,6 +408,164 @@ def _llama_row(theirs: dict[str, Any], ours: np.ndarray, trained: int) -> dict[s
     }
 
 
+# --- Self-Extend: llama.cpp's group attention ------------------------------------------------
+
+SELF_EXTEND = "self-extend"
+#: The flags of llama.cpp's group attention (``common/arg.cpp``), taken out of the emitted
+#: setting before the rest goes to :func:`llama_kwargs`.
+GROUP_FLAGS = ("--grp-attn-n", "--grp-attn-w", "--batch-size")
+N_BATCH_DEFAULT = 2048  # common_params.n_batch
+
+
+def group_attention_args(flags: Sequence[str]) -> tuple[dict[str, Any], int, int, int]:
+    """``(llama_kwargs of the other flags, G, W, n_batch)`` of an emitted group-attention
+    setting (``--grp-attn-n G --grp-attn-w W --batch-size N``, ``--flag=value`` too). Raises
+    ValueError when G or W is missing, a group flag is given twice or has no value, or the
+    rest is refused by :func:`llama_kwargs`."""
+    rest: list[str] = []
+    got: dict[str, int] = {}
+    items = [str(item) for item in flags]
+    i = 0
+    while i < len(items):
+        flag, eq, value = items[i].partition("=")
+        if flag not in GROUP_FLAGS:
+            rest.append(items[i])
+            i += 1
+            continue
+        if not eq:
+            if i + 1 >= len(items):
+                raise ValueError(f"llama.cpp flag {flag!r} has no value")
+            value, i = items[i + 1], i + 1
+        if flag in got:
+            raise ValueError(f"llama.cpp flag {flag!r} given twice")
+        got[flag] = _positive_int(flag, value)
+        i += 1
+    missing = [f for f in GROUP_FLAGS[:2] if f not in got]
+    if missing:
+        raise ValueError(f"group attention needs {' and '.join(missing)}, got {list(flags)}")
+    n_batch = got.get("--batch-size", N_BATCH_DEFAULT)
+    return llama_kwargs(rest), got["--grp-attn-n"], got["--grp-attn-w"], n_batch
+
+
+def _group_attention() -> Any:
+    """``benchmarks/group_attention.py`` (llama-completion's procedure), loaded beside this
+    file whether it runs as a script or is imported by the tests."""
+    import importlib.util
+
+    name = "posenc_benchmark_group_attention"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("group_attention.py")
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def run_self_extend(loaded: Any, ids: Sequence[int]) -> dict[str, Any]:
+    """posenc's Self-Extend (LongLM's map, :data:`SELF_EXTEND` at :data:`FACTOR`) against
+    llama.cpp's group attention with the flags ``--emit llama.cpp`` writes for it, replayed
+    as llama-completion runs them, and that procedure replayed in transformers with the cached
+    keys turned both ways (``group_attention.ROTATIONS``). No bar: the two are different maps
+    (``group_attention.py``); the first ``W`` tokens, where they agree, are the sanity check."""
+    from posenc.extend.model import scaling_for, split_spec
+    from posenc.extend.save import rope_parameters_for
+    from posenc.integrations.engines import engine_setting
+
+    spec = split_spec(scaling_for(SELF_EXTEND, FACTOR, loaded))[0]
+    rope = rope_parameters_for(loaded, SELF_EXTEND, FACTOR)
+    setting = engine_setting(
+        "llama.cpp", rope, trained=loaded.trained, target=len(ids), arch=_arch(MODEL),
+        model=MODEL.name, position_map=spec,
+    )  # fmt: skip
+    flags = list(setting.settings["flags"])
+    kwargs, group, window, n_batch = group_attention_args(flags)
+    if (group, window) != (spec["group_size"], spec["neighbor_window"]):
+        raise ValueError(f"the emitted flags {flags} are not the map {spec}")
+    ours, seconds = posenc_nll(loaded, SELF_EXTEND, ids)
+    ga = _group_attention()
+    theirs = ga.replay_nll(MODEL, ids, kwargs, group, window, n_batch, THREADS)
+    twins = {
+        r: ga.torch_replay_nll(loaded.model, ids, group, window, n_batch, r) for r in ga.ROTATIONS
+    }
+    first = slice(0, window - 1)  # predicting positions 1 .. W - 1: the same map in both
+    diff = theirs["nll"] - ours
+    return {
+        "scaling": SELF_EXTEND,
+        "factor": FACTOR,
+        "tokens": len(ids),
+        "map": spec,
+        "emitted": {"command": setting.command, "flags": flags, "warnings": setting.warnings},
+        "posenc": {**summary(ours, loaded.trained), "seconds": seconds},
+        "c_group_attention": {
+            **summary(theirs["nll"], loaded.trained),
+            "ratio": _ratio(math.exp(float(theirs["nll"].mean())), math.exp(float(ours.mean()))),
+            "max_abs_nll_diff": float(np.abs(diff).max()),
+            "mean_abs_nll_diff": float(np.abs(diff).mean()),
+            "seconds": theirs["seconds"],
+            "kwargs": _plain({**kwargs, "n_batch": n_batch}),
+            "cached_pos_max": theirs["pos_max"],
+            "log": _log_lines(theirs["log"], MODEL.parent),
+        },
+        "c_in_transformers": {
+            rotation: _twin_row(twin, theirs["nll"], ours, loaded.trained)
+            for rotation, twin in twins.items()
+        },
+        "first_window": {
+            "tokens": window,
+            "posenc_ppl": math.exp(float(ours[first].mean())),
+            "llama_ppl": math.exp(float(theirs["nll"][first].mean())),
+            "ratio": _ratio(
+                math.exp(float(theirs["nll"][first].mean())), math.exp(float(ours[first].mean()))
+            ),
+        },
+        "map_difference": ga.map_difference(len(ids), group, window, n_batch),
+    }
+
+
+def _twin_row(
+    twin: Mapping[str, Any], llama: np.ndarray, ours: np.ndarray, trained: int
+) -> dict[str, Any]:
+    """One transformers replay of llama.cpp's procedure, against llama.cpp's own losses
+    and against posenc's Self-Extend."""
+    ppl = math.exp(float(twin["nll"].mean()))
+    return {
+        **summary(twin["nll"], trained),
+        "ratio_to_c": _ratio(ppl, math.exp(float(llama.mean()))),
+        "ratio_to_posenc": _ratio(ppl, math.exp(float(ours.mean()))),
+        "max_abs_nll_diff_to_c": float(np.abs(twin["nll"] - llama).max()),
+        "seconds": twin["seconds"],
+    }
+
+
+def _self_extend_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = (
+        "| map | tokens | posenc ppl | (c) group attention ppl | (c) vs posenc | (c) in "
+        "transformers, keys turned as intended: ppl / vs (c) | ... turned as llama.cpp's "
+        "pos_div: ppl / vs (c) | first W: posenc / (c) / vs | pairs at another relative "
+        "position | mean abs shift |"
+    )
+    lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+    for row in rows:
+        c, w, m = row["c_group_attention"], row["first_window"], row["map_difference"]
+        twins = [row["c_in_transformers"][k] for k in ("intended", "llama.cpp")]
+        cells = [
+            f"Self-Extend G={row['map']['group_size']} W={row['map']['neighbor_window']}",
+            str(row["tokens"]),
+            f"{row['posenc']['ppl']:.4f}",
+            f"{c['ppl']:.4f}",
+            f"{100 * c['ratio']:+.3f}%",
+            *(f"{t['ppl']:.4f} / {100 * t['ratio_to_c']:+.3f}%" for t in twins),
+            f"{w['posenc_ppl']:.4f} / {w['llama_ppl']:.4f} / {100 * w['ratio']:+.3f}%",
+            f"{100 * m['fraction_differing']:.1f}%",
+            f"{m['mean_abs_difference']:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _arch(path: Path) -> str:
     from posenc.integrations.gguf import gguf_rope_metadata
 
@@ -453,7 +624,8 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--length", type=int, default=None, help="2L tokens (default 2L)")
-    parser.add_argument("--scalings", nargs="+", default=list(SCALINGS), choices=SCALINGS)
+    choices = [*SCALINGS, SELF_EXTEND]
+    parser.add_argument("--scalings", nargs="+", default=choices, choices=choices)
     parser.add_argument("--quick", action="store_true", help=f"L = {QUICK_TRAINED}, 2L tokens")
     parser.add_argument("--no-none", action="store_true", help="skip the none row at L")
     parser.add_argument("--out", type=Path, default=None)
@@ -476,17 +648,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(doc.ids) < length:
         raise SystemExit(f"{doc.name} has {len(doc.ids)} tokens, fewer than {length}")
     ids = doc.ids[:length]
-    rows = []
+    rows: list[dict[str, Any]] = []
+    remapped: list[dict[str, Any]] = []  # Self-Extend against llama.cpp's group attention
     if not args.no_none:
         rows.append(run_none(loaded, ids[: loaded.trained]))
         print(_table(rows[-1:]).splitlines()[-1], flush=True)
     with tempfile.TemporaryDirectory(prefix="posenc-engines-") as tmp:
         for scaling in args.scalings:
+            if scaling == SELF_EXTEND:
+                remapped.append(run_self_extend(loaded, ids))
+                print(_self_extend_table(remapped[-1:]).splitlines()[-1], flush=True)
+                continue
             rows.append(run_scaling(loaded, scaling, ids, Path(tmp)))
             print(_table(rows[-1:]).splitlines()[-1], flush=True)
     load_after = os.getloadavg()
     print()
     print(_table(rows))
+    if remapped:
+        print(f"\n{_self_extend_table(remapped)}\n(c): reported, no bar (another map)")
     scaled_rows = [r for r in rows if r["factor"] != 1.0]
     verdict = all(r["pass"] for r in scaled_rows)
     print(f"\n{'PASS' if verdict else 'FAIL'}: (a) and (b) within {100 * BAR:g}% of posenc")
@@ -509,6 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
         "versions": _versions(),
         "rows": rows,
+        "self_extend": remapped,
         "pass": verdict,
     }
     day = datetime.date.today().isoformat()
