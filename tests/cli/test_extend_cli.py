@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,68 @@ def test_a_model_whose_long_range_has_no_rope_is_told_on_one_line(capsys, tmp_pa
     ]
     results = json.loads((tmp_path / "o" / "results.json").read_text())
     assert {r["scaling"] for r in results["records"]} == {"none"}
+
+
+# --- the factor search's progress line --------------------------------------------------------
+
+
+def _told(**changes: object) -> dict:
+    """A ``search`` event as ``run_search`` sends it: the fifth candidate, 3.2 minutes of 10."""
+    info = {
+        "done": 5,
+        "nll": math.log(12.34),
+        "generation": 0,
+        "origin": "mutation",
+        "seconds": 192.0,
+        "budget": 600.0,
+        "evaluations": None,
+        "best": {"nll": math.log(11.9), "origin": "yarn"},
+    }
+    return {**info, **changes}
+
+
+@pytest.mark.parametrize(
+    ("changes", "line"),
+    [
+        (
+            {},
+            "search: candidate 5 of ~15 (mutation), ppl 12.34, best 11.9 (yarn), 3.2 of 10 min",
+        ),
+        (
+            {"evaluations": 12},
+            "search: candidate 5 of ~12 (mutation), ppl 12.34, best 11.9 (yarn), 3.2 of 10 min",
+        ),
+        (
+            {"nll": None, "done": 1, "seconds": 0.0, "origin": "pi", "best": {"nll": None}},
+            "search: candidate 1 (pi), ppl not finite, best not finite, 0.0 of 10 min",
+        ),
+        (
+            {"done": 40, "seconds": 660.0, "nll": 800.0},
+            "search: candidate 40 of ~40 (mutation), ppl e^800, best 11.9 (yarn), 11.0 of 10 min",
+        ),
+    ],
+    ids=["estimate", "capped", "first-not-finite", "past-budget-overflow"],
+)
+def test_a_search_event_is_one_line(changes: dict, line: str) -> None:
+    from posenc.cli.extend import _search_line
+
+    assert _search_line(_told(**changes)) == line
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["log", "terminal"])
+def test_the_progress_prints_a_line_per_evaluation(terminal: bool) -> None:
+    from rich.console import Console
+
+    from posenc.cli.extend import _progress, _search_line
+
+    stream = io.StringIO()
+    console = Console(file=stream, force_terminal=terminal, width=40, color_system=None)
+    events = [_told(done=i, seconds=38.4 * i) for i in (1, 2, 3)]
+    with _progress(console) as on_event:
+        for info in events:
+            on_event("search", info)
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\r", "\n", stream.getvalue())  # the live bars' codes
+    # whole lines, never wrapped at the console's width
+    assert [line.strip() for line in plain.splitlines() if line.strip()] == [
+        _search_line(info) for info in events
+    ]

@@ -1,6 +1,7 @@
 """``posenc extend``'s page as a user sees it, from hand-made ``results.json`` dicts in the
 shape issue 40's contract gives them (none, linear, ntk, dynamic and yarn at L and 2L;
-probes of four tasks or none; one document or three; with or without ``emit``).
+probes of four tasks or none; one document or three; with or without ``emit``; with or
+without a factor search, ``results["search"]``).
 
 The page leads with the answer's lead line; shows only what was measured (no probe
 section, figure or file without probes, no empty section); orders two settings only where
@@ -27,9 +28,13 @@ pytest.importorskip("matplotlib")
 
 from tests._browser import in_browser, probe
 
+from posenc._pages import number
 from posenc.extend.answer import answer
 from posenc.extend.page import write_page
 from posenc.extend.page_figures import ppl_plot, probe_plot
+from posenc.extend.page_search import search_plot
+from posenc.extend.search import project, search_scaling, seed_factors
+from posenc.integrations.spelling import to_rope_parameters
 
 L = 512
 TASKS = ("passkey", "multikey", "multivalue", "vartrack")
@@ -54,6 +59,8 @@ PPL = {
     ("ntk", 768): 5.99,
     ("dynamic", 768): 6.02,
     ("yarn", 768): 5.98,
+    ("search", 512): 5.93,
+    ("search", 1024): 5.99,
 }
 #: Probes answered of 4 per task: (passkey, multikey, multivalue, vartrack).
 HITS = {
@@ -300,6 +307,63 @@ def _emit(model: str, refused: bool) -> dict[str, Any]:
     return emit
 
 
+DIM = 64  # the hand-made search's rotary channels: 32 bands
+#: The hand-made search: each seed's validation perplexity, the best so far after each of
+#: its six evaluations (a population of 4: generation 1 from the fifth), the best's.
+SEEDS_PPL = {"pi": 9.8, "ntk": 8.6, "yarn": 8.9}
+HISTORY = [9.8, 8.6, 8.6, 8.6, 8.1, 8.1]
+
+
+def search_record(**changes: Any) -> dict[str, Any]:
+    """``results["search"]`` as ``search_export.Searched.record`` has it, for a search at
+    ``2L`` scored on 768 tokens: the seeds' factors are posenc's (projected as the search
+    scores them), the best a band-wise mean of NTK's and YaRN's; ``changes`` replace
+    fields."""
+    raw = seed_factors(DIM, 1e4, 2.0, L)
+    seeds = {k: project(v, 4.0).tolist() for k, v in raw.items()}
+    best = project((raw["ntk"] + raw["yarn"]) / 2, 4.0).tolist()
+    params = to_rope_parameters(search_scaling(best, L, 1024), base=1e4, rotary_dim=DIM)
+    checked = (
+        "{}: the searched factors read back equal; cos/sin over positions 0..1023 within "
+        "0 of the measured module's (allowed {})"
+    )
+    record = {
+        "validation": {"name": "_pydecimal.py", "sha256": "12" * 32, "tokens": 768},
+        "length": 768,
+        "target": 1024,
+        "factor": 2.0,
+        "seed": 0,
+        "population": 4,
+        "minutes": 3.0,
+        "seconds": 150.0,
+        "evaluated": 6,
+        "generations": 2,
+        "stopped": "budget",
+        "seeds": dict(SEEDS_PPL),
+        "best": {"ppl": 8.1, "origin": "crossover", "generation": 1, "long_factor": best},
+        "best_ppl_by_evaluation": list(HISTORY),
+        "bands": {"wavelength": [2 * math.pi * 1e4 ** (2 * i / DIM) for i in range(DIM // 2)]}
+        | seeds,
+        "export": {
+            "transformers": {
+                "files": ["search/config.json"],
+                "command": "transformers.AutoConfig.from_pretrained('search/')",
+                "settings": {"rope_parameters": params, "max_position_embeddings": 1024},
+                "warnings": [],
+                "checked": checked.format("transformers' config.json", "1e-06"),
+            },
+            "gguf": {
+                "files": ["search/tiny-llama.search.gguf"],
+                "command": "llama-server -m search/tiny-llama.search.gguf -c 1024",
+                "settings": {"metadata": {"llama.rope.scaling.type": "longrope"}},
+                "warnings": [],
+                "checked": checked.format("the GGUF copy", "0.0001"),
+            },
+        },
+    }
+    return record | changes
+
+
 def make_results(
     root: Path,
     *,
@@ -310,6 +374,7 @@ def make_results(
     quick: bool = False,
     name: str | None = None,
     layer_types: list | None = None,
+    search: bool = False,
 ) -> dict[str, Any]:
     """A ``results.json`` as the contract has it, for a model kept under ``root``."""
     model_path = root / "models" / "tiny-llama"
@@ -323,6 +388,7 @@ def make_results(
             (s, 1024, 2.0) for s in ("linear", "ntk", "dynamic", "yarn")
         ]
     units = [(s, n, 1.0 if s == "none" else f) for s, n, f in units]
+    units += [("search", n, 2.0) for n in (L, 1024)] if search else []
     records = [_record(s, n, f, docs, probes and not quick) for s, n, f in units]
     for r in records:
         if not buckets:
@@ -365,6 +431,8 @@ def make_results(
         "threads": 2,
         "records": records,
     }
+    if search:
+        results["search"] = search_record()
     results["answer"] = _answer(results, docs=docs, buckets=buckets, quick=quick)
     if emit:
         results["emit"] = _emit(Path(results["model"]["path"]).name, refused=docs == 1)
@@ -378,6 +446,7 @@ VARIANTS = {
     "no-probes": {"probes": False, "emit": False},
     "quick": {"quick": True, "docs": 1, "buckets": False, "emit": False},
     "long-name": {"name": LONG_NAME, "layer_types": ["full_attention"]},
+    "search": {"search": True, "probes": False, "name": LONG_NAME},
 }
 
 
@@ -432,6 +501,7 @@ def test_the_page_leads_with_the_answer(built: Any, variant: str) -> None:
         ("three-docs", ["ppl_by_position.png", "probes.png", "index.html"]),
         ("no-probes", ["ppl_by_position.png", "index.html"]),
         ("quick", ["ppl_by_position.png", "index.html"]),
+        ("search", ["ppl_by_position.png", "search.png", "index.html"]),
     ],
 )
 def test_a_figure_only_of_what_was_measured(built: Any, variant: str, files: list) -> None:
@@ -442,13 +512,16 @@ def test_a_figure_only_of_what_was_measured(built: Any, variant: str, files: lis
     probes = "probes.png" in files
     for marker in ('id="probes"', 'id="bars"', "seconds, probes", 'data-file="probes.png"'):
         assert (marker in page) is probes, marker
+    searched = "search.png" in files
+    for marker in ('id="search"', 'href="#search"', 'data-file="search.png"'):
+        assert (marker in page) is searched, marker
     assert "passkey" not in _text(page).split('id="model"')[0] or probes
 
 
 def test_a_figure_an_earlier_run_left_is_removed(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    for stale in ("probes.png", "passkey.png"):
+    for stale in ("probes.png", "passkey.png", "search.png"):
         (out / stale).write_bytes(b"an earlier run's figure")
     write_page(make_results(tmp_path, **VARIANTS["quick"]), out)
     assert sorted(p.name for p in out.iterdir()) == ["index.html", "ppl_by_position.png"]
@@ -789,7 +862,7 @@ def test_no_probe_figure_without_probes(tmp_path: Path, variant: str) -> None:
     assert probe_plot(make_results(tmp_path, **VARIANTS[variant])) is None
 
 
-@pytest.mark.parametrize("variant", ["three-docs", "quick"])
+@pytest.mark.parametrize("variant", ["three-docs", "quick", "search"])
 def test_every_embedded_image_decodes(built: Any, variant: str) -> None:
     import base64
 
@@ -830,6 +903,200 @@ def test_a_page_killed_mid_write_keeps_each_file_whole(
     ]
 
 
+# --- the factor search -------------------------------------------------------------------------
+
+_SAID = (
+    "An evolutionary search over one rescale factor per rotary frequency pair (32 pairs; "
+    "\u03bbi \u2265 1, non-decreasing from high to low frequency, at most 4, twice target/L), "
+    "started from PI, NTK and YaRN and evolved by mutation and crossover (LongRoPE, Ding et al. "
+    "2024), from seed 0. Each candidate was scored by the perplexity of _pydecimal.py, a "
+    "standard-library source none of the evaluation documents is, over its first 768 tokens "
+    "(1.5 L; the evaluation runs to 1024). It scored 6 candidates in 2 generations, in 2.5 of "
+    "3 minutes (stopped: the next candidate would have run past the budget). The best came "
+    "from a crossover (generation 1), with validation perplexity 8.1 against PI 9.8, NTK 8.6 "
+    "and YaRN 8.9. The units search measure it on the evaluation documents like every other "
+    "setting (above: the effective length and perplexity). LongRoPE's starting-token window "
+    "(n\u0302) is not searched: the longrope of transformers, vLLM and llama.cpp cannot "
+    "express it. This budget fits 2 CPU threads: a proxy scoring length (768 of 1024 tokens), "
+    "one validation document, a population of 4. A full-size search (scored at the target "
+    "length, a larger population, more generations) belongs on a GPU."
+)
+
+
+def _search_page(root: Path, device: str = "cpu", **changes: Any) -> str:
+    """The page of the ``search`` variant with ``results["search"]`` changed by ``changes``
+    and the run on ``device``."""
+    results = make_results(root, **VARIANTS["search"])
+    results["search"] = search_record(**changes)
+    results["device"] = device
+    out = root / "out"
+    out.mkdir()
+    return write_page(results, out)[-1].read_text(encoding="utf-8")
+
+
+def _said(page: str) -> str:
+    """The search section's paragraph as a user reads it (tags dropped)."""
+    lead = page.split('<section id="search">')[1].split('<p class="lead">')[1].split("</p>")[0]
+    return html.unescape(re.sub(r"<[^>]+>", "", lead))
+
+
+def test_the_search_section_says_what_was_searched_and_found(built: Any) -> None:
+    _, _, page = built("search")
+    assert _said(page) == _SAID
+    assert page.index('id="search"') > page.index('id="cost"')
+
+
+_ONE = search_record()["bands"]["pi"]
+
+
+@pytest.mark.parametrize(
+    ("device", "changes", "sentences"),
+    [
+        (
+            "cpu",
+            {
+                "evaluated": 1,
+                "generations": 1,
+                "seconds": 20.0,
+                "minutes": 0.5,
+                "seeds": {"pi": 9.8},
+                "best": {"ppl": 9.8, "origin": "pi", "generation": 0, "long_factor": _ONE},
+                "best_ppl_by_evaluation": [9.8],
+            },
+            [
+                "It scored 1 candidate in 1 generation, in 0.333 of 0.5 minutes (stopped: the "
+                "next candidate would have run past the budget).",
+                "The best came from the PI seed itself (generation 0), with validation "
+                "perplexity 9.8 against PI 9.8 (NTK and YaRN not scored within the budget).",
+            ],
+        ),
+        (
+            "cpu",
+            {"seeds": {"pi": None, "ntk": 8.6, "yarn": 8.9}, "stopped": "exhausted"},
+            [
+                "(stopped: no new candidate could be drawn)",
+                "against PI not finite, NTK 8.6 and YaRN 8.9.",
+            ],
+        ),
+        (
+            "cuda:0",
+            {"stopped": "evaluations"},
+            [
+                "(stopped: the cap on candidates scored was reached)",
+                "It ran on cuda:0: a proxy scoring length (768 of 1024 tokens), one validation "
+                "document, a population of 4.",
+            ],
+        ),
+        (
+            "cpu",
+            {"length": 1024},
+            [
+                "over its first 1024 tokens (2 L; the evaluation runs to 1024).",
+                "This budget fits 2 CPU threads: one validation document, a population of 4. "
+                "A full-size search (a larger population, more generations) belongs on a GPU.",
+            ],
+        ),
+    ],
+    ids=["budget-after-one", "a-seed-not-finite", "on-a-gpu", "at-the-target-length"],
+)
+def test_the_search_section_says_only_what_the_record_holds(
+    tmp_path: Path, device: str, changes: dict, sentences: list[str]
+) -> None:
+    said = _said(_search_page(tmp_path, device, **changes))
+    for sentence in sentences:
+        assert sentence in said, said
+    assert ("belongs on a GPU" in said) is (device == "cpu")
+
+
+def test_the_factor_of_each_band_beside_the_seeds(built: Any) -> None:
+    results, _, page = built("search")
+    found = results["search"]
+    bands, best = found["bands"], found["best"]["long_factor"]
+    table = page.split('<section id="search">')[1].split("<details>")[1].split("</details>")[0]
+    rows = [
+        f"<tr><td>{i}</td><td>{number(w)}</td><td>{number(best[i], 4)}</td>"
+        + "".join(f"<td>{number(bands[k][i], 4)}</td>" for k in ("pi", "ntk", "yarn"))
+        + "</tr>"
+        for i, w in enumerate(bands["wavelength"])
+    ]
+    head = (
+        "<thead><tr><th>band</th><th>wavelength (tokens)</th><th>best</th><th>PI</th>"
+        "<th>NTK</th><th>YaRN</th></tr></thead>"
+    )
+    assert table == (
+        '<summary>the factor of each band</summary><div class="scroll"><table>'
+        + head
+        + "".join(rows)
+        + "</table></div>"
+    )
+    assert len(rows) == DIM // 2
+
+
+def test_the_export_and_its_read_back_close_the_section(built: Any) -> None:
+    results, _, page = built("search")
+    export = results["search"]["export"]
+    section = page.split('<section id="search">')[1].split("</section>")[0]
+    assert section.endswith(
+        '<h3>Where the best candidate was written</h3><ul id="search-export">'
+        "<li><code>search/config.json</code>: rope_type longrope, short factors all 1, the 32 "
+        "long factors, original_max_position_embeddings 512, factor 2. Checked: "
+        + html.escape(export["transformers"]["checked"])
+        + "</li><li><code>search/tiny-llama.search.gguf</code>: the GGUF copy with the tensors "
+        "<code>rope_factors_long</code> and <code>rope_factors_short</code>. Checked: "
+        + html.escape(export["gguf"]["checked"])
+        + "</li></ul>"
+    )
+
+
+def _lines(ax: Any) -> dict[str, tuple[list, list]]:
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for line in ax.get_lines()
+    }
+
+
+@pytest.mark.parametrize("record", ["whole", "no-bands", "no-history"])
+def test_the_search_figure_draws_what_the_record_holds(tmp_path: Path, record: str) -> None:
+    results = make_results(tmp_path, **VARIANTS["search"])
+    found = results["search"]
+    if record == "no-bands":
+        del found["bands"]
+    if record == "no-history":
+        found["best_ppl_by_evaluation"] = [None]
+    fig = search_plot(results)
+    try:
+        assert _inside(fig)
+        titles = {
+            "whole": ["factor per band", "best validation perplexity by evaluation"],
+            "no-bands": ["best validation perplexity by evaluation"],
+            "no-history": ["factor per band"],
+        }[record]
+        assert [ax.get_title() for ax in fig.axes] == titles
+        for ax, title in zip(fig.axes, titles):
+            lines = _lines(ax)
+            if title == "factor per band":
+                waves = found["bands"]["wavelength"]
+                assert ax.get_xscale() == "log"
+                assert lines["best found"] == (waves, found["best"]["long_factor"])
+                for key, label in (("pi", "PI"), ("ntk", "NTK"), ("yarn", "YaRN")):
+                    assert lines[label] == (waves, found["bands"][key])
+            else:
+                assert lines["best so far"] == (list(range(1, 7)), HISTORY)
+                for key, label in (("pi", "PI"), ("ntk", "NTK"), ("yarn", "YaRN")):
+                    assert lines[label][1] == [SEEDS_PPL[key]] * 2
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_no_search_figure_without_its_data(tmp_path: Path) -> None:
+    results = make_results(tmp_path)
+    assert search_plot(results) is None
+    results["search"] = search_record(bands={}, best_ppl_by_evaluation=[])
+    assert search_plot(results) is None
+
+
 # --- in a real browser ------------------------------------------------------------------------
 
 _FINDINGS = """
@@ -857,7 +1124,10 @@ _FINDINGS = """
 
 
 @in_browser
-@pytest.mark.parametrize(("variant", "width"), [("long-name", 800), ("quick", 1280)])
+@pytest.mark.parametrize(
+    ("variant", "width"),
+    [("long-name", 800), ("quick", 1280), ("search", 800), ("search", 1280)],
+)
 def test_the_page_in_a_browser(built: Any, tmp_path: Path, variant: str, width: int) -> None:
     results, paths, _ = built(variant)
     found = probe(paths[-1], tmp_path, _FINDINGS, width=width)

@@ -217,6 +217,7 @@ def test_self_extend_is_llama_cpps_group_attention_and_refused_elsewhere(
         "grp_attn_w": se.neighbor_window,
     }
     assert any("llama-server" in w for w in item["warnings"])
+    assert any("pos_div" in w and "2 p_old - p_new" in w for w in item["warnings"])
     script = (tmp_path / "emit" / "llama.cpp" / "command.sh").read_text()
     assert item["command"] in script and "llama-server" not in script.splitlines()[-1]
     for engine in ("transformers", "vllm", "sglang", "gguf", "ollama"):

@@ -222,6 +222,53 @@ def test_the_budget_stops_before_the_next_evaluation_and_a_rerun_goes_on(
     assert again.record["evaluated"] == 6 and len(_state(tmp_path)["scored"]) == 6
 
 
+def test_each_evaluation_is_told_with_the_best_so_far(
+    loaded: Loaded, validation: Document, tmp_path: Path
+) -> None:
+    events: list[tuple[str, dict]] = []
+    _search(loaded, validation, tmp_path, on_event=lambda k, i: events.append((k, i)))
+    scored = _state(tmp_path)["scored"]
+    told, spent, best = [], 0.0, None
+    for i, c in enumerate(scored):
+        spent += c["seconds"]
+        if best is None or c["nll"] < best["nll"]:
+            best = c
+        told.append(
+            (
+                "search",
+                {
+                    "done": i + 1,
+                    "nll": c["nll"],
+                    "generation": c["generation"],
+                    "origin": c["origin"],
+                    "seconds": spent,
+                    "budget": 3600.0,
+                    "evaluations": 12,
+                    "best": {"nll": best["nll"], "origin": best["origin"]},
+                },
+            )
+        )
+    assert events == told
+
+
+@pytest.mark.parametrize(("population", "evaluations"), [(4, 4), (4, 5), (8, 3)])
+def test_the_record_holds_the_bands_and_the_generations_scored(
+    loaded: Loaded, validation: Document, tmp_path: Path, population: int, evaluations: int
+) -> None:
+    result = _search(loaded, validation, tmp_path, population=population, evaluations=evaluations)
+    scored = _state(tmp_path)["scored"]
+    assert result.record["generations"] == len({c["generation"] for c in scored})
+    assert result.record["generations"] == (1 if evaluations <= population else 2)
+    rope = rotary_from_config(loaded.model.config, layer_type=None)
+    plain, _ = rope_frequencies(rope.rotary_dim, base=rope.base)
+    bands = result.record["bands"]
+    np.testing.assert_array_equal(bands["wavelength"], (2 * math.pi / plain).tolist())
+    firsts = {c["origin"]: c["factors"] for c in scored[:3]}
+    for name in ("pi", "ntk", "yarn"):  # as scored, whether the budget reached them or not
+        assert bands[name] == firsts.get(name, bands[name])
+        assert len(bands[name]) == rope.rotary_dim // 2
+
+
 def _tampered(out: Path, change: Any) -> None:
     state = _state(out)
     change(state)
@@ -427,6 +474,36 @@ def test_a_resumed_run_keeps_the_search_and_its_units(run: tuple[Path, dict], ll
     assert json.loads(json.dumps(again["records"])) == json.loads(json.dumps(results["records"]))
 
 
+def test_the_page_of_a_run_with_a_search(run: tuple[Path, dict], tmp_path: Path) -> None:
+    import base64
+    import html
+    import io
+    import re
+
+    import matplotlib.image
+
+    from posenc.extend.page import write_page
+
+    _, results = run
+    found = results["search"]
+    paths = write_page(results, tmp_path)
+    assert [p.name for p in paths] == ["ppl_by_position.png", "search.png", "index.html"]
+    page = paths[-1].read_text(encoding="utf-8")
+    section = page.split('<section id="search">')[1].split("</section>")[0]
+    text = html.unescape(re.sub(r"<[^>]+>", "", section))
+    n = found["evaluated"]
+    assert f"of {found['validation']['name']}, a standard-library source" in text
+    assert f"over its first {TARGET} tokens (2 L; the evaluation runs to {TARGET})" in text
+    assert f"It scored {n} candidate{'' if n == 1 else 's'} in {found['generations']} " in text
+    assert f"with validation perplexity {found['best']['ppl']:.4g} against PI " in text
+    assert "search/config.json: rope_type longrope, short factors all 1" in text
+    assert str(tmp_path) not in text
+    image = re.search(r'base64,([A-Za-z0-9+/=]+)"[^>]*data-file="search.png"', page)
+    assert image is not None
+    pixels = matplotlib.image.imread(io.BytesIO(base64.b64decode(image[1])), format="png")
+    assert pixels.shape[0] > 100 and pixels.shape[1] > 100
+
+
 # --- the command ------------------------------------------------------------------------------
 
 
@@ -444,6 +521,10 @@ def test_the_command_searches_and_writes_the_export(capsys, llama: Path, tmp_pat
     search = {r["key"] for r in results["records"] if r["scaling"] == "search"}
     assert search == {"search-96-2", "search-128-2"}  # the lengths measured (--lengths 1.5, 2)
     assert (out / "search" / "config.json").is_file() and (out / STATE_FILE).is_file()
+    lines = [line for line in err.splitlines() if line.startswith("search: candidate ")]
+    assert len(lines) == results["search"]["evaluated"]  # one line per evaluation
+    best = results["search"]["best"]
+    assert f"best {best['ppl']:.4g} ({best['origin']})" in lines[-1]
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ posenc extend MODEL.gguf --search 30 --lengths 1.5 --search-length 1.5    # sear
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -332,13 +333,39 @@ def _save(settings: Any, results: dict[str, Any], save: str) -> None:
     typer.echo(f"saved {name} (factor {factor:g}) for {target} tokens in {where}")
 
 
+def _ppl(nll: float | None) -> str:
+    if nll is None:
+        return "not finite"
+    return f"{math.exp(nll):.4g}" if nll < 700 else f"e^{nll:.0f}"
+
+
+def _search_line(info: dict[str, Any]) -> str:
+    """A ``search`` event in words: ``search: candidate 5 of ~40 (mutation), ppl 12.34,
+    best 11.9 (yarn), 3.2 of 10 min``; the count to come is the budget over the mean
+    seconds of a candidate so far (at most the cap on evaluations)."""
+    done, seconds, budget = info["done"], info["seconds"], info["budget"]
+    about = ""
+    if seconds > 0:
+        count = max(done, math.floor(budget * done / seconds))
+        if info.get("evaluations") is not None:
+            count = min(count, info["evaluations"])
+        about = f" of ~{count}"
+    best = info["best"]
+    found = _ppl(best["nll"]) + ("" if best["nll"] is None else f" ({best['origin']})")
+    return (
+        f"search: candidate {done}{about} ({info['origin']}), ppl {_ppl(info['nll'])}, "
+        f"best {found}, {seconds / 60:.1f} of {budget / 60:g} min"
+    )
+
+
 @contextlib.contextmanager
-def _progress() -> Iterator[Any]:
-    """One rich bar per unit on stderr (none where stderr is not a terminal)."""
+def _progress(console: Any = None) -> Iterator[Any]:
+    """One rich bar per unit on stderr (none where stderr is not a terminal), and a line
+    per candidate the factor search scores (:func:`_search_line`, always)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    console = console or Console(stderr=True)
     with Progress(
         TextColumn("{task.description:<28}"),
         BarColumn(),
@@ -358,6 +385,8 @@ def _progress() -> Iterator[Any]:
                 current[0] = tasks[label] = bar.add_task(label, total=None)
             elif kind == "step" and current[0] is not None:
                 bar.update(current[0], completed=info["done"], total=info["total"])
+            elif kind == "search":  # above the bars on a terminal, a plain line elsewhere
+                console.print(_search_line(info), markup=False, highlight=False, soft_wrap=True)
             elif kind == "done" and current[0] is not None:
                 # full whether it ran, took another unit's numbers or was resumed (no steps)
                 bar.update(current[0], completed=1, total=1)

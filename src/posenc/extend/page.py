@@ -4,11 +4,11 @@ The page is the report's shell and style (:mod:`posenc._pages`), and shows only 
 measured, in the order a user needs it: the answer's lead line first (``answer["lead"]``;
 a hybrid model's note beside it), then the effective length of each setting, the position
 maps' parameters, each probe task's bar, the probe scores with their 95 % Wilson
-intervals, perplexity, the cost, the setting written for each engine (``results["emit"]``;
-for a position map, the ``patch(model, scaling=...)`` that runs it) and the model's
-identity and settings as a table. A section, a
-figure or a column with nothing measured behind it is left out (no probe ran: no probe
-table, no ``probes.png``).
+intervals, perplexity, the cost, the factor search (:mod:`posenc.extend.page_search`),
+the setting written for each engine (``results["emit"]``; for a position map, the
+``patch(model, scaling=...)`` that runs it) and the model's identity and settings as a
+table. A section, a figure or a column with nothing measured behind it is left out (no
+probe ran: no probe table, no ``probes.png``; no search: no ``search.png``).
 
 Two settings are ordered only where the answer's verdicts (the project's one comparison
 rule, :func:`posenc.experiments.comparisons.paired_verdict`) say so; anything else is
@@ -39,6 +39,7 @@ from posenc.extend.page_figures import (
     probe_tasks,
     setting_name,
 )
+from posenc.extend.page_search import SEARCH_FIGURE, search_plot, search_section
 from posenc.extend.page_sections import (
     bar_section,
     cost_section,
@@ -55,7 +56,7 @@ __all__ = ["write_page"]
 PPL_FIGURE, PROBE_FIGURE, INDEX = "ppl_by_position.png", "probes.png", "index.html"
 #: Figures an earlier run may have left that this page does not draw (``passkey.png``:
 #: before the probes).
-_FIGURES = (PPL_FIGURE, PROBE_FIGURE, "passkey.png")
+_FIGURES = (PPL_FIGURE, PROBE_FIGURE, SEARCH_FIGURE, "passkey.png")
 
 
 def _chosen_map(results: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -318,6 +319,7 @@ _NAV = {
     "probes": "Probes",
     "perplexity": "Perplexity",
     "cost": "Cost",
+    "search": "Search",
     "engines": "Engines",
     "model": "Model",
     "settings": "Settings",
@@ -333,8 +335,9 @@ def _figure(out: Path, name: str, fig: Any, written: list[Path]) -> str:
 
 
 def write_page(results: Mapping[str, Any], out: Path) -> list[Path]:
-    """Write the figures of what was measured (``ppl_by_position.png``, and
-    ``probes.png`` when a probe ran) and ``index.html`` into ``out``, each atomically;
+    """Write the figures of what was measured (``ppl_by_position.png``, ``probes.png``
+    when a probe ran, ``search.png`` after a factor search) and ``index.html`` into
+    ``out``, each atomically;
     returns their paths, the page last. A figure of an earlier run that this one does not
     draw is removed."""
     written: list[Path] = []
@@ -342,9 +345,12 @@ def write_page(results: Mapping[str, Any], out: Path) -> list[Path]:
     titles = {
         PPL_FIGURE: "perplexity by position per scaling, one panel per length",
         PROBE_FIGURE: "probe score by length per setting, 95% Wilson intervals",
+        SEARCH_FIGURE: "the searched factor per band beside PI's, NTK's and YaRN's; the best "
+        "validation perplexity by evaluation",
     }
     ppl = _figure(out, PPL_FIGURE, ppl_plot(results), written)
     probes = _figure(out, PROBE_FIGURE, probe_plot(results), written)
+    searched = _figure(out, SEARCH_FIGURE, search_plot(results), written)
     for stale in set(_FIGURES) - {p.name for p in written}:
         (out / stale).unlink(missing_ok=True)
     sections = {
@@ -354,6 +360,7 @@ def write_page(results: Mapping[str, Any], out: Path) -> list[Path]:
         "probes": probe_section(results, tasks, probes) if tasks else "",
         "perplexity": ppl_section(results, ppl),
         "cost": cost_section(results, bool(tasks)),
+        "search": search_section(results, searched),
         "engines": _engines_section(results),
         "model": _model_section(results),
         "settings": _settings_section(results),

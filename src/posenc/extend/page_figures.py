@@ -30,8 +30,10 @@ __all__ = [
     "ppl_plot",
     "probe_plot",
     "probe_tasks",
+    "scaling_color",
     "setting_name",
     "settings_of",
+    "short_name",
 ]
 
 DPI = 110
@@ -42,6 +44,7 @@ _COLORS = {
     name: _PALETTE[i % len(_PALETTE)] for i, name in enumerate((NONE, *FACTOR_SCALINGS, *REMAPS))
 }
 _COLORS[CONFIG] = "#ff7f0e"
+_OTHER = "#17becf"  # a scaling of no registry's (the searched factors)
 _STYLES = ("-", "--", "-.", ":")
 _MARKERS = ("o", "s", "^", "D", "v")
 #: The longest model name a title shows whole; a longer one keeps its two ends.
@@ -57,6 +60,11 @@ def display_name(model: Mapping[str, Any]) -> str:
     its ``path``) where that is a path on this machine."""
     name = str(model.get("name") or "") or Path(str(model.get("path") or "model")).name
     return Path(name).name if os.path.isabs(name) or name.startswith("~") else name
+
+
+def scaling_color(scaling: str) -> str:
+    """The color of ``scaling`` in every figure of the page."""
+    return _COLORS.get(scaling, _OTHER)
 
 
 def setting_name(scaling: str, factor: float) -> str:
@@ -103,6 +111,12 @@ def _short(name: str) -> str:
         return name
     half = (_NAME_MAX - 1) // 2
     return f"{name[:half]}\N{HORIZONTAL ELLIPSIS}{name[-half:]}"
+
+
+def short_name(model: Mapping[str, Any]) -> str:
+    """The model's name as a figure's title shows it: :func:`display_name`, its two ends
+    kept where it is long."""
+    return _short(display_name(model))
 
 
 def fit_title(fig: Any, text: str, *, fontsize: float = 11) -> Any:
@@ -174,7 +188,7 @@ def ppl_plot(results: Mapping[str, Any]) -> Any:
                 "--" if at_cost else "-",
                 marker="o",
                 ms=3,
-                color=_COLORS.get(r["scaling"], "#17becf"),
+                color=scaling_color(r["scaling"]),
             )
             handles.setdefault(r["scaling"], line)
         ax.axvline(trained, color="k", lw=0.8, ls=":")
@@ -183,7 +197,7 @@ def ppl_plot(results: Mapping[str, Any]) -> Any:
         ax.set_title(f"{length} tokens", fontsize=10)
     axes[0][0].set_ylabel("perplexity (bucket)")
     _legend(fig, handles, 6)
-    name = _short(display_name(results["model"]))
+    name = short_name(results["model"])
     fit_title(fig, f"{name}: perplexity by position (trained context {trained}, dotted)")
     return fig
 
@@ -224,7 +238,7 @@ def probe_plot(results: Mapping[str, Any]) -> Any:
                 [lengths.index(n) + _dodge(i, len(groups)) for n, _ in cells],
                 y,
                 yerr=spread,
-                color=_COLORS.get(scaling, "#17becf"),
+                color=scaling_color(scaling),
                 ls=_STYLES[style % len(_STYLES)],
                 marker=_MARKERS[style % len(_MARKERS)],
                 ms=4,

@@ -191,7 +191,8 @@ class SearchResult:
         ppl: its validation perplexity.
         record: what ``results.json`` keeps (``run_search``'s record: the validation
             document, lengths, counts, seconds, why it stopped, each seed's and the best
-            perplexity and origin, the best perplexity after each evaluation).
+            perplexity and origin, the best perplexity after each evaluation, and
+            ``bands``: each band's wavelength and the seeds' factors, as scored).
     """
 
     scaling: dict[str, Any]
@@ -225,7 +226,9 @@ def run_search(
     """Search the long factors of ``loaded`` for ``target`` tokens for ``minutes`` (module
     docstring), scoring on ``validation``'s first ``length`` tokens; with ``resume``,
     continue ``out/search.json`` (else start over). ``evaluations`` caps the candidates
-    scored (across resumes); ``on_event("search", info)`` follows each one.
+    scored (across resumes); ``on_event("search", info)`` follows each one (``info``: the
+    count scored, its ``nll``, ``origin`` and ``generation``, the ``seconds`` spent of the
+    ``budget``, the cap on ``evaluations`` and the ``best`` so far: its ``nll``, ``origin``).
 
     Raises:
         PosEncError: ``length`` not above ``L`` or longer than ``validation``, ``target``
@@ -254,8 +257,8 @@ def run_search(
     )
     path = make_out_dir(out) / S.STATE_FILE
     state = S.read_state(path, wanted, cap) if resume else None
+    seeds = seed_factors(rope.rotary_dim, float(rope.base), factor, trained)
     if state is None:
-        seeds = seed_factors(rope.rotary_dim, float(rope.base), factor, trained)
         state = {
             "fingerprint": wanted,
             "generation": 0,
@@ -266,7 +269,10 @@ def run_search(
         S.write_state(path, state)
     stop = _Stop(minutes * 60.0, evaluations)
     stopped = _evaluate(loaded, state, list(validation.ids[:length]), path, stop, on_event)
-    return _result(state, validation, minutes=minutes, stopped=stopped, trained=trained)
+    wavelengths = 2 * math.pi / _frequencies(rope.rotary_dim, float(rope.base), None)
+    bands = {"wavelength": wavelengths.tolist()}
+    bands.update({n: project(seeds[n], cap).tolist() for n in _SEEDS})
+    return _result(state, validation, minutes=minutes, stopped=stopped, bands=bands)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,16 +316,32 @@ def _evaluate(
         state["seconds"] += seconds
         S.write_state(path, state)
         if on_event is not None:
+            best = _ranked(state["scored"])[0]
             on_event(
                 "search",
-                {"done": len(state["scored"]), "nll": nll, "generation": state["generation"]},
+                {
+                    "done": len(state["scored"]),
+                    "nll": nll,
+                    "generation": state["generation"],
+                    "origin": candidate["origin"],
+                    "seconds": state["seconds"],
+                    "budget": stop.seconds,
+                    "evaluations": stop.evaluations,
+                    "best": {"nll": best["nll"], "origin": best["origin"]},
+                },
             )
 
 
 def _result(
-    state: dict[str, Any], validation: Document, *, minutes: float, stopped: str, trained: int
+    state: dict[str, Any],
+    validation: Document,
+    *,
+    minutes: float,
+    stopped: str,
+    bands: dict[str, list[float]],
 ) -> SearchResult:
     fp = state["fingerprint"]
+    trained = fp["trained"]
     scored = state["scored"]
     best = _ranked(scored)[0]
     if best["nll"] is None:
@@ -344,7 +366,7 @@ def _result(
         "minutes": minutes,
         "seconds": state["seconds"],
         "evaluated": len(scored),
-        "generations": state["generation"] + 1,
+        "generations": scored[-1]["generation"] + 1,  # those with a candidate scored
         "stopped": stopped,
         "seeds": {c["origin"]: _ppl(c["nll"]) for c in scored if c["origin"] in _SEEDS},
         "best": {
@@ -354,6 +376,7 @@ def _result(
             "long_factor": best["factors"],
         },
         "best_ppl_by_evaluation": history,
+        "bands": bands,
     }
     scaling = search_scaling(best["factors"], trained, fp["target"])
     return SearchResult(scaling=scaling, ppl=math.exp(best["nll"]), record=record)

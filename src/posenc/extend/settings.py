@@ -170,15 +170,16 @@ class ExtendSettings:
         """The settings of a run, every option checked (``PosEncError`` naming it).
 
         ``quick=True`` sets, unless given: ``to=1.5``, ``multiples=(to,)``, one document,
-        one haystack, and the scalings of :data:`QUICK_SCALINGS` (``none``, ``yarn``,
-        ``self-extend``, ``string`` and ``config``), to fit five minutes for a 135M model
-        on 2 cores.
+        one haystack asking the passkey only, and the scalings of :data:`QUICK_SCALINGS`
+        (``none``, ``yarn``, ``self-extend``, ``string`` and ``config``), to fit five
+        minutes for a 135M model on 2 cores.
         """
         if options.get("quick"):
             quick = {
                 "to": 1.5,
                 "documents": 1,
                 "trials": 1,
+                "tasks": ["passkey"],
                 "scalings": [s for s in QUICK_SCALINGS if s in SCALING_NAMES],
             }
             options = {**quick, **{k: v for k, v in options.items() if v is not None}}
