@@ -34,7 +34,7 @@ typecheck: $(STAMP)
 # haystack of probes per unit), the chosen setting written for every engine, into extend/
 # (index.html first).
 SMOLLM2 := .cache/models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
-EXTEND_ARGS ?= --lengths 1,2 --documents 2 --trials 1
+EXTEND_ARGS ?= --lengths 1,2 --documents 2 --trials 1 --search 10
 
 $(SMOLLM2): | $(STAMP)
 	$(BIN)/python scripts/fetch_models.py smollm2

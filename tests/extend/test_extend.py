@@ -91,12 +91,13 @@ def test_plan_units_none_everywhere_each_scaling_at_its_factor(llama: Path) -> N
     ]
 
 
-def test_quick_is_none_at_L_and_none_yarn_and_the_maps_at_1_5_L(llama: Path) -> None:
+def test_quick_is_none_and_the_maps_at_1_25_L_asking_the_passkey(llama: Path) -> None:
     settings = ExtendSettings.from_options(llama, quick=True)
-    assert (settings.to, settings.documents, settings.trials) == (1.5, 1, 1)
+    assert (settings.to, settings.documents, settings.trials) == (1.25, 1, 1)
+    assert settings.tasks == ("passkey",)
     units = plan_units(settings, settings.lengths_for(8192), 8192, configured=False)
-    assert units == [("none", 8192, 1.0), ("none", 12288, 1.0)] + [
-        (s, 12288, 1.5) for s in ("yarn", "self-extend", "string")
+    assert units == [("none", 8192, 1.0), ("none", 10240, 1.0)] + [
+        (s, 10240, 1.25) for s in ("self-extend", "string")
     ]
     given = ExtendSettings.from_options(llama, quick=True, scalings=["none", "linear"])
     assert given.scalings == ("none", "linear")  # what is given wins over --quick's

@@ -165,7 +165,7 @@ Quick = Annotated[
     bool,
     typer.Option(
         "--quick",
-        help="One document and one haystack; none at L, and none, yarn, self-extend, string at 1.5L: a few minutes for SmolLM2-135M on 2 cores.",
+        help="One document, one haystack asking the passkey; none at L, and none, self-extend, string at 1.25L: five minutes for SmolLM2-135M on 2 cores.",
     ),
 ]
 Resume = Annotated[

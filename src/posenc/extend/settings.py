@@ -86,9 +86,9 @@ REMAPS = (SELF_EXTEND, STRING)
 MAP_TYPE = {SELF_EXTEND: "self_extend", STRING: "string"}
 #: The scalings ``posenc extend`` knows, in the order they are measured and shown.
 SCALING_NAMES = (NONE, *FACTOR_SCALINGS, *REMAPS, CONFIG)
-#: ``--quick``'s scalings: none, YaRN (level with NTK and dynamic past ``L`` on SmolLM2) and
-#: the two maps; linear (several times the perplexity at ``L``), static and dynamic NTK left out.
-QUICK_SCALINGS = (NONE, "yarn", *REMAPS, CONFIG)
+#: ``--quick``'s scalings: none and the two maps (STRING past ``L`` runs with YaRN); the
+#: formula scalings are left to the full run, as a remapped prefill costs about two plain ones.
+QUICK_SCALINGS = (NONE, *REMAPS, CONFIG)
 
 
 def trained_fields(name: str) -> tuple[str, ...]:
@@ -136,8 +136,8 @@ class ExtendSettings:
             ``"auto"`` (several GPUs).
         context: the trained context ``L`` when given (default: the config's
             ``max_position_embeddings``).
-        quick: a short run (one document and one haystack; ``none`` at ``L``, and
-            ``none``, ``yarn``, ``self-extend`` and ``string`` at ``1.5 L``).
+        quick: a short run (one document, one haystack asking the passkey; ``none`` at
+            ``L``, and ``none``, ``self-extend`` and ``string`` at ``1.25 L``).
         search, search_length, search_population: the per-band factor search
             (:mod:`posenc.extend.search`): its budget in minutes (None: no search), its
             scoring length (one of ``multiples`` above 1; default ``to``), its population.
@@ -169,14 +169,14 @@ class ExtendSettings:
     def from_options(cls, model: str | Path, **options: Any) -> ExtendSettings:
         """The settings of a run, every option checked (``PosEncError`` naming it).
 
-        ``quick=True`` sets, unless given: ``to=1.5``, ``multiples=(to,)``, one document,
+        ``quick=True`` sets, unless given: ``to=1.25``, ``multiples=(to,)``, one document,
         one haystack asking the passkey only, and the scalings of :data:`QUICK_SCALINGS`
-        (``none``, ``yarn``, ``self-extend``, ``string`` and ``config``), to fit five
-        minutes for a 135M model on 2 cores.
+        (``none``, ``self-extend``, ``string`` and ``config``), to fit five minutes for a
+        135M model on 2 cores.
         """
         if options.get("quick"):
             quick = {
-                "to": 1.5,
+                "to": 1.25,
                 "documents": 1,
                 "trials": 1,
                 "tasks": ["passkey"],

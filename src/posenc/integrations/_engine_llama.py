@@ -327,6 +327,11 @@ def group_attention(req: Request, group: int, window: int) -> EngineSetting:
         "divides the positions held in the KV cache, a block of grp_attn_w at a time, so each "
         "key has one position for every query (tools/completion/completion.cpp); LongLM "
         "merges a neighbour attention and a grouped one per pair, which is what was measured",
+        "llama.cpp rotates the keys its group attention divides the wrong way: "
+        "llama_kv_cells::pos_div adds p_old - p_new to the pending shift where pos_add adds "
+        f"the move p_new - p_old (src/llama-kv-cells.h, {_SOURCE}), so a divided key lands at "
+        "2 p_old - p_new; posenc's check replays it (benchmarks/engines.py): expect a far "
+        "higher perplexity than posenc measured until llama.cpp fixes it",
     ]
     return EngineSetting("llama.cpp", command, settings, tuple(warnings))
 

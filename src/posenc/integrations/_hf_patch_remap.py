@@ -102,7 +102,9 @@ def _context_factor(nested: Any) -> float:
     its ``full_attention`` entry in the per-layer-type form; 1 without one)."""
     if isinstance(nested, Mapping) and "factor" not in nested:
         nested = nested.get("full_attention", nested.get(None))
-    factor = nested.get("factor") if isinstance(nested, Mapping) else getattr(nested, "factor", None)
+    factor = (
+        nested.get("factor") if isinstance(nested, Mapping) else getattr(nested, "factor", None)
+    )
     if isinstance(factor, (int, float)) and not isinstance(factor, bool) and factor > 1:
         return float(factor)
     return 1.0
