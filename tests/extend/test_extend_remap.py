@@ -130,8 +130,8 @@ def test_the_quick_run_plans_both_maps(llama: Path) -> None:
     settings = ExtendSettings.from_options(llama, quick=True)
     units = plan_units(settings, settings.lengths_for(1000), 1000, configured=False)
     assert [u for u in units if u[0] in ("self-extend", "string")] == [
-        ("self-extend", 1500, 1.5),
-        ("string", 1500, 1.5),
+        ("self-extend", 1250, 1.25),
+        ("string", 1250, 1.25),
     ]
 
 
