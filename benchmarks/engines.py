@@ -63,7 +63,6 @@ import json
 import math
 import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -634,6 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{MODEL} is missing: python scripts/fetch_models.py smollm2", file=sys.stderr)
         return 1
     import torch
+    from _record import record_head
 
     from posenc.extend.data import documents
     from posenc.extend.model import load_model
@@ -670,9 +670,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdict = all(r["pass"] for r in scaled_rows)
     print(f"\n{'PASS' if verdict else 'FAIL'}: (a) and (b) within {100 * BAR:g}% of posenc")
     result = {
-        "benchmark": "engines",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **record_head("engines"),
         "model": {
             "file": MODEL.name,
             "trained": loaded.trained,

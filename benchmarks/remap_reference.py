@@ -42,11 +42,9 @@ versions of both sides and the SHA-256 of the reference files that ran.
 from __future__ import annotations
 
 import argparse
-import datetime
 import hashlib
 import json
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -537,6 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.reference_only:
         return 0
     import torch
+    from _record import record_head
 
     torch.set_num_threads(1)
     logits = {name: side["logits"] for name, side in sides.items()}
@@ -546,9 +545,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = all(r["pass"] for r in results)
     print(f"\n{'PASS' if ok else 'FAIL'}: every comparison as expected (tol {TOL:g})")
     record = {
-        "benchmark": "remap_reference",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        **record_head("remap_reference"),
         "config": CONFIG,
         "seed": SEED,
         "tokens": len(ids),

@@ -55,6 +55,7 @@ def run_length(s: int, repeats: int) -> list[dict[str, Any]]:
     q, k, v = torch.randn(1, h, s, d), torch.randn(1, hk, s, d), torch.randn(1, hk, s, d)
     enc = posenc.RotaryEmbedding(d)
     pos = torch.arange(s)
+    common: dict[str, Any] = {"rotate": _rotate(enc), "q_positions": pos, "k_positions": pos}
     rows = []
     with torch.no_grad():
         floor, _ = _time(lambda: posenc.attention(q, k, v, encoding=enc, causal=True), repeats)
@@ -67,16 +68,7 @@ def run_length(s: int, repeats: int) -> list[dict[str, Any]]:
             for path, backend in (("fused", "auto"), ("chunked", "chunked")):
 
                 def call(backend: str = backend, pmap: Any = pmap) -> torch.Tensor:
-                    return remapped_attention(
-                        q,
-                        k,
-                        v,
-                        rotate=_rotate(enc),
-                        position_map=pmap,
-                        q_positions=pos,
-                        k_positions=pos,
-                        backend=backend,
-                    )
+                    return remapped_attention(q, k, v, position_map=pmap, backend=backend, **common)
 
                 t, outs[path] = _time(call, repeats)
                 rows.append(

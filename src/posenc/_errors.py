@@ -30,7 +30,9 @@ __all__ = [
     "check_int",
     "check_last_dim",
     "check_positions",
+    "check_qkv",
     "check_same_device",
+    "check_scale",
     "check_tensor",
     "check_traced",
     "describe",
@@ -331,6 +333,34 @@ def check_tensor(name: str, value: Any, *, floating: bool | None = None) -> torc
     if floating is True and not value.is_floating_point():
         raise PosEncError(f"{name} must have a floating-point dtype, got {value.dtype}")
     return value
+
+
+def check_qkv(q: Any, k: Any, v: Any) -> None:
+    """Raise unless ``q``, ``k`` and ``v`` are floating tensors ``[b, h, s, d]`` of one dtype
+    on one device (how their sizes must agree is the caller's rule)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, floating=True)
+        if t.ndim != 4:
+            raise PosEncError(f"{name} must be [b, h, s, d], got shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise PosEncError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise PosEncError(
+            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
+        )
+
+
+def check_scale(scale: Any, d: int, dtype: torch.dtype, *, why: str = "") -> float:
+    """Return ``scale`` (attention's logit multiplier) if ``scale > 0`` and ``scale * d`` is
+    finite in ``dtype`` (q's, of head dim ``d``); ``why`` follows that rule in the message."""
+    scale = check_float("scale", scale, min=0.0, min_exclusive=True)
+    top = float(torch.finfo(dtype).max) / d
+    if scale > top:
+        raise PosEncError(
+            f"scale must be <= {top:.4g} (scale * head_dim finite in {dtype}, q's dtype{why}), "
+            f"got {scale:g}"
+        )
+    return scale
 
 
 def check_dtype(name: str, value: Any, *, floating: bool = True) -> torch.dtype:

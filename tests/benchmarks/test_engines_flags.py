@@ -1,6 +1,7 @@
 """``benchmarks/engines.py``: the llama.cpp flags ``posenc extend --emit`` writes, as
-``llama_cpp.Llama`` arguments (a flag it does not know is refused, never dropped), and the
-float64 perplexity it computes from llama.cpp's logits."""
+``llama_cpp.Llama`` arguments (a flag it does not know is refused, never dropped), Self-Extend's
+group-attention flags as llama-completion's arguments, and the float64 perplexity it computes
+from llama.cpp's logits."""
 
 from __future__ import annotations
 
@@ -73,29 +74,64 @@ def test_flags_become_llama_arguments(flags: str, expected: dict[str, Any]) -> N
     assert {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in expected.items()}
 
 
-REFUSED = {
-    "unknown flag": ("-c 16384 --grp-attn-n 4", "'--grp-attn-n' is not one"),
-    "unknown flag, = form": ("--rope-theta=1e5", "'--rope-theta' is not one"),
-    "no value": ("-c", "has no value"),
-    "twice": ("-c 8 -c 16", "already set"),
-    "same argument, two spellings": ("-c 8 --ctx-size 16", "already set"),
-    "bad scaling type": ("--rope-scaling dynamic", "must be one of none, linear, yarn"),
-    "zero scale": ("--rope-scale 0", "must be positive"),
-    "nan": ("--yarn-attn-factor nan", "finite"),
-    "negative context": ("-c -5", "positive integer"),
-    "override without type": ("--override-kv llama.context_length=16384", "KEY=TYPE:VALUE"),
-    "override with a bad type": ("--override-kv a=u32:3", "type must be int"),
-    "override bool": ("--override-kv a=bool:yes", "true or false"),
-    "override twice": ("--override-kv a=int:1 --override-kv a=int:2", "given twice"),
-    "override twice in one list": ("--override-kv a=int:1,a=int:2", "given twice"),
-    "override list, one bad": ("--override-kv a=int:1,b", "KEY=TYPE:VALUE"),
+GROUP_CASES = {
+    "emitted": (
+        "--rope-scaling none --rope-freq-base 100000.0 --grp-attn-n 8 --grp-attn-w 2048 "
+        "--batch-size 2048",
+        ({**D, "rope_scaling_type": 0, "rope_freq_base": 1e5}, 8, 2048, 2048),
+    ),
+    "= form, no batch size": (
+        "--grp-attn-n=4 --grp-attn-w=1024 -c 16384",
+        ({**D, "n_ctx": 16384}, 4, 1024, 2048),
+    ),
 }
 
 
-@pytest.mark.parametrize("flags, message", list(REFUSED.values()), ids=list(REFUSED))
-def test_flags_not_understood_are_refused(flags: str, message: str) -> None:
+@pytest.mark.parametrize("flags, expected", list(GROUP_CASES.values()), ids=list(GROUP_CASES))
+def test_group_attention_args(flags: str, expected: tuple) -> None:
+    assert engines.group_attention_args(flags.split()) == expected
+
+
+# each reader of flags: llama_cpp.Llama's arguments (llama), llama-completion's group
+# attention (group); the case, the reader, the flags, what the message says
+REFUSED = {
+    "unknown flag": ("llama", "-c 16384 --grp-attn-n 4", "'--grp-attn-n' is not one"),
+    "unknown flag, = form": ("llama", "--rope-theta=1e5", "'--rope-theta' is not one"),
+    "no value": ("llama", "-c", "has no value"),
+    "twice": ("llama", "-c 8 -c 16", "already set"),
+    "same argument, two spellings": ("llama", "-c 8 --ctx-size 16", "already set"),
+    "bad scaling type": ("llama", "--rope-scaling dynamic", "must be one of none, linear, yarn"),
+    "zero scale": ("llama", "--rope-scale 0", "must be positive"),
+    "nan": ("llama", "--yarn-attn-factor nan", "finite"),
+    "negative context": ("llama", "-c -5", "positive integer"),
+    "override without type": (
+        "llama",
+        "--override-kv llama.context_length=16384",
+        "KEY=TYPE:VALUE",
+    ),
+    "override with a bad type": ("llama", "--override-kv a=u32:3", "type must be int"),
+    "override bool": ("llama", "--override-kv a=bool:yes", "true or false"),
+    "override twice": ("llama", "--override-kv a=int:1 --override-kv a=int:2", "given twice"),
+    "override twice in one list": ("llama", "--override-kv a=int:1,a=int:2", "given twice"),
+    "override list, one bad": ("llama", "--override-kv a=int:1,b", "KEY=TYPE:VALUE"),
+    "group: no W": ("group", "--grp-attn-n 4", "needs --grp-attn-w"),
+    "group: no G or W": ("group", "-c 8", "needs --grp-attn-n and --grp-attn-w"),
+    "group: twice": ("group", "--grp-attn-n 4 --grp-attn-w 8 --grp-attn-n 2", "given twice"),
+    "group: no value": ("group", "--grp-attn-w 8 --grp-attn-n", "has no value"),
+    "group: zero": ("group", "--grp-attn-n 0 --grp-attn-w 8", "positive integer"),
+    "group: another flag": (
+        "group",
+        "--grp-attn-n 2 --grp-attn-w 8 --flash-attn on",
+        "'--flash-attn' is not",
+    ),
+}
+READERS = {"llama": engines.llama_kwargs, "group": engines.group_attention_args}
+
+
+@pytest.mark.parametrize("reader, flags, message", list(REFUSED.values()), ids=list(REFUSED))
+def test_flags_not_understood_are_refused(reader: str, flags: str, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        engines.llama_kwargs(flags.split())
+        READERS[reader](flags.split())
 
 
 def test_server_defaults_are_llama_cpps() -> None:

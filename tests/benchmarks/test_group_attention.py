@@ -1,6 +1,6 @@
-"""``benchmarks/group_attention.py`` and the Self-Extend parts of ``benchmarks/engines.py``:
-llama-completion's group-attention procedure (batches, cache moves), the relative positions
-it gives, its replay in transformers, and the emitted flags read back."""
+"""``benchmarks/group_attention.py``: llama-completion's group-attention procedure (batches,
+cache moves), the relative positions it gives, and its replay in transformers (the emitted
+flags read back by ``benchmarks/engines.py``: ``test_engines_flags.py``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ def _load(name: str) -> Any:
 
 
 ga = _load("group_attention")
-engines = _load("engines")
 Batch, Move = ga.Batch, ga.Move
 
 
@@ -163,37 +162,3 @@ def test_torch_replay_turns_cached_keys_to_their_moved_positions(rotation: str) 
         ]
     )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-CASES = {
-    "emitted": (
-        "--rope-scaling none --rope-freq-base 100000.0 --grp-attn-n 8 --grp-attn-w 2048 "
-        "--batch-size 2048",
-        ({**engines.SERVER_DEFAULTS, "rope_scaling_type": 0, "rope_freq_base": 1e5}, 8, 2048, 2048),
-    ),
-    "= form, no batch size": (
-        "--grp-attn-n=4 --grp-attn-w=1024 -c 16384",
-        ({**engines.SERVER_DEFAULTS, "n_ctx": 16384}, 4, 1024, 2048),
-    ),
-}
-
-
-@pytest.mark.parametrize("flags, expected", list(CASES.values()), ids=list(CASES))
-def test_group_attention_args(flags: str, expected: tuple) -> None:
-    assert engines.group_attention_args(flags.split()) == expected
-
-
-REFUSED = {
-    "no W": ("--grp-attn-n 4", "needs --grp-attn-w"),
-    "no G or W": ("-c 8", "needs --grp-attn-n and --grp-attn-w"),
-    "twice": ("--grp-attn-n 4 --grp-attn-w 8 --grp-attn-n 2", "given twice"),
-    "no value": ("--grp-attn-w 8 --grp-attn-n", "has no value"),
-    "zero": ("--grp-attn-n 0 --grp-attn-w 8", "positive integer"),
-    "another flag": ("--grp-attn-n 2 --grp-attn-w 8 --flash-attn on", "'--flash-attn' is not"),
-}
-
-
-@pytest.mark.parametrize("flags, message", list(REFUSED.values()), ids=list(REFUSED))
-def test_group_attention_args_refuses(flags: str, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        engines.group_attention_args(flags.split())

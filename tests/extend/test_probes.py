@@ -15,11 +15,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 pytest.importorskip("transformers")
 
+from tests._shapes import Shapes
 from tests.extend._tiny import VOCAB, byte_tokenizer, tiny_gemma3, tiny_llama
 
 from posenc import PosEncError
@@ -396,21 +395,6 @@ def test_a_copied_cache_answers_as_the_cropped_one(
         torch.testing.assert_close(a, b, rtol=0.0, atol=0.0)  # the same arithmetic
 
 
-class _Shapes(TorchDispatchMode):
-    """Every tensor shape an aten op takes or gives, with the op."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: dict[tuple[int, ...], str] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor):
-                self.seen.setdefault(tuple(t.shape), str(func))
-        return out
-
-
 def test_answering_builds_no_square_tensor(folders: dict[str, Path]) -> None:
     # Llama through transformers' SDPA: no [s, s] mask or scores, no [s, vocab] logits.
     # (Gemma 3's sliding-window layers get a [1, 1, s, s] boolean mask from transformers'
@@ -418,11 +402,11 @@ def test_answering_builds_no_square_tensor(folders: dict[str, Path]) -> None:
     model, tokenizer = yarn_model(folders["llama"], "float32")
     haystack = one_haystack(tokenizer)
     s = len(haystack.ids)
-    shapes = _Shapes()
+    shapes = Shapes()
     with shapes:
         rows = asking.answer_haystack(model, tokenizer, haystack)
     assert len(rows) == len(haystack.probes)
-    square = {k: v for k, v in shapes.seen.items() if sum(d >= s for d in k) >= 2}
+    square = shapes.square(s)
     logits = {k: v for k, v in shapes.seen.items() if VOCAB in k and any(d >= s for d in k)}
     assert square == {} and logits == {}
     assert any(s in k for k in shapes.seen)  # the prefill was seen

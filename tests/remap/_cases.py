@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 import posenc
@@ -31,6 +32,16 @@ def rope_rotate(layout: str = "half", d: int = D):
         return enc.rotate_at(x, x, enc.rotation_at(positions, positions, dtype=dtype))[0]
 
     return rotate
+
+
+def map_params(*maps: SelfExtend | String) -> list[Any]:
+    """``maps`` as pytest params, each named by its parameters (``SE-G2W4``, ``STR-S4W1``)."""
+    return [
+        pytest.param(m, id=f"SE-G{m.group_size}W{m.neighbor_window}")
+        if isinstance(m, SelfExtend)
+        else pytest.param(m, id=f"STR-S{m.shift}W{m.local_window}")
+        for m in maps
+    ]
 
 
 def pair_positions(pmap: Any, q_pos, k_pos):

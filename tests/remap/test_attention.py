@@ -9,24 +9,18 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from tests._shapes import Shapes
 
 import posenc
 from posenc.remap import SelfExtend, String, remapped_attention
 from posenc.remap import flex as remap_flex
 from posenc.remap import fused as remap_fused
 
-from ._cases import D, qkv, reference, rope_rotate
+from ._cases import D, map_params, qkv, reference, rope_rotate
 
-MAPS = [
-    pytest.param(SelfExtend(2, 4), id="SE-G2W4"),
-    pytest.param(SelfExtend(3, 4), id="SE-G3W4-fraction"),
-    pytest.param(SelfExtend(4, 2), id="SE-G4W2"),
-    pytest.param(String(4, 1), id="STR-S4W1"),
-    pytest.param(String(6, 5), id="STR-S6W5"),
-    pytest.param(String(3, 0), id="STR-S3W0"),
-]
+# SE-G3W4: a fraction (G does not divide W)
+MAPS = map_params(SelfExtend(2, 4), SelfExtend(3, 4), SelfExtend(4, 2))
+MAPS += map_params(String(4, 1), String(6, 5), String(3, 0))
 SHAPES = [pytest.param(11, 11, id="prefill"), pytest.param(3, 11, id="decode")]
 PATHS = [pytest.param("eager", None, id="eager"), pytest.param("chunked", 3, id="chunked3")]
 # "auto" on the CPU without gradients: the fused path (torch's CPU flash kernel per branch)
@@ -200,32 +194,17 @@ def test_chunked_gradients_equal_eager() -> None:
 # --- memory ---------------------------------------------------------------------------------
 
 
-class _Shapes(TorchDispatchMode):
-    """Every tensor shape an aten op takes or gives."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: dict[tuple[int, ...], str] = {}
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves((args, kwargs, out)):
-            if isinstance(t, torch.Tensor):
-                self.seen.setdefault(tuple(t.shape), str(func))
-        return out
-
-
 @pytest.mark.parametrize("backend", ["chunked", "auto"], ids=["chunked", "fused"])
 @pytest.mark.parametrize("pmap", [SelfExtend(8, 512), String(700, 128)], ids=["SE", "STRING"])
 def test_no_square_tensor(pmap, backend: str) -> None:
     s = 2048
     q, k, v = qkv(s, s, h=2, hk=1, b=1, dtype=torch.float32)
     q_pos, k_pos = _positions(s, s)
-    shapes = _Shapes()
+    shapes = Shapes()
     with torch.no_grad(), shapes:
         out = _run(q, k, v, pmap, q_pos, k_pos, backend, 128)
     assert out.shape == (1, 2, s, D)
-    square = {k: v for k, v in shapes.seen.items() if sum(d >= s for d in k) >= 2}
+    square = shapes.square(s)
     assert square == {}
     assert any(s in k for k in shapes.seen)  # the whole sequence was seen
 

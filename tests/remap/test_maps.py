@@ -12,15 +12,9 @@ from hypothesis import strategies as st
 import posenc
 from posenc.remap import MAP_TYPES, SelfExtend, String, position_map, self_extend_for, string_for
 
-from ._cases import pair_positions
+from ._cases import map_params, pair_positions
 
-MAPS = [
-    pytest.param(SelfExtend(2, 4), id="SE-G2W4"),
-    pytest.param(SelfExtend(3, 4), id="SE-G3W4"),
-    pytest.param(SelfExtend(1, 5), id="SE-G1W5"),
-    pytest.param(String(5, 2), id="STR-S5W2"),
-    pytest.param(String(1, 0), id="STR-S1W0"),
-]
+MAPS = map_params(SelfExtend(2, 4), SelfExtend(3, 4), SelfExtend(1, 5), String(5, 2), String(1, 0))
 
 
 @pytest.mark.parametrize("pmap", MAPS)

@@ -49,7 +49,14 @@ from posenc._base import (
     GatedEncoding,
     RotaryEncoding,
 )
-from posenc._errors import PosEncError, check_choice, check_float, check_tensor
+from posenc._errors import (
+    PosEncError,
+    check_choice,
+    check_float,
+    check_qkv,
+    check_scale,
+    check_tensor,
+)
 from posenc.attend import folded
 from posenc.attend.paths import Call, chunked, eager, sdpa
 from posenc.attend.prepared import PreparedEncoding, check_heads, prepare_at
@@ -69,16 +76,7 @@ FLEX_MIN_BIAS_BYTES = 64 * 2**20
 
 def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
     """Validate ``q [b, h, q, d]``, ``k [b, h_kv, k, d]``, ``v [b, h_kv, k, d_v]``."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, floating=True)
-        if t.ndim != 4:
-            raise PosEncError(f"{name} must be [b, h, s, d], got shape {tuple(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise PosEncError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise PosEncError(
-            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
-        )
+    check_qkv(q, k, v)
     b, hq, q_len, d = q.shape
     if k.shape[0] != b or v.shape[0] != b:
         raise PosEncError(
@@ -113,14 +111,8 @@ def _check_qkv(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int]:
 def _check_scale(scale: Any, d: int, dtype: torch.dtype) -> float:
     """``scale > 0`` with ``scale * d`` finite in ``dtype``: the logits ``q k^T * scale`` of
     entries of magnitude up to 1 stay finite (a larger scale made them inf, the output NaN)."""
-    scale = check_float("scale", scale, min=0.0, min_exclusive=True)
-    top = float(torch.finfo(dtype).max) / d
-    if scale > top:
-        raise PosEncError(
-            f"scale must be <= {top:.4g} (scale * head_dim finite in {dtype}, q's dtype: the "
-            f"logits q k^T * scale of entries up to 1 stay finite), got {scale:g}"
-        )
-    return scale
+    why = ": the logits q k^T * scale of entries up to 1 stay finite"
+    return check_scale(scale, d, dtype, why=why)
 
 
 def _check_mask(

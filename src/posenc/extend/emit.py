@@ -31,17 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from posenc._errors import PosEncError, check_bool, check_choice, check_float, check_int, describe
 from posenc._files import atomic_write
-from posenc.extend.model import Loaded, map_for, scaled, scaling_for, split_spec
+from posenc.extend.model import Loaded, map_for, scaling_for, split_spec
+from posenc.extend.readback import cos_sin_gap, layer_pairs, measured_ropes
 from posenc.extend.save import rope_parameters_for
 from posenc.extend.settings import CONFIG, FACTOR_SCALINGS, REMAPS, SCALING_NAMES, trained_fields
 from posenc.integrations import engines as _engines
 from posenc.integrations.engines import ENGINES, EngineSetting, engine_setting
 from posenc.integrations.spelling import to_rope_parameters
-from posenc.integrations.transformers import PatchedRotaryEmbedding, rotary_from_config, unpatch
+from posenc.integrations.transformers import rotary_from_config
 
 __all__ = ["NEEDS_GGUF", "check_emit", "default_engines", "tolerance", "write_emit"]
 
@@ -118,14 +118,7 @@ def tolerance(target: int, *, float32_keys: bool) -> float:
 
 def _measured(loaded: Loaded, scaling: str, factor: float) -> dict[str | None, Any]:
     """The rotary module of each layer type, as the measured run patched them in."""
-    model = scaled(loaded, scaling_for(scaling, factor, loaded))
-    try:
-        for module in model.modules():
-            if isinstance(module, PatchedRotaryEmbedding):
-                return dict(module.ropes)
-    finally:
-        unpatch(model)
-    raise PosEncError("the patched model has no rotary module to compare against")
+    return measured_ropes(loaded, scaling_for(scaling, factor, loaded))
 
 
 def _compare(
@@ -136,24 +129,18 @@ def _compare(
     float32_keys: bool,
 ) -> str:
     """Check each layer type's cos/sin; the sentence ``checked`` records."""
-    positions = torch.arange(target)[None]
     worst, allowed = 0.0, tolerance(target, float32_keys=float32_keys)
-    for key, rope in theirs.items():
-        measured = ours.get(key) if len(ours) > 1 else next(iter(ours.values()))
-        if measured is None:
-            raise PosEncError(f"{what} has layer type {key!r}, which the measured model has not")
+    for key, rope, measured in layer_pairs(what, ours, theirs):
         # the same parameters and formula: the same bits, or the spelling is wrong
         bound = 0.0 if rope.to_config() == measured.to_config() else allowed
-        for a, b in zip(
-            rope.cos_sin(positions, dtype=torch.float64),
-            measured.cos_sin(positions, dtype=torch.float64),
-        ):
-            if a.shape != b.shape:
-                raise PosEncError(
-                    f"{what} does not reproduce the measured RoPE: layer type {key!r} rotates "
-                    f"{2 * a.shape[-1]} channels, the measured one {2 * b.shape[-1]}"
-                )
-            worst = max(worst, float((a - b).abs().max()))
+
+        def channels(a: int, b: int, key: str | None = key) -> str:
+            return (
+                f"{what} does not reproduce the measured RoPE: layer type {key!r} rotates "
+                f"{a} channels, the measured one {b}"
+            )
+
+        worst = max(worst, cos_sin_gap(rope, measured, target, channels))
         if worst > bound:
             raise PosEncError(
                 f"{what} does not reproduce the measured RoPE: layer type {key!r} cos/sin "

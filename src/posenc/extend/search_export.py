@@ -30,17 +30,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from posenc._errors import PosEncError
 from posenc._files import atomic_write
 from posenc.extend.data import Document
 from posenc.extend.emit import tolerance
-from posenc.extend.model import Loaded, scaled
+from posenc.extend.model import Loaded
+from posenc.extend.readback import cos_sin_gap, layer_pairs, measured_ropes
 from posenc.extend.search import SEARCH, SearchResult, run_search
 from posenc.extend.search_state import validation_document
 from posenc.integrations.spelling import to_rope_parameters
-from posenc.integrations.transformers import PatchedRotaryEmbedding, rotary_from_config, unpatch
+from posenc.integrations.transformers import rotary_from_config
 
 __all__ = ["Searched", "export_search", "search_emit", "search_step", "search_units"]
 
@@ -107,18 +106,6 @@ def search_step(
     return Searched(result, export_search(loaded, result.scaling, target, out), target)
 
 
-def _measured(loaded: Loaded, scaling: dict[str, Any]) -> dict[str | None, Any]:
-    """The rotary module of each layer type, as the searched units patch them in."""
-    model = scaled(loaded, scaling)
-    try:
-        for module in model.modules():
-            if isinstance(module, PatchedRotaryEmbedding):
-                return dict(module.ropes)
-    finally:
-        unpatch(model)
-    raise PosEncError("the patched model has no rotary module to compare against")
-
-
 def _compare(
     what: str,
     ours: Mapping[str | None, Any],
@@ -127,12 +114,8 @@ def _compare(
     float32: bool,
 ) -> str:
     """Check each layer type read back: the same factors, cos/sin within the tolerance."""
-    positions = torch.arange(target)[None]
     worst, allowed = 0.0, tolerance(target, float32_keys=float32)
-    for key, rope in theirs.items():
-        mine = ours.get(key) if len(ours) > 1 else next(iter(ours.values()))
-        if mine is None:
-            raise PosEncError(f"{what} has layer type {key!r}, which the measured model has not")
+    for key, rope, mine in layer_pairs(what, ours, theirs):
         if getattr(mine.scaling, "type", None) == "longrope":
             got = (
                 getattr(rope.scaling, "long_factor", None),
@@ -142,15 +125,10 @@ def _compare(
                 raise PosEncError(
                     f"{what} does not hold the searched factors (layer type {key!r}): got {got[0]}"
                 )
-        for a, b in zip(
-            rope.cos_sin(positions, dtype=torch.float64),
-            mine.cos_sin(positions, dtype=torch.float64),
-        ):
-            if a.shape != b.shape:
-                raise PosEncError(
-                    f"{what} rotates {2 * a.shape[-1]} channels, the measured model {2 * b.shape[-1]}"
-                )
-            worst = max(worst, float((a - b).abs().max()))
+        gap = cos_sin_gap(
+            rope, mine, target, lambda a, b: f"{what} rotates {a} channels, the measured model {b}"
+        )
+        worst = max(worst, gap)
     if worst > allowed:
         raise PosEncError(
             f"{what} does not reproduce the measured RoPE: cos/sin differ by {worst:.3g} over "
@@ -255,7 +233,7 @@ def export_search(
     record as ``results["emit"]`` holds an engine's."""
     folder = Path(out) / "search"
     folder.mkdir(parents=True, exist_ok=True)
-    measured = _measured(loaded, scaling)
+    measured = measured_ropes(loaded, scaling)
     export = {"transformers": _config(loaded, scaling, target, folder, measured)}
     if loaded.path.is_file():
         export["gguf"] = _gguf(loaded, scaling, target, folder, measured)

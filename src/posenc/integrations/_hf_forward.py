@@ -10,12 +10,14 @@ copy holds, in its closure, the copy of the function it wraps.
 
 from __future__ import annotations
 
+import sys
 import types
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from posenc._errors import PosEncError
 
-__all__ = ["forward_chain", "rebuild_forward"]
+__all__ = ["forward_chain", "globals_copy", "rebuild_forward"]
 
 
 def _copy_function(fn: types.FunctionType, globals_: dict[str, Any], closure: Any) -> Any:
@@ -62,3 +64,23 @@ def rebuild_forward(chain: list[Any], globals_: dict[str, Any], model_type: str)
         new = _copy_function(wrapper, wrapper.__globals__, cells)
         new.__dict__["__wrapped__"] = copied
     return new
+
+
+def globals_copy(
+    modeling: types.ModuleType, prefix: str, replaced: Callable[[], Mapping[str, Any]]
+) -> types.ModuleType:
+    """A module holding a copy of ``modeling``'s dict with the globals ``replaced()`` gives
+    set in it, made once per modeling module and kept in ``sys.modules`` as ``prefix.<last
+    part of modeling's name>`` (``torch.compile`` finds an inlined function's globals by
+    their ``__name__``); a reloaded transformers gets a new copy."""
+    name = f"{prefix}.{modeling.__name__.rsplit('.', 1)[-1]}"
+    cached = sys.modules.get(name)
+    if cached is not None and getattr(cached, "__posenc_source__", None) is modeling:
+        return cached
+    copy = types.ModuleType(name, modeling.__doc__)
+    skip = ("__name__", "__spec__", "__loader__")
+    vars(copy).update({k: v for k, v in vars(modeling).items() if k not in skip})
+    vars(copy).update(replaced())
+    vars(copy)["__posenc_source__"] = modeling
+    sys.modules[name] = copy
+    return copy

@@ -34,7 +34,7 @@ from posenc.integrations._hf_config import (
     rotary_from_config,
     rotary_from_parameters,
 )
-from posenc.integrations._hf_forward import forward_chain, rebuild_forward
+from posenc.integrations._hf_forward import forward_chain, globals_copy, rebuild_forward
 from posenc.integrations._hf_patch_applies import make_apply
 from posenc.integrations._hf_patch_families import (
     FAMILIES,
@@ -71,19 +71,11 @@ def _patched_module(modeling: types.ModuleType, family: Family) -> types.ModuleT
     apply functions replaced by posenc's, made once per modeling module (it holds nothing
     of any model) and kept in ``sys.modules`` under a name of its own, because
     ``torch.compile`` finds an inlined function's globals by their ``__name__``."""
-    short = modeling.__name__.rsplit(".", 1)[-1]
-    name = f"posenc.integrations._hf_patched.{short}"
-    cached = sys.modules.get(name)
-    if cached is not None and getattr(cached, "__posenc_source__", None) is modeling:
-        return cached
-    copy = types.ModuleType(name, modeling.__doc__)
-    skip = ("__name__", "__spec__", "__loader__")
-    vars(copy).update({k: v for k, v in vars(modeling).items() if k not in skip})
-    for apply_name, (pairing, params) in family.applies.items():
-        vars(copy)[apply_name] = make_apply(pairing, params)
-    vars(copy)["__posenc_source__"] = modeling  # a reloaded transformers gets a new copy
-    sys.modules[name] = copy
-    return copy
+    return globals_copy(
+        modeling,
+        "posenc.integrations._hf_patched",
+        lambda: {name: make_apply(*how) for name, how in family.applies.items()},
+    )
 
 
 def _text_config(model: Any) -> Any:

@@ -24,7 +24,6 @@ token) and so are position-dependent frequency scalings (q and k would get diffe
 from __future__ import annotations
 
 import dataclasses
-import sys
 import types
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,7 +33,7 @@ from torch import nn
 
 from posenc._base import PositionMap
 from posenc._errors import PosEncError, describe
-from posenc.integrations._hf_forward import forward_chain, rebuild_forward
+from posenc.integrations._hf_forward import forward_chain, globals_copy, rebuild_forward
 from posenc.integrations._hf_patch_applies import COMPLEX, ONE_TENSOR, WITH_POSITION_IDS
 from posenc.integrations._hf_patch_families import (
     INTERLEAVE_APPLY,
@@ -218,21 +217,14 @@ def remapped_module(modeling: types.ModuleType, family: Family) -> types.ModuleT
     """The globals of remapped layers' forwards: a copy of ``modeling``'s dict with the apply
     functions passing q and k through and attention by :func:`remapped_attention_forward`;
     made once per modeling module, kept in ``sys.modules`` (apart from patch's own copy)."""
-    short = modeling.__name__.rsplit(".", 1)[-1]
-    name = f"posenc.integrations._hf_remapped.{short}"
-    cached = sys.modules.get(name)
-    if cached is not None and getattr(cached, "__posenc_source__", None) is modeling:
-        return cached
-    copy = types.ModuleType(name, modeling.__doc__)
-    skip = ("__name__", "__spec__", "__loader__")
-    vars(copy).update({k: v for k, v in vars(modeling).items() if k not in skip})
-    for apply_name, (pairing, params) in family.applies.items():
-        vars(copy)[apply_name] = _pass_through(pairing, params)
-    vars(copy)["ALL_ATTENTION_FUNCTIONS"] = _Interface()
-    vars(copy)["eager_attention_forward"] = remapped_attention_forward
-    vars(copy)["__posenc_source__"] = modeling
-    sys.modules[name] = copy
-    return copy
+
+    def replaced() -> dict[str, Any]:
+        out: dict[str, Any] = {name: _pass_through(*how) for name, how in family.applies.items()}
+        out["ALL_ATTENTION_FUNCTIONS"] = _Interface()
+        out["eager_attention_forward"] = remapped_attention_forward
+        return out
+
+    return globals_copy(modeling, "posenc.integrations._hf_remapped", replaced)
 
 
 # --- one layer's rotation ------------------------------------------------------------------

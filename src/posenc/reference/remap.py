@@ -23,6 +23,18 @@ def _offsets(q_pos, k_pos) -> np.ndarray:
     return q[:, None] - k[None, :]  # [sq, sk]
 
 
+def _per_pair(q_pos, k_pos, rule) -> tuple[np.ndarray, np.ndarray]:
+    """``(qp, kp)`` float64 ``[sq, sk]``: ``rule(i, j, d)`` for each pair of positions ``i``,
+    ``j`` and offset ``d = i - j``, giving the pair's query and key positions."""
+    d = _offsets(q_pos, k_pos)
+    qp = np.empty(d.shape)
+    kp = np.empty(d.shape)
+    for a, i in enumerate(np.asarray(q_pos, dtype=np.int64)):
+        for c, j in enumerate(np.asarray(k_pos, dtype=np.int64)):
+            qp[a, c], kp[a, c] = rule(int(i), int(j), int(d[a, c]))
+    return qp, kp
+
+
 def self_extend_positions(q_pos, k_pos, group_size: int, neighbor_window: int):
     """Self-Extend's positions per pair: offsets ``d < W`` keep ``(i, j)``; others rotate the
     query at ``i // G + W - W / G`` and the key at ``j // G``.
@@ -30,16 +42,13 @@ def self_extend_positions(q_pos, k_pos, group_size: int, neighbor_window: int):
     Shape: ``[sq]``, ``[sk]`` -> ``(qp, kp)`` float64 ``[sq, sk]`` each.
     """
     g, w = int(group_size), int(neighbor_window)
-    d = _offsets(q_pos, k_pos)
-    qp = np.empty(d.shape)
-    kp = np.empty(d.shape)
-    for a, i in enumerate(np.asarray(q_pos, dtype=np.int64)):
-        for c, j in enumerate(np.asarray(k_pos, dtype=np.int64)):
-            if d[a, c] < w:
-                qp[a, c], kp[a, c] = float(i), float(j)
-            else:
-                qp[a, c], kp[a, c] = float(i // g) + w - w / g, float(j // g)
-    return qp, kp
+
+    def rule(i: int, j: int, d: int) -> tuple[float, float]:
+        if d < w:
+            return float(i), float(j)
+        return float(i // g) + w - w / g, float(j // g)
+
+    return _per_pair(q_pos, k_pos, rule)
 
 
 def string_positions(q_pos, k_pos, shift: int, local_window: int):
@@ -49,14 +58,9 @@ def string_positions(q_pos, k_pos, shift: int, local_window: int):
     Shape: ``[sq]``, ``[sk]`` -> ``(qp, kp)`` float64 ``[sq, sk]`` each.
     """
     s, w = int(shift), int(local_window)
-    d = _offsets(q_pos, k_pos)
-    qp = np.empty(d.shape)
-    kp = np.empty(d.shape)
-    for a, i in enumerate(np.asarray(q_pos, dtype=np.int64)):
-        for c, j in enumerate(np.asarray(k_pos, dtype=np.int64)):
-            qp[a, c] = float(i) if d[a, c] < s else float(i - s + w)
-            kp[a, c] = float(j)
-    return qp, kp
+    return _per_pair(
+        q_pos, k_pos, lambda i, j, d: (float(i) if d < s else float(i - s + w), float(j))
+    )
 
 
 def _seen(q_pos, k_pos, sq: int, sk: int) -> np.ndarray:

@@ -39,6 +39,8 @@ from posenc._errors import (
     check_float,
     check_int,
     check_positions,
+    check_qkv,
+    check_scale,
     check_tensor,
     describe,
 )
@@ -63,16 +65,7 @@ Rotate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _check_qkv(q: Any, k: Any, v: Any) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t, floating=True)
-        if t.ndim != 4:
-            raise PosEncError(f"{name} must be [b, h, s, d], got shape {tuple(t.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise PosEncError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise PosEncError(
-            f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}"
-        )
+    check_qkv(q, k, v)
     b, h, sq, d = q.shape
     if k.shape[0] != b or k.shape[3] != d:
         raise PosEncError(
@@ -121,17 +114,6 @@ def _check_keep(keep: Any, shape: tuple[int, ...], device: torch.device) -> torc
             f"keep must broadcast to [b, h, sq, sk] = {list(shape)}, got shape {tuple(keep.shape)}"
         )
     return keep.reshape((1,) * (4 - keep.ndim) + tuple(keep.shape))
-
-
-def _check_scale(scale: Any, d: int, dtype: torch.dtype) -> float:
-    scale = check_float("scale", scale, min=0.0, min_exclusive=True)
-    top = float(torch.finfo(dtype).max) / d
-    if scale > top:
-        raise PosEncError(
-            f"scale must be <= {top:.4g} (scale * head_dim finite in {dtype}, q's dtype), "
-            f"got {scale:g}"
-        )
-    return scale
 
 
 # --- the computation ----------------------------------------------------------------------
@@ -302,7 +284,7 @@ def remapped_attention(
     q_positions = _check_pos("q_positions", q_positions, sq, q.device)
     k_positions = _check_pos("k_positions", k_positions, sk, q.device)
     check_distances(q_positions, k_positions)  # offsets q - k exact in int64
-    scale = None if scale is None else _check_scale(scale, d, q.dtype)
+    scale = None if scale is None else check_scale(scale, d, q.dtype)
     if softcap is not None:
         logits = torch.promote_types(q.dtype, torch.float32)
         top = float(torch.finfo(logits).max)

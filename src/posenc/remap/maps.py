@@ -38,8 +38,13 @@ def _set(obj: Any, name: str, value: int) -> None:
     object.__setattr__(obj, name, value)  # a frozen dataclass normalising its own field
 
 
-def _check_trained(trained: Any) -> int:
-    return check_int("trained", trained, min=1)
+def _check_window(trained: Any, name: str, value: int, why: str) -> None:
+    """``value`` (the map's field ``name``) at most the trained context length ``trained``."""
+    trained = check_int("trained", trained, min=1)
+    if value > trained:
+        raise PosEncError(
+            f"{name} must be <= the trained context length {trained} ({why}), got {value}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,19 +87,11 @@ class SelfExtend(PositionMap):
         return torch.div(positions, self.group_size, rounding_mode="floor")
 
     def check_trained(self, trained: int) -> None:
-        trained = _check_trained(trained)
-        if self.neighbor_window > trained:
-            raise PosEncError(
-                f"neighbor_window must be <= the trained context length {trained} (the "
-                f"neighbours keep positions the model was trained on), got {self.neighbor_window}"
-            )
+        why = "the neighbours keep positions the model was trained on"
+        _check_window(trained, "neighbor_window", self.neighbor_window, why)
 
     def to_config(self) -> dict[str, Any]:
-        return {
-            "type": "self_extend",
-            "group_size": self.group_size,
-            "neighbor_window": self.neighbor_window,
-        }
+        return {"type": "self_extend", **dataclasses.asdict(self)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,15 +131,11 @@ class String(PositionMap):
         return positions
 
     def check_trained(self, trained: int) -> None:
-        trained = _check_trained(trained)
-        if self.shift > trained:
-            raise PosEncError(
-                f"shift must be <= the trained context length {trained} (STRING moves offsets "
-                f"the model was trained on), got {self.shift}"
-            )
+        why = "STRING moves offsets the model was trained on"
+        _check_window(trained, "shift", self.shift, why)
 
     def to_config(self) -> dict[str, Any]:
-        return {"type": "string", "shift": self.shift, "local_window": self.local_window}
+        return {"type": "string", **dataclasses.asdict(self)}
 
 
 _CLASSES: dict[str, type[SelfExtend] | type[String]] = {
