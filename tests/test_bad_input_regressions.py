@@ -4,11 +4,14 @@ allocated terabytes or was silently accepted; each is now a PosEncError or a cor
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 
 import posenc
-from posenc import analysis, plot
+from posenc import analysis, plot, reference
 from posenc.analysis._encodings import MAX_POSITIONS
 from posenc.models import TinyTransformer
 from posenc.models.transformer import MAX_LAYERS, MAX_NEW_TOKENS
@@ -134,3 +137,35 @@ def test_tiny_transformer_sizes_bounded():
         model.generate(tokens, 2, use_cache="yes")
     with pytest.raises(posenc.PosEncError, match="tokens must hold values"):
         model(tokens.to("meta"))
+
+
+# --- issue 42: the "flax" sinusoidal layout needs dim >= 4 (rates over dim // 2 - 1 steps) ---
+
+FLAX_DIM = r"dim must be >= 4 for layout='flax' \(rates spaced over dim // 2 - 1 steps\), got "
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_flax_layout_refuses_dim_below_4(dim):
+    with pytest.raises(posenc.PosEncError, match=f"^{FLAX_DIM}{dim}$"):
+        posenc.sinusoidal_table(torch.arange(3), dim, layout="flax")
+    with pytest.raises(posenc.PosEncError, match=f"^{FLAX_DIM}{dim}$"):
+        posenc.SinusoidalEmbedding(dim, layout="flax")
+
+
+@pytest.mark.parametrize("dim", [4, 5])
+def test_flax_layout_from_dim_4_is_the_reference(dim):
+    """The smallest dims it takes: one rate step (the last rate 1 / base), finite."""
+    table = posenc.sinusoidal_table(torch.arange(3), dim, layout="flax", dtype=torch.float64)
+    expected = reference.sinusoidal_table(np.arange(3), dim, layout="flax")
+    np.testing.assert_allclose(table.numpy(), expected, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize(("grid", "dim"), [((2, 3), 4), ((2, 3), 6), ((2, 3, 4), 9)])
+def test_flax_layout_nd_names_the_dim_given(grid, dim):
+    """The n-D table splits dim over the axes: a refusal gives the dim asked for (or says
+    the count is per axis), not the per-axis count as if it were dim."""
+    with pytest.raises(posenc.PosEncError) as info:
+        posenc.sinusoidal_table_nd(grid, dim, layout="flax")
+    message = str(info.value)
+    assert "\n" not in message and "layout='flax'" in message, message
+    assert re.search(rf"got {dim}\b|per axis", message), message

@@ -17,6 +17,8 @@ from posenc import reference
 from posenc.sinusoidal import LAYOUTS, ORDERS
 
 DIMS = [1, 2, 3, 7, 8, 33, 64]
+# layout="flax" spaces its rates over dim // 2 - 1 steps: dim >= 4
+DIM_LAYOUTS = [(dim, layout) for layout in LAYOUTS for dim in DIMS if layout != "flax" or dim >= 4]
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 POSITIONS = {
     "int": torch.arange(-5, 70),
@@ -34,8 +36,7 @@ def _ref(positions: torch.Tensor, dim: int, **options) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("order", ORDERS)
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize(("dim", "layout"), DIM_LAYOUTS)
 @pytest.mark.parametrize("kind", list(POSITIONS))
 def test_table_matches_reference(kind, dim, layout, order, dtype):
     pos = POSITIONS[kind]
@@ -186,6 +187,112 @@ def test_equals_the_pytorch_tutorial_module_with_dropout():
     torch.testing.assert_close(out, expected, atol=1e-4, rtol=0)
 
 
+# --- the flax layout (Flax examples, tensor2tensor, T5X, MaxText, fairseq) -----------------
+
+
+def test_flax_worked_example_dim8():
+    """dim 8: n = 4 rates log-spaced from 1 to 1/10000 over n - 1 = 3 steps."""
+    out = posenc.sinusoidal_table(torch.arange(6), 8, layout="flax", dtype=torch.float64)
+    rates = [1.0, 10000 ** (-1 / 3), 10000 ** (-2 / 3), 1e-4]  # 1, 0.0464, 0.00215, 0.0001
+    rows = [[math.sin(p * w) for w in rates] + [math.cos(p * w) for w in rates] for p in range(6)]
+    torch.testing.assert_close(out, torch.tensor(rows, dtype=torch.float64), atol=1e-15, rtol=0)
+    # dim 4: [sin p, sin(p / 10000), cos p, cos(p / 10000)], where interleaved has p / 100
+    four = posenc.sinusoidal_table(torch.tensor([1.0]), 4, layout="flax", dtype=torch.float64)
+    expected = [math.sin(1.0), math.sin(1e-4), math.cos(1.0), math.cos(1e-4)]
+    torch.testing.assert_close(
+        four[0], torch.tensor(expected, dtype=torch.float64), atol=1e-15, rtol=0
+    )
+
+
+@pytest.mark.parametrize("dim", [5, 9, 65])
+@pytest.mark.parametrize("order", ORDERS)
+def test_flax_odd_dim_ends_in_a_zero_channel(dim, order):
+    pos = torch.arange(-4, 30)
+    odd = posenc.sinusoidal_table(pos, dim, layout="flax", order=order, dtype=torch.float64)
+    even = posenc.sinusoidal_table(pos, dim - 1, layout="flax", order=order, dtype=torch.float64)
+    assert torch.equal(odd, torch.cat([even, torch.zeros(len(pos), 1, dtype=torch.float64)], -1))
+
+
+@given(
+    half_dim=st.integers(2, 512),
+    base=st.floats(min_value=1.0001, max_value=1e9, allow_nan=False, allow_infinity=False),
+)
+def test_flax_rates_run_from_one_to_exactly_one_over_base(half_dim, base):
+    from posenc.sinusoidal import _frequencies
+
+    for dim in (2 * half_dim, 2 * half_dim + 1):
+        rates = _frequencies(dim, base, "flax", torch.device("cpu"))
+        assert rates.shape == (half_dim,) and rates.dtype == torch.float64
+        assert float(rates[0]) == 1.0 and float(rates[-1]) == 1.0 / base  # exactly
+        ratios = rates[1:] / rates[:-1]  # log-spaced: one ratio, base^(-1/(n-1))
+        torch.testing.assert_close(
+            ratios, torch.full_like(ratios, base ** (-1 / (half_dim - 1))), atol=0, rtol=1e-12
+        )
+    # the reference's last sine column is sin(p * (1 / base)), at its own float64 rounding
+    p = np.array([0.0, 1.0, 12345.0, 1e6])
+    ref = reference.sinusoidal_table(p, 2 * half_dim, base=base, layout="flax")
+    np.testing.assert_array_equal(ref[:, half_dim - 1], np.sin(p * (1.0 / base)))
+
+
+def _flax_sinusoidal_init(max_len: int, d_feature: int, max_scale: float = 10000.0) -> np.ndarray:
+    """Flax examples' (lm1b, wmt) ``sinusoidal_init(max_len)(key, (1, max_len, d_feature))``,
+    restated without jax (it returns ``jnp.array(pe)`` of this float32 NumPy array)."""
+    pe = np.zeros((max_len, d_feature), dtype=np.float32)
+    position = np.arange(0, max_len)[:, np.newaxis]
+    scale_factor = -np.log(max_scale / 1.0) / (d_feature // 2 - 1)
+    div_term = 1.0 * np.exp(np.arange(0, d_feature // 2) * scale_factor)
+    pe[:, : d_feature // 2] = np.sin(position * div_term)
+    pe[:, d_feature // 2 : 2 * (d_feature // 2)] = np.cos(position * div_term)
+    return pe[np.newaxis, :, :]
+
+
+@pytest.mark.parametrize(("max_len", "dim"), [(2048, 512), (512, 64), (300, 7), (100, 4)])
+def test_flax_equals_flax_examples_sinusoidal_init(max_len, dim):
+    """Both compute float64 angles and round once to float32: equal but for the float64
+    rounding of the rates (``exp(i * -log(base) / (n - 1))`` there, ``base ** (-i / (n - 1))``
+    here), which moves a value by at most one float32 ulp."""
+    peer = torch.from_numpy(_flax_sinusoidal_init(max_len, dim))
+    ours = posenc.sinusoidal_table(torch.arange(max_len), dim, layout="flax", dtype=torch.float32)
+    assert peer.shape == (1, max_len, dim)
+    ulp = torch.finfo(torch.float32).eps * ours.abs().clamp(min=2.0**-126)  # about one ulp
+    assert bool(((ours[None] - peer).abs() <= ulp).all())
+    assert (ours[None] != peer).double().mean() < 1e-3  # nearly all bit-equal
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_flax_far_positions_match_the_reference(dtype):
+    pos = torch.tensor([0, 1, 255, 256, 257, 4095, 10**5, 10**6, 2**24 + 1, 2**30 + 3])
+    out = posenc.sinusoidal_table(pos, 64, layout="flax", dtype=dtype)
+    ref = _ref(pos, 64, layout="flax")
+    # the reference rounds p * rate in float64 (about 1e-16 * p); ours reduces exactly
+    atol = ATOL[dtype] if dtype != torch.float64 else 1e-15 * float(pos.max())
+    torch.testing.assert_close(out.double(), ref, atol=atol, rtol=0)
+
+
+def test_flax_module_and_config_round_trip():
+    pe = posenc.SinusoidalEmbedding(9, layout="flax", base=500.0)
+    assert pe.to_config()["layout"] == "flax"
+    again = posenc.build(pe.to_config())
+    x = torch.randn(2, 5, 9, dtype=torch.float64)
+    assert torch.equal(again(x), pe(x))
+    torch.testing.assert_close(
+        pe(x), x + _ref(torch.arange(5), 9, layout="flax", base=500.0), atol=1e-15, rtol=0
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"dim": 2, "layout": "flax"}, "dim must be >= 4 for layout='flax', got 2"),
+        ({"dim": 3, "layout": "flax"}, "dim must be >= 4 for layout='flax', got 3"),
+        ({"dim": 8, "layout": "diagonal"}, "layout must be 'interleaved', 'half' or 'flax'"),
+    ],
+)
+def test_reference_bad_input(options, match):
+    with pytest.raises(ValueError, match=match):
+        reference.sinusoidal_table(np.arange(3), **options)
+
+
 # --- the module --------------------------------------------------------------------------
 
 
@@ -278,13 +385,22 @@ def test_float32_angles_fail_where_we_do_not():
 positions_st = st.floats(min_value=-1e9, max_value=1e9, allow_nan=False, allow_infinity=False)
 
 
+def _layout_and_dim(low: int, high: int) -> st.SearchStrategy[tuple[str, int]]:
+    """A layout and a dim in ``[low, high]`` it takes (``"flax"``: from 4)."""
+    return st.sampled_from(LAYOUTS).flatmap(
+        lambda layout: st.tuples(
+            st.just(layout), st.integers(max(low, 4) if layout == "flax" else low, high)
+        )
+    )
+
+
 @given(
     pos=st.lists(positions_st, min_size=1, max_size=8),
-    dim=st.integers(1, 64),
-    layout=st.sampled_from(LAYOUTS),
+    layout_dim=_layout_and_dim(1, 64),
     order=st.sampled_from(ORDERS),
 )
-def test_values_are_bounded(pos, dim, layout, order):
+def test_values_are_bounded(pos, layout_dim, order):
+    layout, dim = layout_dim
     out = posenc.sinusoidal_table(
         torch.tensor(pos, dtype=torch.float64), dim, layout=layout, order=order
     )
@@ -292,11 +408,13 @@ def test_values_are_bounded(pos, dim, layout, order):
 
 
 @given(
-    p=st.floats(min_value=-1e7, max_value=1e7, allow_nan=False),
-    half_dim=st.integers(1, 64),
-    layout=st.sampled_from(LAYOUTS),
+    p=st.floats(min_value=-1e7, max_value=1e7, allow_nan=False), layout_dim=_layout_and_dim(2, 128)
 )
-def test_squared_norm_is_half_dim(p, half_dim, layout):
+def test_squared_norm_is_half_dim(p, layout_dim):
+    layout, dim = layout_dim
+    half_dim = dim // 2  # odd dim: flax's zero channel adds nothing; the others add sin^2 or cos^2
+    if dim % 2 and layout != "flax":
+        dim -= 1
     out = posenc.sinusoidal_table(
         torch.tensor([p], dtype=torch.float64), 2 * half_dim, layout=layout, dtype=torch.float64
     )
@@ -316,6 +434,13 @@ def test_dot_product_depends_only_on_the_offset(p, k, half_dim, base):
     pos = torch.tensor([p, p + k, 0.0, k], dtype=torch.float64)
     t = posenc.sinusoidal_table(pos, dim, base=base, dtype=torch.float64)
     freqs = base ** (-2.0 * torch.arange(half_dim, dtype=torch.float64) / dim)
+    if half_dim >= 2:  # the flax layout too, at its own rates
+        flax = posenc.sinusoidal_table(pos, dim, base=base, layout="flax", dtype=torch.float64)
+        rates = base ** -(torch.arange(half_dim, dtype=torch.float64) / (half_dim - 1))
+        torch.testing.assert_close(
+            flax[0] @ flax[1], torch.cos((pos[1] - pos[0]) * rates).sum(), atol=1e-9, rtol=0
+        )
+        torch.testing.assert_close(flax[0] @ flax[1], flax[2] @ flax[3], atol=1e-9, rtol=0)
     expected = torch.cos((pos[1] - pos[0]) * freqs).sum()  # sum_i cos(k w_i)
     torch.testing.assert_close(t[0] @ t[1], expected, atol=1e-9, rtol=0)
     torch.testing.assert_close(t[0] @ t[1], t[2] @ t[3], atol=1e-9, rtol=0)
@@ -335,7 +460,23 @@ T = posenc.sinusoidal_table
         (lambda: T(torch.arange(3), True), "dim must be an integer, got True"),
         (
             lambda: T(torch.arange(3), 4, layout="diagonal"),
-            "layout must be one of 'half', 'interleaved', got 'diagonal'",
+            "layout must be one of 'half', 'interleaved', 'flax', got 'diagonal'",
+        ),
+        *[
+            (
+                lambda d=d: T(torch.arange(3), d, layout="flax"),
+                rf"dim must be >= 4 for layout='flax' \(rates spaced over dim // 2 - 1 steps\), "
+                rf"got {d}",
+            )
+            for d in (1, 2, 3)
+        ],
+        (
+            lambda: posenc.sinusoidal_table_nd((2, 3), 6, layout="flax"),
+            "dim 6 over 2 axes gives 3 channels per axis; layout='flax' needs >= 4 per axis",
+        ),
+        (
+            lambda: posenc.SinusoidalEmbedding(3, layout="flax"),
+            "dim must be >= 4 for layout='flax' .*, got 3",
         ),
         (
             lambda: T(torch.arange(3), 4, order="sin"),

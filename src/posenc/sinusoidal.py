@@ -1,6 +1,10 @@
 """Sinusoidal encodings (Vaswani et al., 2017): fixed tables added to token embeddings.
 
-``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``.
+``PE[p, 2i] = sin(p / base^(2i/dim))``, ``PE[p, 2i+1] = cos(p / base^(2i/dim))``; three
+layouts (``LAYOUTS``): the paper's ``"interleaved"``, ``"half"`` (the same rates, all sines
+then all cosines: the TensorFlow tutorial's concatenated table) and ``"flax"`` (all sines then
+all cosines, rates ``base^(-i / (dim/2 - 1))``: Flax examples, tensor2tensor, T5X, MaxText,
+fairseq).
 
 Shapes: positions ``[*P]`` (int or float, negative allowed) -> table ``[*P, dim]``;
 the module takes embeddings ``x: [b, s, dim]`` and positions ``[s]`` or ``[b, s]``.
@@ -25,10 +29,15 @@ from posenc._errors import (
     check_float,
     check_int,
 )
-from posenc._layouts import LAYOUTS, Layout
+from posenc._layouts import LAYOUTS as PAIR_LAYOUTS
+from posenc._layouts import Layout as PairLayout
 
 __all__ = ["LAYOUTS", "ORDERS", "SinusoidalEmbedding", "sinusoidal_table", "sinusoidal_table_nd"]
 
+#: The sinusoidal layouts: the two pairings RoPE shares (``posenc._layouts``) and ``"flax"``,
+#: which only a sinusoidal table has (its rates differ, not only its channel order).
+Layout = Literal[PairLayout, "flax"]
+LAYOUTS: tuple[Layout, ...] = (*PAIR_LAYOUTS, "flax")
 Order = Literal["sin_cos", "cos_sin"]
 ORDERS = ("sin_cos", "cos_sin")
 
@@ -37,7 +46,26 @@ def _check_options(dim: int, base: float, layout: str, order: str) -> int:
     check_choice("layout", layout, LAYOUTS)
     check_choice("order", order, ORDERS)
     check_float("base", base, min=1.0, min_exclusive=True)
-    return check_int("dim", dim, min=1)
+    dim = check_int("dim", dim, min=1)
+    if layout == "flax" and dim < 4:
+        # rates log-spaced over dim // 2 - 1 steps: none for dim < 4 (Flax's sinusoidal_init
+        # gives NaN there, fairseq divides by zero, tensor2tensor clamps the step count to 1)
+        raise PosEncError(
+            f"dim must be >= 4 for layout='flax' (rates spaced over dim // 2 - 1 steps), got {dim}"
+        )
+    return dim
+
+
+def _frequencies(dim: int, base: float, layout: str, device: torch.device) -> torch.Tensor:
+    """The rates of the first member of each pair, float64 ``[n]``: ``base^(-2i/dim)`` for
+    ``i < ceil(dim/2)``, or for ``"flax"`` ``base^(-i/(n-1))`` for ``i < n = dim // 2`` (the
+    last exactly ``1 / base``)."""
+    if layout == "flax":
+        n = dim // 2
+        exponent = torch.arange(n, dtype=torch.float64, device=device) / (n - 1)
+    else:
+        exponent = torch.arange((dim + 1) // 2, dtype=torch.float64, device=device) * 2.0 / dim
+    return float(base) ** -exponent
 
 
 def sinusoidal_table(
@@ -58,9 +86,13 @@ def sinusoidal_table(
         base: the wavelength base (10000 in the paper).
         layout: ``"interleaved"`` pairs channels ``(2i, 2i+1)`` as in the paper;
             ``"half"`` puts all sines first, then all cosines, with the same
-            frequencies (the tensor2tensor / fairseq / Marian arrangement). For odd
-            ``dim``, interleaved follows the formula (the last channel is the first
+            frequencies (the TensorFlow tutorial's concatenated ``positional_encoding``).
+            For odd ``dim``, interleaved follows the formula (the last channel is the first
             member of the next pair) and half gives the extra column to the first block.
+            ``"flax"``: all sines, then all cosines, at the rates ``base^(-i / (n - 1))``,
+            ``i < n = dim // 2``, log-spaced so the last is exactly ``1 / base`` (Flax
+            examples' ``sinusoidal_init``, tensor2tensor's ``get_timing_signal_1d``, T5X,
+            MaxText, fairseq); odd ``dim`` gets a zero last channel, and ``dim >= 4``.
         order: ``"sin_cos"`` (the paper) or ``"cos_sin"`` (cosine first in each pair).
         dtype: output dtype (default: torch's default dtype). Values are computed in
             float64 and rounded once.
@@ -88,16 +120,16 @@ def _table(
     pos: torch.Tensor, dim: int, base: float, layout: str, order: str, dtype: torch.dtype
 ) -> torch.Tensor:
     """:func:`sinusoidal_table` of validated arguments."""
-    n_first = (dim + 1) // 2  # channels of the first member of each pair (sin for sin_cos)
     n_second = dim // 2
-    exponent = torch.arange(n_first, dtype=torch.float64, device=pos.device) * 2.0 / dim
-    frequencies = float(base) ** -exponent  # [n_first]
+    frequencies = _frequencies(dim, base, layout, pos.device)  # [n_first]
     theta = reduced_angles(pos, frequencies)  # [*P, n_first] float64
     first, second = (torch.sin, torch.cos) if order == "sin_cos" else (torch.cos, torch.sin)
     a = first(theta)
     b = second(theta[..., :n_second])
     if layout == "half":
         table = torch.cat([a, b], dim=-1)
+    elif layout == "flax":  # [first | second | 0 for odd dim]
+        table = torch.cat([a, b, a.new_zeros(*pos.shape, dim - 2 * n_second)], dim=-1)
     else:
         table = torch.empty(*pos.shape, dim, dtype=torch.float64, device=pos.device)
         table[..., 0::2] = a
@@ -145,6 +177,12 @@ def sinusoidal_table_nd(
     n_axes = coords.shape[-1]
     if dim % n_axes:
         raise PosEncError(f"dim must be divisible by the number of axes ({n_axes}), got {dim}")
+    if layout == "flax" and dim // n_axes < 4:
+        raise PosEncError(
+            f"dim {dim} over {n_axes} axes gives {dim // n_axes} channels per axis; "
+            "layout='flax' needs >= 4 per axis (rates spaced over channels // 2 - 1 steps): "
+            f"dim >= {4 * n_axes}"
+        )
     blocks = [
         sinusoidal_table(
             coords[..., a], dim // n_axes, base=base, layout=layout, order=order, dtype=dtype

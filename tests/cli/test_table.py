@@ -48,7 +48,7 @@ def test_worked_example_text(capsys):
     assert "layout=interleaved" in out and "order=sin_cos" in out and "base=10000" in out
 
 
-@pytest.mark.parametrize("layout", ["interleaved", "half"])
+@pytest.mark.parametrize("layout", ["interleaved", "half", "flax"])
 @pytest.mark.parametrize("order", ["sin_cos", "cos_sin"])
 def test_csv_is_the_reference_exactly(capsys, layout, order):
     args = [
@@ -224,11 +224,15 @@ def test_parse_positions_bad(spec, match):
         (["table", "sinusoidal", "--dim", "x"], "Invalid value for '--dim'"),
         (
             ["table", "sinusoidal", "--layout", "diagonal"],
-            "layout must be one of 'interleaved', 'half', got 'diagonal'",
+            "layout must be one of 'interleaved', 'half', 'flax', got 'diagonal'",
         ),
         (
             ["table", "sinusoidal", "--order", "cs"],
             "order must be one of 'sin_cos', 'cos_sin', got 'cs'",
+        ),
+        (
+            ["table", "sinusoidal", "--layout", "flax", "--dim", "2"],
+            "dim must be >= 4 for layout='flax' (rates spaced over dim // 2 - 1 steps), got 2",
         ),
         (["table", "sinusoidal", "--base", "1"], "base must be > 1.0, got 1.0"),
         (["table", "sinusoidal", "--base", "ten"], "Invalid value for '--base'"),
@@ -333,6 +337,6 @@ def test_console_script_error_has_no_traceback():
     proc = console_script("table", "sinusoidal", "--layout", "diagonal")
     assert proc.returncode == 2 and proc.stdout == ""
     assert (
-        proc.stderr
-        == "posenc: error: --layout must be one of 'interleaved', 'half', got 'diagonal'\n"
+        proc.stderr == "posenc: error: --layout must be one of 'interleaved', 'half', 'flax', "
+        "got 'diagonal'\n"
     )

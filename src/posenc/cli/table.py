@@ -2,6 +2,7 @@
 
     posenc table sinusoidal --dim 4 --positions 0:6
     posenc table sinusoidal --dim 8 --layout half --positions 0,10,100,1000 --format csv
+    posenc table sinusoidal --dim 8 --layout flax --positions 0:4
     posenc table index --dim 2 --positions 0:4 --normalize length --format json
 
 Positions are ``a:b`` (``a`` to ``b`` exclusive, step 1), ``a:b:step``, or a comma list
@@ -153,24 +154,38 @@ def _sinusoidal(pos: torch.Tensor, dim: int, opts: dict[str, Any]) -> _Table:
     base = 10000.0 if opts["base"] is None else opts["base"]
     values = sinusoidal_table(pos, dim, base=base, layout=layout, order=order, dtype=torch.float64)
     first, second = ("sin", "cos") if order == "sin_cos" else ("cos", "sin")
-    n_first = (dim + 1) // 2
-    pairs = []  # (function, frequency index) of each channel
+    if layout == "flax":  # [first | second | a zero channel for odd dim], n = dim // 2 rates
+        n_first = dim // 2
+        freqs = [base ** -(i / (n_first - 1)) for i in range(n_first)]
+        rule = "base^(-i/(dim/2 - 1))"
+    else:
+        n_first = (dim + 1) // 2
+        freqs = [base ** (-2.0 * i / dim) for i in range(n_first)]
+        rule = "base^(-2i/dim)"
+    pairs: list[tuple[str, int | None]] = []  # (function, frequency index) of each channel
     for c in range(dim):
         if layout == "interleaved":
             pairs.append((first if c % 2 == 0 else second, c // 2))
+        elif c < n_first:
+            pairs.append((first, c))
+        elif c < 2 * n_first or layout == "half":
+            pairs.append((second, c - n_first))
         else:
-            pairs.append((first, c) if c < n_first else (second, c - n_first))
-    freqs = [base ** (-2.0 * i / dim) for i in range(n_first)]
+            pairs.append(("zero", None))
     shown = ", ".join(
         f"ω{str(i).translate(_SUBSCRIPTS)} = {w:.4g}" for i, w in enumerate(freqs[:6])
     )
     more = ", ..." if len(freqs) > 6 else ""
+    sub = [("" if i is None else str(i)) for _, i in pairs]
     return _Table(
         values=values,
-        labels=[f"{fn}{i}" for fn, i in pairs],
-        headers=[f"{fn} ω{str(i).translate(_SUBSCRIPTS)}" for fn, i in pairs],
+        labels=[f"{fn}{i}" for (fn, _), i in zip(pairs, sub, strict=True)],
+        headers=[
+            fn if i == "" else f"{fn} ω{i.translate(_SUBSCRIPTS)}"
+            for (fn, _), i in zip(pairs, sub, strict=True)
+        ],
         options={"base": base, "layout": layout, "order": order},
-        caption=f"angle = p · ω_i with ω_i = base^(-2i/dim): {shown}{more}",
+        caption=f"angle = p · ω_i with ω_i = {rule}: {shown}{more}",
         extra={"frequencies": freqs},
     )
 
