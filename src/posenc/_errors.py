@@ -3,6 +3,11 @@
 Every public callable validates its input with the ``check_*`` helpers below so
 that messages have one shape: the parameter, the rule, and the value,
 e.g. ``dim must be even for layout='half', got 7``.
+
+Without torch (a NumPy-only install, for :mod:`posenc.reference` and :mod:`posenc.conformance`)
+this module imports all the same: the checks of plain and NumPy values (``check_int``,
+``check_float``, ``check_bool``, ``check_choice``, ``describe``) work as ever, and the checks of
+tensors, devices and torch dtypes are never reached (the rooms that call them need torch).
 """
 
 from __future__ import annotations
@@ -13,7 +18,14 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as _missing:  # NumPy only: no value is a tensor, nothing is traced
+    if _missing.name != "torch":
+        raise
+    torch = None  # type: ignore[assignment]
+
+_TORCH = torch is not None
 
 __all__ = [
     "MAX_ALLOC_BYTES",
@@ -56,7 +68,7 @@ def describe(value: Any) -> str:
     """``value`` as an error message shows it: a tensor (or an array of >= 1 dimension) by
     its shape and dtype, never its values (there may be many, on a device); anything else,
     a NumPy scalar included, by ``repr``."""
-    if isinstance(value, torch.Tensor):
+    if _TORCH and isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if isinstance(shape, tuple) and shape and dtype is not None:
@@ -67,10 +79,11 @@ def describe(value: Any) -> str:
 def tracing() -> bool:
     """Whether this code is being traced by ``torch.compile`` or ``torch.export``: then
     sizes may be symbolic and tensor values unknown, so checks take the forms below."""
-    return torch.compiler.is_compiling()
+    return _TORCH and torch.compiler.is_compiling()
 
 
-_WRAPPED = getattr(getattr(torch._C, "_functorch", None), "is_functorch_wrapped_tensor", None)
+_FUNCTORCH = getattr(torch._C, "_functorch", None) if _TORCH else None
+_WRAPPED = getattr(_FUNCTORCH, "is_functorch_wrapped_tensor", None)
 
 
 def transformed(*tensors: torch.Tensor | None) -> bool:
@@ -94,7 +107,7 @@ def _symbolic_int(value: Any) -> bool:
     """Whether ``value`` is a size being traced: a ``torch.SymInt`` (``torch.export``), or
     any ``int`` under ``torch.compile`` (Dynamo shows a SymInt as an ``int``; ``int()`` of
     it would specialize the graph to one length)."""
-    if isinstance(value, torch.SymInt):
+    if _TORCH and isinstance(value, torch.SymInt):
         return True
     return tracing() and isinstance(value, int) and not isinstance(value, bool)
 
@@ -106,7 +119,7 @@ def _not_int(value: Any) -> bool:
     if getattr(value, "ndim", 0) != 0:
         return True
     dtype = getattr(value, "dtype", None)
-    if isinstance(dtype, torch.dtype):
+    if _TORCH and isinstance(dtype, torch.dtype):
         return dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
     kind = getattr(dtype, "kind", "i")  # NumPy: i (signed), u (unsigned), b, f, c, ...
     return kind not in ("i", "u")
@@ -269,16 +282,18 @@ def check_alloc(
     name: str,
     value: Any,
     shape: Sequence[int],
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
 ) -> None:
     """Raise before allocating a ``shape`` tensor of ``dtype`` on ``device`` that needs more
     bytes than :data:`MAX_ALLOC_BYTES` (``POSENC_MAX_ALLOC_BYTES``) or the device's memory;
     the message names the argument ``name=value`` that asks for it and the estimated bytes.
 
-    Symbolic sizes (under ``torch.compile``) are not checked: the graph's own runtime checks
-    hold them. Sizes that are not plain ints are left to the caller's other checks.
+    ``dtype`` None is ``torch.float32``. Symbolic sizes (under ``torch.compile``) are not
+    checked: the graph's own runtime checks hold them. Sizes that are not plain ints are left
+    to the caller's other checks.
     """
+    dtype = torch.float32 if dtype is None else dtype
     numel = 1
     for n in shape:
         if _symbolic_int(n) and tracing():

@@ -1,6 +1,6 @@
 """The rotary room reads posenc's spelling only: another library's reaches it through the one
-hook of ``posenc.rotary.scalings.foreign``, which ``import posenc`` fills with
-``posenc.integrations.spelling``'s reader. Without it a transformers dict is refused by name.
+hook of ``posenc.rotary.scalings.foreign``, which importing ``posenc.rotary`` fills with
+``posenc.integrations.spelling``'s reader (the package's ``_lazy.after_import`` hook). Without it a transformers dict is refused by name.
 A scaling type that is no string is one ``PosEncError`` naming the key, in either spelling.
 The names of the old ``posenc.rotary._spelling`` work for one release, with a warning.
 """

@@ -8,6 +8,8 @@ Bad arguments and a missing optional dependency (matplotlib, the ``plot`` extra,
 environment's refusals (a full disk, a folder that cannot be written, memory that cannot be
 had) one line and exit code 1;
 never a traceback (``POSENC_TRACEBACK=1`` shows one for an unexpected error).
+Where torch is not installed, ``posenc vectors`` and ``posenc conformance`` run (NumPy only)
+and every other subcommand says in one line that it needs torch (exit code 2).
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 Usage errors and ``PosEncError`` (and a missing extra) exit 2, the environment's refusals
 (``OSError``, out of memory) exit 1, a bug one line ``posenc: internal error: ...`` and exit 1.
+
+Where torch is not installed, the NumPy commands (``vectors``, ``conformance``) run as ever,
+``--help`` lists them and names the others, and each of the others (:data:`TORCH_COMMANDS`)
+is one line, ``posenc: error: posenc table needs torch, which is not installed: pip install
+torch``, and exit 2.
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ import typer
 import typer.main
 
 from posenc._errors import PosEncError
+from posenc._lazy import TORCH_MISSING, needs_torch
 from posenc.cli._app import app
 
-__all__ = ["main", "register_commands"]
+__all__ = ["TORCH_COMMANDS", "main", "register_commands"]
+
+#: The subcommands that need torch, each registered by the module of its name.
+TORCH_COMMANDS = ("compare", "extend", "inspect", "lengthgen", "plot", "report", "table")
 
 
 def _click_exceptions() -> ModuleType:
@@ -33,7 +42,12 @@ _click_errors = _click_exceptions()
 
 
 def register_commands() -> None:
-    """Import every subcommand module; each registers itself on ``app``."""
+    """Import every subcommand module; each registers itself on ``app``. Where torch is
+    missing, only the NumPy ones (``vectors`` and ``conformance``)."""
+    import posenc.cli.conformance  # NumPy only: vectors, conformance
+
+    if TORCH_MISSING:
+        return
     import posenc.cli.compare
     import posenc.cli.extend
     import posenc.cli.inspect
@@ -53,8 +67,21 @@ def main(argv: list[str] | None = None) -> None:
     (``POSENC_TRACEBACK=1`` raises it instead).
     """
     register_commands()
+    _refuse_without_torch(sys.argv[1:] if argv is None else argv)
     code = _run(argv)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _refuse_without_torch(argv: list[str]) -> None:
+    """Exit 2 with one line when torch is missing and ``argv`` asks for a command that needs
+    it (the first argument not an option is the command: the root takes no option but
+    ``--help``)."""
+    if not TORCH_MISSING:
+        return
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in TORCH_COMMANDS:
+        typer.echo(f"posenc: error: {needs_torch(f'posenc {command}')}", err=True)
+        sys.exit(2)
 
 
 def _internal(e: BaseException) -> None:
@@ -79,6 +106,11 @@ def _command() -> Any:
     if key not in _built:
         _built.clear()
         _built[key] = typer.main.get_command(app)
+        if TORCH_MISSING:  # --help names what is not there
+            _built[key].epilog = (
+                f"Without torch (not installed) only these run; {', '.join(TORCH_COMMANDS)} "
+                "need torch: pip install torch"
+            )
     return _built[key]
 
 

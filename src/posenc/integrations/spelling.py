@@ -17,7 +17,7 @@ In (transformers -> posenc):
   dict given to a rotary module, whose ``rope_theta`` (and ``partial_rotary_factor``,
   ``mrope_section``, ``mrope_interleaved``) must agree with the module's own arguments;
 - :func:`read_transformers`: the reader :mod:`posenc.rotary.scalings.foreign` hands every
-  scaling dict to, installed when this module is imported (``import posenc`` imports it), so
+  scaling dict to, installed when this module is imported (the package imports it whenever ``posenc.rotary`` is imported, :func:`posenc._lazy.after_import`), so
   that :class:`posenc.RotaryEmbedding` takes transformers' spelling.
 
 Out (posenc -> transformers):

@@ -3,7 +3,7 @@
 The rotary room reads posenc's spelling only (:func:`posenc.rotary.frequencies.parse_scaling`).
 Another library's spelling (transformers' ``rope_scaling`` / ``rope_parameters``) is known
 to :mod:`posenc.integrations` alone, which installs a *reader* here with
-:func:`set_foreign_reader` when it is imported (``import posenc`` imports it). A rotary module
+:func:`set_foreign_reader` when it is imported (the package's import hook imports it with ``posenc.rotary``). A rotary module
 hands every scaling dict to :func:`read_foreign` first: the reader answers ``None`` for a
 dict that is not in its spelling, or the dict in posenc's spelling, having checked the keys
 that repeat one of the module's own arguments (:class:`Given`). With no reader installed,
