@@ -406,8 +406,16 @@ BUILDER = "src/posenc/registry.py"
 
 #: (file, function) -> why a dynamic import there is not a second builder.
 DYNAMIC_IMPORTS_ALLOWED = {
+    ("src/posenc/__init__.py", "__getattr__"): (
+        "a top-level name's own module imported on its first use (PEP 562), so that `import "
+        "posenc` needs no torch; the table of names is fixed, and it builds nothing"
+    ),
     ("src/posenc/_deprecated.py", "moved"): (
         "a moved name looked up in its new module for the deprecation warning; builds nothing"
+    ),
+    ("src/posenc/cli/conformance.py", "_module"): (
+        "the module of an adapter the user names (`posenc conformance module:attr`), the "
+        "implementation under test; builds no posenc encoding"
     ),
     ("src/posenc/cli/_hf_inspect.py", "_family_rotary"): (
         "the transformers modeling module of a config's class (never a posenc module), to "
@@ -514,6 +522,12 @@ FAMILY_IMPORTS_ALLOWED: dict[tuple[str, str], tuple[frozenset[str] | None, str]]
     ("src/posenc/cli/table.py", f"{A.TOP}.index"): (
         frozenset({"index_table"}),
         "`posenc table index` prints the family's pure table function; no module is built",
+    ),
+    ("src/posenc/cli/conformance.py", f"{A.TOP}.conformance"): (
+        None,
+        "conformance (floor 3) holds no encoding: golden vectors from the float64 reference "
+        "and the check of another framework's implementation against them (NumPy only); "
+        "`posenc vectors` and `posenc conformance` call it as functions",
     ),
     ("src/posenc/", f"{A.TOP}.remap"): (
         None,

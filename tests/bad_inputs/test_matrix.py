@@ -23,7 +23,10 @@ import torch
 
 import posenc
 
-from . import _targets_more  # noqa: F401  (appends its targets to TARGETS)
+from . import (
+    _targets_conformance,  # noqa: F401  (the conformance check's)
+    _targets_more,  # noqa: F401  (appends its targets to TARGETS)
+)
 from ._mutations import KEY_NAMES, mutations
 from ._targets import TARGETS, Target
 
@@ -35,6 +38,7 @@ ALIASES = {
     "encodings": ("encoding",),
     "new_len_or_grid": ("new_len", "grid", "size"),
     "rope_scaling": ("scaling",),
+    "adapter_or_adapters": ("adapter", "adapters"),  # conformance.check's first argument
 }
 
 

@@ -56,6 +56,11 @@ BASE: dict[tuple[str, ...], list[str]] = {
     ("lengthgen",): f"lengthgen {LENGTHGEN_TINY}".split(),
     ("extend",): "extend {tmp}/m.gguf --out {tmp}/e".split(),
     ("compare",): "compare {tmp}/results.json".split(),
+    ("vectors",): "vectors --out {tmp}/v --cases alibi.*".split(),
+    ("conformance",): (
+        "conformance {tmp}/adapters.py:REFERENCE --vectors {tmp}/golden "
+        "--cases sinusoidal.interleaved.*"
+    ).split(),
 }
 
 # name -> (value, must the command refuse it?). Values that may be allowed (a negative
@@ -130,6 +135,57 @@ OUT_FILE = {
 }
 
 
+# `posenc conformance`'s adapters (SPEC): (value, must the command refuse it?). The file
+# adapters.py and its neighbours are written by the stub_report fixture (_ADAPTERS).
+SPEC = {
+    **TEXT,
+    "no-colon": ("{tmp}/adapters.py", True),
+    "no-attr": ("{tmp}/adapters.py:", True),
+    "no-module": (":REFERENCE", True),
+    "missing-attr": ("{tmp}/adapters.py:NOPE", True),
+    "not-adapter": ("{tmp}/adapters.py:np", True),
+    "a-function": ("{tmp}/adapters.py:REFERENCE.fn", True),
+    "attr-not-a-name": ("{tmp}/adapters.py:1x", True),
+    "sequence-with-non-adapter": ("{tmp}/adapters.py:MIXED", True),
+    "empty-sequence": ("{tmp}/adapters.py:EMPTY", True),
+    "a-string": ("{tmp}/adapters.py:NAME", True),
+    "duplicate-names": ("{tmp}/adapters.py:TWICE", True),
+    "two-adapters": ("{tmp}/adapters.py:BOTH", False),
+    "a-folder": ("{tmp}:REFERENCE", True),
+    "missing-file": ("{tmp}/missing.py:REFERENCE", True),
+    "not-python": ("{tmp}/a-file:REFERENCE", True),
+    "fifo": ("{tmp}/fifo.py:REFERENCE", True),
+    "raises-on-import": ("{tmp}/broken.py:REFERENCE", True),
+    "syntax-error": ("{tmp}/syntax.py:REFERENCE", True),
+    "missing-module": ("no_such_module_xyz:REFERENCE", True),
+    "module-not-a-name": ("1x.y:REFERENCE", True),
+    "installed-module-not-adapter": ("posenc.conformance:check", True),
+    "factory-not-called": ("posenc.conformance.adapters:x_transformers_alibi", True),
+}
+# `posenc conformance --vectors`: (value, expected exit code).
+VECTORS_DIR = {
+    "empty": ("", 2),
+    "blank": ("  ", 2),
+    "file": ("{tmp}/a-file", 2),
+    "under-file": ("{tmp}/a-file/sub", 2),
+    "missing": ("{tmp}/missing", 2),
+    "no-manifest": ("{tmp}", 2),
+    "relative-missing": ("nan", 2),
+}
+# `posenc conformance --json`: (value, expected exit code).
+JSON_OUT = {
+    "empty": ("", 2),
+    "blank": ("  ", 2),
+    "dir": ("{tmp}", 2),
+    "under-file": ("{tmp}/a-file/x.json", 2),
+    "missing-dir": ("{tmp}/missing/x.json", 2),
+    "suffix": ("{tmp}/x.txt", 2),
+    "no-suffix": ("nan", 2),
+    "unwritable": ("{ro}/x.json", 1),
+    "fine": ("{tmp}/x.json", 0),
+}
+
+
 def _commands(group: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
     for name, command in sorted(group.commands.items()):
         if hasattr(command, "commands"):
@@ -159,6 +215,8 @@ def _cases() -> Iterator[Any]:
                 muts = {k: (v, code) for k, (v, code) in table.items()}
             elif param.name == "param":
                 muts = PARAM
+            elif path == ("conformance",) and param.name in ("specs", "vectors", "json_out"):
+                muts = {"specs": SPEC, "vectors": VECTORS_DIR, "json_out": JSON_OUT}[param.name]
             else:
                 muts = {int: INT, float: FLOAT}.get(kind, TEXT)
             for mutation, (value, expect) in muts.items():
@@ -307,8 +365,43 @@ def _quick_extend(settings: Any, *, out_dir: Any, **kwargs: Any) -> dict[str, An
     }
 
 
+#: The adapter files `posenc conformance`'s base invocation and SPEC mutations name: the
+#: float64 reference itself, rounded to float32 (it passes), and files that cannot be used.
+_ADAPTERS = {
+    "adapters.py": """
+import numpy as np
+
+from posenc import reference
+from posenc.conformance import Adapter
+
+
+def table(positions, dim, *, base):
+    return reference.sinusoidal_table(positions, dim, base=base).astype(np.float32)
+
+
+REFERENCE = Adapter("reference", "table", "sinusoidal", table, convention={"layout": "interleaved"})
+OTHER = Adapter("reference-64", "table", "sinusoidal", reference.sinusoidal_table, dtype="float64")
+BOTH = (REFERENCE, OTHER)
+TWICE = [REFERENCE, REFERENCE]
+MIXED = [REFERENCE, 3]
+EMPTY = []
+NAME = "REFERENCE"
+""",
+    "broken.py": "raise RuntimeError('an adapter file that fails\\non import')\n",
+    "syntax.py": "def (\n",
+}
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sinusoidal golden vectors, written once (`posenc conformance --vectors`)."""
+    from posenc.conformance import write_vectors
+
+    return write_vectors(tmp_path_factory.mktemp("golden"), cases="sinusoidal.*")
+
+
 @pytest.fixture
-def stub_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def stub_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, golden: Path) -> None:
     import posenc.extend.run
     import posenc.report.build
 
@@ -316,6 +409,11 @@ def stub_report(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(posenc.extend.run, "run_extend", _quick_extend)
     (tmp_path / "m.gguf").write_bytes(b"")  # the model extend's base invocation names
     write_tiny_results(tmp_path / "results.json")  # the study compare's reads
+    shutil.copytree(golden, tmp_path / "golden")  # what conformance's base checks against
+    for name, source in _ADAPTERS.items():
+        (tmp_path / name).write_text(source)
+    if hasattr(os, "mkfifo"):
+        os.mkfifo(tmp_path / "fifo.py")
 
 
 @pytest.mark.parametrize("path", list(BASE), ids=["-".join(p) for p in BASE])
