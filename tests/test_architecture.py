@@ -417,6 +417,10 @@ DYNAMIC_IMPORTS_ALLOWED = {
         "the module of an adapter the user names (`posenc conformance module:attr`), the "
         "implementation under test; builds no posenc encoding"
     ),
+    ("src/posenc/conformance/adapters/_common.py", "torch_library"): (
+        "the third-party library an adapter runs (rotary_embedding_torch, x_transformers), "
+        "imported when its factory is called; never a posenc module"
+    ),
     ("src/posenc/cli/_hf_inspect.py", "_family_rotary"): (
         "the transformers modeling module of a config's class (never a posenc module), to "
         "compare with the family's own rotary"
