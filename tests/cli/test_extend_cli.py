@@ -60,8 +60,12 @@ def test_extend_writes_results_page_and_a_loadable_copy(
         "yarn-512-2",
     }
     assert results["answer"]["lead"] in stdout and "wrote" in stdout
+    lines = {line.split(": ", 1)[0]: line for line in stdout.splitlines() if ": " in line}
     for engine, item in results["emit"].items():  # every engine's command, or why not
-        assert f"{engine}: " in stdout
+        shown = item.get("command") or item.get("refused")
+        if not shown:  # a setting that is files only (transformers' config): their paths
+            shown = ", ".join(str(out / name) for name in item["files"])
+        assert lines[engine] == f"{engine}: {shown}", lines.get(engine)
         for name in item.get("files", ()):
             assert (out / name).is_file()
     assert "saved yarn (factor 2) for 512 tokens" in stdout

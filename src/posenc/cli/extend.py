@@ -294,7 +294,8 @@ def extend(
         results = run_extend(settings, out_dir=path, resume=resume, on_event=on_event)
     typer.echo(results["answer"]["lead"])
     for engine, item in results.get("emit", {}).items():
-        typer.echo(f"{engine}: {item.get('command') or item.get('refused') or ''}")
+        files = ", ".join(str(path / f) for f in item.get("files", ()))
+        typer.echo(f"{engine}: {item.get('command') or item.get('refused') or files}")
         for warning in item.get("warnings", ()):
             typer.echo(f"  warning: {warning}")
     if save:

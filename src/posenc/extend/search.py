@@ -171,7 +171,8 @@ def _next(state: dict[str, Any], population: int, seed: int, cap: float) -> None
 
 def search_scaling(factors: Any, trained: int, target: int) -> dict[str, Any]:
     """The LongRoPE scaling (posenc's spelling) of the long ``factors`` for ``target`` tokens
-    (short factors 1: within ``L`` the model runs as trained)."""
+    (short factors 1: within ``L`` the model's own frequencies, under longrope's attention
+    factor ``sqrt(1 + ln s / ln L)``)."""
     long = [float(f) for f in factors]
     return {
         "type": "longrope",
